@@ -1,0 +1,93 @@
+"""The backend interface: what optimizers and the harness may ask of a simulator or real GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kareus.energy import EnergyBreakdown
+from kareus.graph import Direction, Instruction, IterationGraph, Partition
+from kareus.hardware.presets import GPUPreset
+from kareus.plan import InstructionPlan, IterationPlan
+
+
+@dataclass(frozen=True)
+class PartitionGrid:
+    """One partition evaluated over a knob grid; arrays are indexed ``[clock, sms, slot]``.
+
+    Attributes:
+        key: Partition key.
+        clocks_mhz: Requested SM clocks (MHz), shape (F,).
+        comm_sms: Communication SM counts, shape (K,).
+        slots: Launch-slot indices, shape (S,).
+        time_s: Partition time (s), shape (F, K, S).
+        dynamic_energy_j: Dynamic energy per GPU (J), shape (F, K, S).
+    """
+
+    key: str
+    clocks_mhz: NDArray[np.float64]
+    comm_sms: NDArray[np.int64]
+    slots: NDArray[np.int64]
+    time_s: NDArray[np.float64]
+    dynamic_energy_j: NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class InstructionCost:
+    """Time (s) and dynamic energy per GPU (J) of one instruction under one instruction plan."""
+
+    time_s: float
+    dynamic_energy_j: float
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    """One iteration executed under a plan.
+
+    Attributes:
+        energy: Whole-cluster breakdown (time, dynamic, static).
+        num_gpus: GPUs in the job.
+        gpus_per_stage: GPUs per pipeline stage.
+        per_gpu_dynamic_j: Dynamic energy of one GPU of each stage (J).
+        per_gpu_energy_j: Total energy of one GPU of each stage, static included (J).
+        instruction_times: (start, end) of every instruction (s).
+        model_flops: Model FLOPs of the iteration (for MFU).
+    """
+
+    energy: EnergyBreakdown
+    num_gpus: int
+    gpus_per_stage: int
+    per_gpu_dynamic_j: dict[int, float]
+    per_gpu_energy_j: dict[int, float]
+    instruction_times: dict[Instruction, tuple[float, float]] = field(repr=False)
+    model_flops: float = 0.0
+
+    @property
+    def time_s(self) -> float:
+        return self.energy.time_s
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Measures time and energy. The simulator and the GPU backend implement this."""
+
+    name: str
+    gpu: GPUPreset
+
+    def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
+                           comm_sms: NDArray[np.int64], slots: NDArray[np.int64]
+                           ) -> PartitionGrid:
+        """Time and dynamic energy of ``partition`` at every (clock, SMs, slot) combination."""
+        ...
+
+    def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
+                             plan: InstructionPlan) -> InstructionCost:
+        """Time and dynamic energy per GPU of one instruction of type ``key``."""
+        ...
+
+    def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
+        """One whole iteration."""
+        ...

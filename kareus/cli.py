@@ -1,0 +1,232 @@
+"""The ``kareus`` command line: list what exists, simulate an iteration, calibrate a preset.
+
+Exit status: 0 success; 2 bad input (one line naming the problem and the valid choices);
+1 internal failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from kareus.errors import USER_ERRORS
+from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
+
+
+def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--workload`` and the parallelism overrides shared by every command taking a workload."""
+    options = [
+        click.option("--workload", "-w", required=True, help="Model name (see `kareus workloads`)."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel degree."),
+        click.option("--cp", type=int, default=None, help="Context-parallel degree."),
+        click.option("--pp", type=int, default=None, help="Pipeline stages."),
+        click.option("--dp", type=int, default=None, help="Data-parallel replicas."),
+        click.option("--mbs", type=int, default=None, help="Micro-batch size."),
+        click.option("--seq", type=int, default=None, help="Sequence length (tokens)."),
+        click.option("--microbatches", type=int, default=None, help="Microbatches per iteration."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def build_workload(workload: str, **overrides: int | None):  # noqa: ANN201
+    """Validated :class:`~workloads.Workload` from CLI values (raises WorkloadError)."""
+    from workloads import make_workload
+
+    return make_workload(workload, **overrides)
+
+
+def _emit(obj: object, as_json: bool, text: Callable[[], str]) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, indent=2, sort_keys=False))
+    else:
+        click.echo(text())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Energy-optimal large-model training: Kareus, baselines, simulator and harness."""
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def workloads(as_json: bool) -> None:
+    """List the workloads and their default (paper testbed) shape."""
+    from workloads import MODELS, make_workload
+
+    rows = []
+    for name, m in MODELS.items():
+        w = make_workload(name)
+        p = w.parallel
+        rows.append({
+            "name": name, "params_b": round(m.total_params() / 1e9, 2), "layers": m.layers,
+            "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn,
+            "vocab": m.vocab, "mlp": m.mlp, "qk_norm": m.qk_norm, "seq": p.seq,
+            "default": f"TP{p.tp} PP{p.pp} CP{p.cp} DP{p.dp} MBS{p.mbs} x{p.microbatches} "
+                       f"({p.num_gpus} GPUs, layers {'+'.join(map(str, w.stage_layers()))})",
+        })
+
+    def text() -> str:
+        lines = [f"{'workload':14s} {'params':>7s} {'L':>3s} {'hidden':>6s} {'heads':>9s} "
+                 f"{'ffn':>6s} {'vocab':>7s} {'mlp':7s} default shape"]
+        for r in rows:
+            lines.append(
+                f"{r['name']:14s} {r['params_b']:6.2f}B {r['layers']:3d} {r['hidden']:6d} "
+                f"{r['heads']:4d}/{r['kv_heads']:<4d} {r['ffn']:6d} {r['vocab']:7d} "
+                f"{r['mlp'] + ('+qkn' if r['qk_norm'] else ''):7s} seq {r['seq']}, {r['default']}"
+            )
+        return "\n".join(lines)
+
+    _emit(rows, as_json, text)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON with every source.")
+def gpus(as_json: bool) -> None:
+    """List the GPU presets; each number carries its source (datasheet/published/fitted/...)."""
+    from dataclasses import fields
+
+    out = {}
+    for name, p in PRESETS.items():
+        out[name] = {
+            f.name: {"value": getattr(p, f.name), "source": p.sources.get(f.name, "")}
+            for f in fields(p) if f.name not in ("name", "sources")
+        }
+
+    def text() -> str:
+        lines = [f"{'gpu':16s} {'SMs':>4s} {'bf16 TF':>8s} {'clock MHz':>10s} {'HBM TB/s':>8s} "
+                 f"{'limit W':>7s} {'static W':>8s} {'knee':>6s}" + ("  (default)")]
+        for name, p in PRESETS.items():
+            lines.append(
+                f"{name:16s} {p.sms:4d} {p.peak_flops / 1e12:8.0f} "
+                f"{p.clock_min_mhz:4.0f}-{p.clock_max_mhz:<5.0f} {p.hbm_bw / 1e12:8.2f} "
+                f"{p.power_limit_w:7.0f} {p.static_power_w:8.2f} {p.knee_mhz:6.0f}"
+                + ("  *" if name == DEFAULT_GPU else "")
+            )
+        lines.append("Sources of every number: `kareus gpus --json`.")
+        return "\n".join(lines)
+
+    _emit(out, as_json, text)
+
+
+@cli.command()
+@workload_options
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
+def simulate(workload: str, gpu: str, as_json: bool, **overrides: int | None) -> None:
+    """Simulate one iteration of the default (Megatron-LM) plan: max clock, no overlap."""
+    from kareus.backends.sim import SimulatorBackend
+    from kareus.plan import IterationPlan
+    from kareus.records import Point, frontier_object, iteration_details
+    from workloads.graph_builder import build_iteration_graph
+
+    preset = get_preset(gpu)
+    w = build_workload(workload, **overrides)
+    fits = w.check_fits(preset.memory_bytes)
+    graph = build_iteration_graph(w)
+    sim = SimulatorBackend(preset)
+    result = sim.evaluate_plan(graph, IterationPlan.uniform(graph, preset.clock_max_mhz,
+                                                            label="megatron"))
+    details = iteration_details(result, preset)
+    obj = frontier_object(
+        workload=w.name, optimizer="megatron", backend=sim.name, gpu=preset.name,
+        num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,
+        points=[Point.from_result(result)], details=details,
+        parallel={k: getattr(w.parallel, k) for k in
+                  ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute")},
+        stage_layers=list(w.stage_layers()), memory_warnings=fits,
+    )
+
+    def text() -> str:
+        e = result.energy
+        lines = [
+            f"{w.name} on {result.num_gpus} x {preset.name} (layers {list(w.stage_layers())}), "
+            f"Megatron-LM plan at {preset.clock_max_mhz:.0f} MHz",
+            f"  iteration time   {e.time_s:.3f} s",
+            f"  energy           {e.total_j / 1e3:.2f} kJ (dynamic {e.dynamic_j / 1e3:.2f}, "
+            f"static {e.static_j / 1e3:.2f}; static share {details['static_share']:.1%})",
+            f"  avg power / GPU  {details['avg_power_per_gpu_w']:.0f} W",
+            f"  MFU              {details['mfu']:.1%}",
+        ]
+        lines += [f"  warning: {m}" for m in fits]
+        return "\n".join(lines)
+
+    _emit(obj, as_json, text)
+
+
+@cli.command()
+@click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
+              help="Zeus-format CSV: stage,instruction,frequency,time,energy.")
+@click.option("--gpu", required=True, help="Preset whose curves are fitted.")
+@click.option("--static-power", type=float, default=None,
+              help="Static (blocked-on-P2P) power of the measured GPUs, W [preset's].")
+@click.option("--power-limit", type=float, default=None,
+              help="Power limit of the measured GPUs, W [preset's].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def calibrate(profile_path: str, gpu: str, static_power: float | None,
+              power_limit: float | None, as_json: bool) -> None:
+    """Fit a preset's clock->time and clock->power curves to a measured profile."""
+    from dataclasses import asdict
+
+    from kareus.errors import InputError
+    from kareus.hardware.calibration import calibrate as fit
+    from kareus.hardware.profile import load_profile
+
+    for label, v in (("--static-power", static_power), ("--power-limit", power_limit)):
+        if v is not None and not (v > 0 and v < 1e5):
+            raise InputError(f"{label} must be a positive number of watts, got {v}")
+    preset = get_preset(gpu)
+    df = load_profile(profile_path)
+    res = fit(df, preset, static_power_w=static_power, power_limit_w=power_limit)
+    fitted = res.fitted_preset(preset)
+    obj = {
+        "gpu": preset.name, "profile": profile_path, "points": res.points,
+        "static_power_w": res.static_power_w, "power_limit_w": res.power_limit_w,
+        "fit": {**asdict(res.law), "sm_dyn_power_w": res.sm_dyn_power_w,
+                "hbm_dyn_power_w": res.hbm_dyn_power_w},
+        "error": {"time_mape_pct": res.time_mape_pct, "energy_mape_pct": res.energy_mape_pct},
+        "fitted_preset": {k: fitted.__dict__[k] for k in
+                          ("sm_dyn_power_w", "hbm_dyn_power_w", "knee_mhz", "v_ratio")},
+    }
+
+    def text() -> str:
+        law = res.law
+        return "\n".join([
+            f"{preset.name}: fitted {res.points} rows of {profile_path}",
+            f"  knee {law.knee_mhz:.0f} MHz, V(max)/V(knee) {law.v_ratio:.3f}, "
+            f"clock-insensitive share {law.insensitive_share:.3f}",
+            f"  SM dynamic power at max clock {res.sm_dyn_power_w:.1f} W "
+            f"(HBM {res.hbm_dyn_power_w:.1f} W, static {res.static_power_w:.2f} W, "
+            f"cap {res.power_limit_w:.0f} W)",
+            f"  fit error: time MAPE {res.time_mape_pct:.2f} %, energy MAPE "
+            f"{res.energy_mape_pct:.2f} %",
+        ])
+
+    _emit(obj, as_json, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI, mapping user errors to exit status 2 with one line."""
+    try:
+        cli.main(args=argv, prog_name="kareus", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
+        return 2
+    except USER_ERRORS as e:
+        click.echo(f"error: {e}".splitlines()[0], err=True)
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

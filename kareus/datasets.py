@@ -1,0 +1,32 @@
+"""Where the project's shared measurement data lives (never copied into the repository).
+
+The Perseus SOSP '24 profiles sit in ``shared/perseus_sosp24/`` beside the repository; a user's
+clone may not have them, so every caller must handle ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path | None:
+    """``$KAREUS_SHARED_DIR`` if set, else ``../shared`` next to the repository, if it exists."""
+    env = os.environ.get("KAREUS_SHARED_DIR")
+    candidates = [Path(env)] if env else []
+    candidates.append(_REPO.parent / "shared")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+def perseus_profile(name: str) -> Path | None:
+    """Path of ``perseus_sosp24/stage_profile/<name>`` (e.g. ``gpt3-175b+a100_sxm_bf16.csv``)."""
+    base = shared_dir()
+    if base is None:
+        return None
+    p = base / "perseus_sosp24" / "stage_profile" / name
+    return p if p.is_file() else None

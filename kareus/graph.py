@@ -1,0 +1,252 @@
+"""The iteration graph: ops, partitions, pipeline instructions and the 1F1B DAG.
+
+Vocabulary (the Kareus paper's):
+
+- A **compute op** is one GPU kernel (a GEMM, flash attention, a norm, an elementwise op) with its
+  FLOPs and the HBM bytes it moves, per GPU.
+- A **comm op** is one collective (TP all-reduce, CP all-gather / reduce-scatter, PP send/recv)
+  with its message size per GPU and its group size.
+- Cutting a layer's op list at each communication op gives **segments**. With 2 nanobatches, each
+  segment of one nanobatch runs together with the communication of the other nanobatch, which it
+  does not depend on: that pair is a **partition**, the unit whose communication SM count and
+  launch slot Kareus chooses.
+- A **pipeline instruction** is the forward or backward of one microbatch on one stage; its SM
+  clock is locked to one value. Instructions form the 1F1B DAG.
+
+Everything here is plain data; the simulator and the GPU backend give it time and energy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Direction = Literal["forward", "backward"]
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    """One compute kernel on one GPU.
+
+    Attributes:
+        name: Op name, e.g. ``"linear_qkv"`` or ``"attention_bwd"``.
+        kind: ``"gemm"``, ``"attention"`` (tensor-core bound, tiled) or ``"memory"`` (elementwise,
+            norms, RoPE: bound by HBM bandwidth).
+        flops: Floating-point operations (FLOP).
+        bytes: HBM bytes read plus written (B).
+        tiles: Thread blocks the kernel launches; with one block per SM at a time they run in
+            ``ceil(tiles / SMs)`` waves (wave quantization). 0 for memory-bound kernels.
+        slot: Launch-slot label within its partition, e.g. ``"linear_0"``.
+    """
+
+    name: str
+    kind: Literal["gemm", "attention", "memory"]
+    flops: float
+    bytes: float
+    tiles: int = 0
+    slot: str = ""
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """One collective on one GPU.
+
+    Attributes:
+        name: e.g. ``"tp_allreduce_attn"``.
+        collective: Which collective.
+        bytes: Message size per GPU (B): the full tensor for an all-reduce, the gathered output for
+            an all-gather, the unreduced input for a reduce-scatter, the payload for send/recv.
+        group: Ranks in the collective.
+        intra_node: ``True`` over NVLink, ``False`` over the inter-node network.
+    """
+
+    name: str
+    collective: Collective
+    bytes: float
+    group: int
+    intra_node: bool = True
+
+    @property
+    def bus_bytes(self) -> float:
+        """Bytes each rank moves over its links (NCCL's "bus bandwidth" convention)."""
+        n = self.group
+        if n <= 1:
+            return 0.0
+        if self.collective == "all_reduce":
+            return 2.0 * (n - 1) / n * self.bytes
+        if self.collective in ("all_gather", "reduce_scatter"):
+            return (n - 1) / n * self.bytes
+        return self.bytes
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Compute of one nanobatch plus the communication of the other that may overlap it.
+
+    Attributes:
+        key: Unique within its instruction, e.g. ``"fwd_attn/0"`` (paper name / compute nanobatch).
+        compute: Compute ops in program order; the launch slots are their indices.
+        comm: The overlappable collective, or ``None`` (first partition of an instruction).
+    """
+
+    key: str
+    compute: tuple[ComputeOp, ...]
+    comm: CommOp | None
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """Launch-slot labels (index ``i`` launches the comm with compute op ``i``)."""
+        return tuple(op.slot for op in self.compute)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Compute ops between two collectives, for a full microbatch (sequential execution)."""
+
+    compute: tuple[ComputeOp, ...]
+    comm: CommOp | None
+
+
+@dataclass(frozen=True)
+class InstructionGraph:
+    """What one pipeline instruction (stage, direction) executes for one microbatch.
+
+    The transformer layers of a stage are identical, so one layer's work is stored once and
+    repeated ``layers`` times.
+
+    Attributes:
+        stage: Pipeline stage.
+        direction: ``"forward"`` or ``"backward"`` (with recomputation the backward re-runs the
+            layer's forward first).
+        layers: Transformer layers of this stage.
+        sequential: One layer without nanobatching: segments of the full microbatch, each followed
+            by its collective.
+        partitions: One layer with nanobatching: the partition chain. The first partition's comm is
+            the previous layer's last collective; for the first layer of the instruction it has
+            nothing to overlap, and the last layer's final collective runs exposed.
+        extra: Non-partitioned work of this instruction (embedding, output layer, loss), as
+            segments of the full microbatch, run sequentially.
+    """
+
+    stage: int
+    direction: Direction
+    layers: int
+    sequential: tuple[Segment, ...]
+    partitions: tuple[Partition, ...]
+    extra: tuple[Segment, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.direction}@{self.stage}"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One node of the 1F1B DAG: the forward or backward of microbatch ``microbatch`` on a stage."""
+
+    stage: int
+    microbatch: int
+    direction: Direction
+
+    @property
+    def type_key(self) -> tuple[int, Direction]:
+        """(stage, direction): instructions with the same key do the same work."""
+        return (self.stage, self.direction)
+
+
+@dataclass(frozen=True)
+class IterationGraph:
+    """One training iteration: per-(stage, direction) work and the 1F1B instruction order.
+
+    Attributes:
+        workload: Name of the workload.
+        stages: Pipeline stages.
+        microbatches: Microbatches per iteration.
+        gpus_per_stage: GPUs running each stage (TP x CP x DP); they do identical work.
+        instruction_graphs: Work of each (stage, direction).
+        p2p: Activation (or gradient) transfer between adjacent stages, one microbatch.
+        stage_tail: Per-stage work after the last backward (DP gradient sync, optimizer step).
+        model_flops: Model FLOPs of one iteration over the whole job, without recomputation
+            (for model FLOPs utilization).
+    """
+
+    workload: str
+    stages: int
+    microbatches: int
+    gpus_per_stage: int
+    instruction_graphs: dict[tuple[int, Direction], InstructionGraph]
+    p2p: CommOp | None
+    stage_tail: dict[int, tuple[Segment, ...]] = field(default_factory=dict)
+    model_flops: float = 0.0
+
+    @property
+    def num_gpus(self) -> int:
+        return self.stages * self.gpus_per_stage
+
+    def schedule(self) -> dict[int, list[Instruction]]:
+        """The synchronous 1F1B order of each stage (:func:`one_f_one_b`)."""
+        return one_f_one_b(self.stages, self.microbatches)
+
+    def dependencies(self) -> dict[Instruction, list[Instruction]]:
+        """Predecessors of every instruction (:func:`dag_dependencies`)."""
+        return dag_dependencies(self.stages, self.microbatches)
+
+
+def one_f_one_b(stages: int, microbatches: int) -> dict[int, list[Instruction]]:
+    """Per-stage program order of the synchronous 1F1B schedule.
+
+    Stage ``s`` runs ``min(S - s - 1, M)`` warm-up forwards, then alternates one forward and one
+    backward while forwards remain, then drains the remaining backwards.
+    """
+    order: dict[int, list[Instruction]] = {}
+    for s in range(stages):
+        warmup = min(stages - s - 1, microbatches)
+        seq: list[Instruction] = [Instruction(s, m, "forward") for m in range(warmup)]
+        f, b = warmup, 0
+        while f < microbatches:
+            seq.append(Instruction(s, f, "forward"))
+            f += 1
+            seq.append(Instruction(s, b, "backward"))
+            b += 1
+        while b < microbatches:
+            seq.append(Instruction(s, b, "backward"))
+            b += 1
+        order[s] = seq
+    return order
+
+
+def dag_dependencies(stages: int, microbatches: int) -> dict[Instruction, list[Instruction]]:
+    """Predecessors of each instruction: program order within a stage, F(s-1,m) -> F(s,m),
+    B(s+1,m) -> B(s,m), and on the last stage F(S-1,m) -> B(S-1,m) (already program order)."""
+    order = one_f_one_b(stages, microbatches)
+    deps: dict[Instruction, list[Instruction]] = {}
+    for s, seq in order.items():
+        for i, ins in enumerate(seq):
+            pred = [seq[i - 1]] if i > 0 else []
+            if ins.direction == "forward" and s > 0:
+                pred.append(Instruction(s - 1, ins.microbatch, "forward"))
+            if ins.direction == "backward" and s < stages - 1:
+                pred.append(Instruction(s + 1, ins.microbatch, "backward"))
+            deps[ins] = pred
+    return deps
+
+
+def topological_order(stages: int, microbatches: int) -> list[Instruction]:
+    """All instructions in an order where every predecessor comes first."""
+    deps = dag_dependencies(stages, microbatches)
+    done: set[Instruction] = set()
+    out: list[Instruction] = []
+    pending = list(deps)
+    while pending:
+        rest = []
+        for ins in pending:
+            if all(p in done for p in deps[ins]):
+                done.add(ins)
+                out.append(ins)
+            else:
+                rest.append(ins)
+        if len(rest) == len(pending):  # pragma: no cover - 1F1B is acyclic by construction
+            raise RuntimeError("cycle in the 1F1B DAG")
+        pending = rest
+    return out

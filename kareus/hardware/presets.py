@@ -1,0 +1,273 @@
+"""GPU presets: every number the simulator uses about a GPU, with where it came from.
+
+Each :class:`GPUPreset` field has an entry in ``sources`` saying whether the value is
+``datasheet`` (vendor specification), ``published`` (a measurement in a paper), ``fitted`` (fitted by
+:mod:`kareus.hardware.calibration` from measured profiles), ``derived`` (computed from other
+entries, the rule stated) or ``assumed`` (a modelling prior with its reasoning). Fitted values were
+produced by ``python benchmarks/calibration.py`` from ``shared/perseus_sosp24/stage_profile``
+(Perseus SOSP '24 artifact, A100 SXM4 80 GB 500 W and A40 measurements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kareus.errors import PresetError
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    """A GPU model for the simulator. Units: MHz, W, B/s, bytes, s.
+
+    Attributes:
+        name: Preset name.
+        sms: Streaming multiprocessors.
+        flops_per_clk_per_sm: Dense bf16 tensor FLOP per SM per clock cycle.
+        clock_min_mhz, clock_max_mhz, clock_step_mhz: Lockable SM clock range and step.
+        memory_bytes: HBM capacity.
+        hbm_bw: HBM bandwidth (B/s); independent of the SM clock.
+        nvlink_bw: NVLink bandwidth per GPU per direction (B/s).
+        network_bw: Inter-node network bandwidth per GPU per direction (B/s).
+        power_limit_w: Default board power limit; above it the card lowers its clock.
+        static_power_w: Power while blocked on a point-to-point receive (the paper's static power).
+        gemm_efficiency: Fraction of tensor peak a GEMM reaches per full wave.
+        attention_efficiency: Same for flash attention (softmax and masking cost extra).
+        hbm_efficiency: Fraction of HBM bandwidth an elementwise kernel reaches.
+        link_efficiency: Fraction of link bandwidth a collective reaches (NCCL bus bandwidth).
+        mem_sat_sm_fraction: Fraction of the SMs a memory-bound kernel needs to saturate HBM.
+        comm_bw_per_sm_mhz: Collective throughput of one SM per MHz of clock (B/s/MHz): below
+            link saturation a collective moves ``SMs · clock · this`` bytes per second.
+        comm_default_sms: SMs (NCCL channels) the collective library takes by default.
+        comm_latency_s: Fixed cost of one collective (launch, synchronisation), s.
+        comm_hbm_factor: HBM bytes a collective moves per bus byte (reads, writes, reductions).
+        overlap_slowdown: Extra slowdown of compute running beside a collective (L2 and
+            memory-controller contention), as a fraction of its memory-bound share.
+        kernel_overhead_s: Launch and tail cost per compute kernel, s.
+        sm_dyn_power_w: SM dynamic power at ``clock_max_mhz`` with every SM at full tensor
+            activity (W).
+        hbm_dyn_power_w: HBM dynamic power at full bandwidth (W).
+        link_dyn_power_w: NVLink/NIC dynamic power at full link bandwidth (W).
+        knee_mhz: Clock below which the core voltage stays at its floor (MHz).
+        v_ratio: Core voltage at ``clock_max_mhz`` over the floor voltage.
+        activity_gemm, activity_attention, activity_memory, activity_comm: SM switching activity
+            of each kernel class relative to a dense GEMM, per SM it occupies.
+        sources: Field name -> "kind: where the number comes from".
+    """
+
+    name: str
+    sms: int
+    flops_per_clk_per_sm: float
+    clock_min_mhz: float
+    clock_max_mhz: float
+    clock_step_mhz: float
+    memory_bytes: float
+    hbm_bw: float
+    nvlink_bw: float
+    network_bw: float
+    power_limit_w: float
+    static_power_w: float
+    sm_dyn_power_w: float
+    hbm_dyn_power_w: float
+    knee_mhz: float
+    v_ratio: float
+    gemm_efficiency: float = 0.80
+    attention_efficiency: float = 0.55
+    hbm_efficiency: float = 0.85
+    link_efficiency: float = 0.80
+    mem_sat_sm_fraction: float = 0.5
+    comm_bw_per_sm_mhz: float = 10.0e9 / 1410
+    comm_default_sms: int = 24
+    comm_latency_s: float = 25e-6
+    comm_hbm_factor: float = 3.0
+    overlap_slowdown: float = 0.15
+    kernel_overhead_s: float = 4e-6
+    link_dyn_power_w: float = 20.0
+    activity_gemm: float = 1.0
+    activity_attention: float = 0.85
+    activity_memory: float = 0.35
+    activity_comm: float = 0.45
+    sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense bf16 tensor peak at the maximum clock (FLOP/s)."""
+        return self.sms * self.flops_per_clk_per_sm * self.clock_max_mhz * 1e6
+
+    def clock_grid(self, lo: float | None = None, hi: float | None = None) -> NDArray[np.float64]:
+        """Lockable clocks from ``lo`` to ``hi`` (default: the whole range), ascending (MHz)."""
+        lo = self.clock_min_mhz if lo is None else lo
+        hi = self.clock_max_mhz if hi is None else hi
+        n = int(round((hi - lo) / self.clock_step_mhz))
+        return lo + self.clock_step_mhz * np.arange(n + 1, dtype=np.float64)
+
+    def with_overrides(self, **changes: float) -> "GPUPreset":
+        """A copy with some parameters changed (e.g. a fitted power curve, a static power)."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise PresetError(f"unknown preset parameter(s) {', '.join(unknown)}")
+        for k, v in changes.items():
+            if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise PresetError(f"preset parameter {k} must be a non-negative number, got {v!r}")
+        return replace(self, **changes)
+
+
+_COMMON_SOURCES = {
+    "gemm_efficiency": "assumed: large bf16 GEMMs reach ~60-80% of tensor peak (hardware.md); "
+                       "wave quantization is modelled separately",
+    "attention_efficiency": "assumed: FlashAttention-2 reaches 50-70% of peak forward, less backward",
+    "hbm_efficiency": "assumed: elementwise kernels reach 80-90% of HBM bandwidth (hardware.md)",
+    "link_efficiency": "assumed: NCCL all-reduce bus bandwidth reaches ~80% of NVLink (hardware.md)",
+    "mem_sat_sm_fraction": "assumed: about half the SMs saturate HBM with streaming kernels",
+    "comm_bw_per_sm_mhz": "assumed: one NCCL channel (1 CTA) moves ~10 GB/s at 1410 MHz, so "
+                          "~24 channels saturate A100 NVLink; throughput scales with SM clock",
+    "comm_default_sms": "assumed: NCCL's default channel count on NVLink systems (~24)",
+    "comm_latency_s": "assumed: NCCL small-message all-reduce latency on NVLink, ~25 us",
+    "comm_hbm_factor": "assumed: ring all-reduce reads and writes local HBM about 3x per bus byte",
+    "overlap_slowdown": "assumed: chosen so compute beside NCCL slows ~10-30% with SM loss "
+                        "included (published: 19% mean, up to 40%, A100/H100)",
+    "kernel_overhead_s": "assumed: ~4 us launch + tail per kernel",
+    "link_dyn_power_w": "assumed: NVLink SerDes dynamic power at full bandwidth",
+    "activity_gemm": "definition: the reference activity",
+    "activity_attention": "assumed: softmax/masking leave tensor cores idle part of the time",
+    "activity_memory": "assumed: memory-bound kernels keep ~1/3 of the SM logic switching",
+    "activity_comm": "assumed: NCCL copy/reduce loops on their SMs",
+}
+
+_A100_FIT = "fitted: benchmarks/calibration.py on perseus_sosp24 gpt3-175b+a100_sxm_bf16.csv"
+_A40_FIT = "fitted: benchmarks/calibration.py on perseus_sosp24 gpt3-175b+a40_bf16.csv"
+
+
+def _preset(sources: dict[str, str], **values: float) -> GPUPreset:
+    merged = dict(_COMMON_SOURCES)
+    merged.update(sources)
+    preset = GPUPreset(**values)  # type: ignore[arg-type]
+    missing = [f.name for f in fields(preset) if f.name not in ("name", "sources")
+               and f.name not in merged]
+    assert not missing, f"preset {preset.name} lacks sources for {missing}"
+    return replace(preset, sources=MappingProxyType(merged))
+
+
+# Fitted from the A100 SXM4 80 GB (500 W) GPT-3 175B profile by benchmarks/calibration.py (the
+# 40 GB part shares the GA100 die, clocks and V-f curve; it differs in HBM, static and cap power).
+_A100_SM_DYN_W = 438.1
+#: HBM dynamic power at full bandwidth: ~3.9 pJ/bit for HBM2/HBM2e x bandwidth x 8 bit/B
+#: (assumed; clock sweeps cannot identify it because HBM keeps its own clock).
+_HBM2_J_PER_BYTE = 3.9e-12 * 8
+_A100_80_HBM_DYN_W = _HBM2_J_PER_BYTE * 2.039e12
+_A100_KNEE_MHZ = 1077.2
+_A100_V_RATIO = 1.318
+
+_A100_COMMON = dict(
+    sms=108, flops_per_clk_per_sm=2048.0, clock_min_mhz=210.0, clock_max_mhz=1410.0,
+    clock_step_mhz=15.0, nvlink_bw=300e9, network_bw=25e9,
+    sm_dyn_power_w=_A100_SM_DYN_W, knee_mhz=_A100_KNEE_MHZ, v_ratio=_A100_V_RATIO,
+)
+_A100_SOURCES = {
+    "sms": "datasheet: NVIDIA A100 whitepaper, 108 SMs",
+    "flops_per_clk_per_sm": "datasheet: 312 TFLOP/s bf16 dense = 108 SMs x 2048 x 1.41 GHz",
+    "clock_min_mhz": "datasheet: nvidia-smi supported clocks 210-1410 MHz",
+    "clock_max_mhz": "datasheet: 1410 MHz boost",
+    "clock_step_mhz": "datasheet: 15 MHz steps",
+    "nvlink_bw": "datasheet: NVLink 3, 600 GB/s total = 300 GB/s per direction",
+    "network_bw": "datasheet: DGX A100, one 200 Gb/s HDR InfiniBand NIC per GPU",
+    "sm_dyn_power_w": _A100_FIT,
+    "knee_mhz": _A100_FIT,
+    "v_ratio": _A100_FIT,
+}
+
+PRESETS: dict[str, GPUPreset] = {
+    p.name: p
+    for p in (
+        _preset(
+            {**_A100_SOURCES,
+             "memory_bytes": "datasheet: 40 GB HBM2",
+             "hbm_bw": "datasheet: 1.555 TB/s",
+             "power_limit_w": "datasheet: 400 W",
+             "static_power_w": "published: 85 W blocked-on-P2P power (Kareus paper)",
+             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2) x 1.555 TB/s"},
+            name="a100-sxm4-40gb", memory_bytes=40e9, hbm_bw=1.555e12, power_limit_w=400.0,
+            static_power_w=85.0, hbm_dyn_power_w=_HBM2_J_PER_BYTE * 1.555e12,
+            **_A100_COMMON,
+        ),
+        _preset(
+            {**_A100_SOURCES,
+             "memory_bytes": "datasheet: 80 GB HBM2e",
+             "hbm_bw": "datasheet: 2.039 TB/s",
+             "power_limit_w": "datasheet: 400 W and 500 W SKUs exist; 500 W, the Perseus parts",
+             "static_power_w": "published: 83.64 W (Perseus artifact)",
+             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2e) x 2.039 TB/s"},
+            name="a100-sxm4-80gb", memory_bytes=80e9, hbm_bw=2.039e12, power_limit_w=500.0,
+            static_power_w=83.64, hbm_dyn_power_w=_A100_80_HBM_DYN_W, **_A100_COMMON,
+        ),
+        _preset(
+            {"sms": "datasheet: NVIDIA A40, 84 SMs (GA102)",
+             "flops_per_clk_per_sm": "datasheet: ~150 TFLOP/s bf16 dense = 84 x 1024 x 1.74 GHz",
+             "clock_min_mhz": "datasheet: 210 MHz", "clock_max_mhz": "datasheet: 1740 MHz",
+             "clock_step_mhz": "datasheet: 15 MHz",
+             "memory_bytes": "datasheet: 48 GB GDDR6", "hbm_bw": "datasheet: 696 GB/s",
+             "nvlink_bw": "datasheet: NVLink bridge pairs, 112.5 GB/s total; PCIe 4.0 x16 "
+                          "(~25 GB/s) between other GPUs -- modelled as PCIe",
+             "network_bw": "assumed: 100 Gb/s per node shared, ~12.5 GB/s",
+             "power_limit_w": "datasheet: 300 W",
+             "static_power_w": "published: 70.38 W (Perseus artifact)",
+             "sm_dyn_power_w": _A40_FIT,
+             "hbm_dyn_power_w": "assumed: ~7.5 pJ/bit (GDDR6) x 696 GB/s",
+             "knee_mhz": _A40_FIT, "v_ratio": _A40_FIT},
+            name="a40", sms=84, flops_per_clk_per_sm=1024.0, clock_min_mhz=210.0,
+            clock_max_mhz=1740.0, clock_step_mhz=15.0, memory_bytes=48e9, hbm_bw=696e9,
+            nvlink_bw=25e9, network_bw=12.5e9, power_limit_w=300.0, static_power_w=70.38,
+            sm_dyn_power_w=445.9, hbm_dyn_power_w=7.5e-12 * 8 * 696e9, knee_mhz=1062.3, v_ratio=1.306,
+            comm_default_sms=16,
+        ),
+    )
+}
+
+_HOPPER_SOURCES = {
+    "sms": "datasheet: H100 SXM5, 132 SMs",
+    "flops_per_clk_per_sm": "datasheet: 4096 bf16 FLOP/clk/SM (989 TFLOP/s at 1830 MHz)",
+    "clock_min_mhz": "datasheet: 345 MHz", "clock_max_mhz": "datasheet: 1980 MHz",
+    "clock_step_mhz": "datasheet: 15 MHz",
+    "nvlink_bw": "datasheet: NVLink 4, 900 GB/s total = 450 GB/s per direction",
+    "network_bw": "datasheet: DGX H100, one 400 Gb/s NDR NIC per GPU",
+    "power_limit_w": "datasheet: 700 W",
+    "static_power_w": "assumed: unpublished; idle ~71-75 W x the A100's blocked/idle ratio (~1.45)",
+    "sm_dyn_power_w": "derived: A100 fit x (700-110)/(400-85) budget ratio x 0.95 (4N node)",
+    "knee_mhz": "derived: A100 fitted knee at the same fraction of the max clock (0.70)",
+    "v_ratio": "derived: A100 fit",
+    "comm_bw_per_sm_mhz": "assumed: ~12 GB/s per channel at 1980 MHz",
+}
+
+
+def _hopper(name: str, memory: float, hbm_bw: float, hbm_power: float, mem_src: str,
+            bw_src: str) -> GPUPreset:
+    return _preset(
+        {**_HOPPER_SOURCES, "memory_bytes": mem_src, "hbm_bw": bw_src,
+         "hbm_dyn_power_w": "assumed: ~3.5 pJ/bit (HBM3/HBM3e) x bandwidth"},
+        name=name, sms=132, flops_per_clk_per_sm=4096.0, clock_min_mhz=345.0,
+        clock_max_mhz=1980.0, clock_step_mhz=15.0, memory_bytes=memory, hbm_bw=hbm_bw,
+        nvlink_bw=450e9, network_bw=50e9, power_limit_w=700.0, static_power_w=110.0,
+        sm_dyn_power_w=_A100_SM_DYN_W * (700 - 110) / (400 - 85) * 0.95,
+        hbm_dyn_power_w=hbm_power, knee_mhz=round(0.70 * 1980 / 15) * 15,
+        v_ratio=_A100_V_RATIO, comm_bw_per_sm_mhz=12e9 / 1980,
+    )
+
+
+PRESETS["h100-sxm"] = _hopper("h100-sxm", 80e9, 3.35e12, 3.5e-12 * 8 * 3.35e12,
+                              "datasheet: 80 GB HBM3", "datasheet: 3.35 TB/s")
+PRESETS["h200"] = _hopper("h200", 141e9, 4.8e12, 3.5e-12 * 8 * 4.8e12,
+                          "datasheet: 141 GB HBM3e", "datasheet: 4.8 TB/s")
+
+DEFAULT_GPU = "a100-sxm4-40gb"
+
+
+def get_preset(name: str) -> GPUPreset:
+    """Look a preset up by name; raises :class:`PresetError` naming the valid choices."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise PresetError(f"unknown GPU {name!r}; choose one of: {', '.join(PRESETS)}") from None

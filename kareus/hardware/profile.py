@@ -1,0 +1,101 @@
+"""Reading measured profiles in the Zeus pipeline-frequency-optimizer format.
+
+A profile is a CSV with columns ``stage,instruction,frequency,time,energy``: the mean time (s) and
+energy (J) of one forward or backward of one microbatch on one pipeline stage at one locked SM
+clock (MHz). This is the format the Perseus (SOSP '24) artifact publishes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from kareus.errors import ProfileError
+
+COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+INSTRUCTIONS = ("forward", "backward")
+
+
+def load_profile(path: str | Path) -> pd.DataFrame:
+    """Load and validate a Zeus-format profile.
+
+    Returns a frame with columns :data:`COLUMNS`, ``stage`` and ``frequency`` as int, sorted by
+    (stage, instruction, frequency). Raises :class:`ProfileError` with one line naming the problem
+    for a missing file, missing columns, unknown instructions, non-numeric, non-positive or
+    non-finite values, and duplicate (stage, instruction, frequency) rows.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"profile {str(path)!r} does not exist")
+    try:
+        df = pd.read_csv(path, skipinitialspace=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ProfileError(f"profile {str(path)!r} is not a readable CSV: {e}".splitlines()[0]) from None
+    return validate_profile(df, str(path))
+
+
+def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
+    """Validate an in-memory profile frame (see :func:`load_profile`)."""
+    df = df.rename(columns=lambda c: str(c).strip())
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ProfileError(
+            f"{source}: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}"
+        )
+    df = df[list(COLUMNS)].copy()
+    if df.empty:
+        raise ProfileError(f"{source}: no rows")
+    df["instruction"] = df["instruction"].astype(str).str.strip()
+    bad = sorted(set(df["instruction"]) - set(INSTRUCTIONS))
+    if bad:
+        raise ProfileError(
+            f"{source}: unknown instruction(s) {', '.join(map(repr, bad[:5]))}; "
+            f"valid: {', '.join(INSTRUCTIONS)}"
+        )
+    for col in ("stage", "frequency", "time", "energy"):
+        values = pd.to_numeric(df[col], errors="coerce")
+        if values.isna().any():
+            row = int(values.isna().to_numpy().argmax())
+            raise ProfileError(
+                f"{source}: column {col!r} has a non-numeric value {df[col].iloc[row]!r} "
+                f"(data row {row + 1})"
+            )
+        df[col] = values
+    for col in ("time", "energy", "frequency"):
+        vals = df[col].to_numpy(dtype=float)
+        bad_rows = [i for i, v in enumerate(vals) if not (math.isfinite(v) and v > 0)]
+        if bad_rows:
+            raise ProfileError(
+                f"{source}: column {col!r} must be positive and finite; got {vals[bad_rows[0]]!r} "
+                f"(data row {bad_rows[0] + 1})"
+            )
+    stages = df["stage"].to_numpy(dtype=float)
+    if any(s < 0 or s != int(s) for s in stages):
+        raise ProfileError(f"{source}: column 'stage' must hold non-negative integers")
+    df["stage"] = df["stage"].astype(int)
+    freqs = df["frequency"].to_numpy(dtype=float)
+    if any(f != int(f) for f in freqs):
+        raise ProfileError(f"{source}: column 'frequency' must hold integer MHz values")
+    df["frequency"] = df["frequency"].astype(int)
+    dup = df.duplicated(subset=["stage", "instruction", "frequency"])
+    if dup.any():
+        r = df[dup].iloc[0]
+        raise ProfileError(
+            f"{source}: duplicate row for stage {r.stage}, {r.instruction}, {r.frequency} MHz"
+        )
+    stages_seen = sorted(df["stage"].unique())
+    if stages_seen != list(range(len(stages_seen))):
+        raise ProfileError(f"{source}: stages must be numbered 0..S-1, got {stages_seen}")
+    for (s, ins), g in df.groupby(["stage", "instruction"]):
+        if len(g) < 1:  # pragma: no cover - groupby yields non-empty groups
+            raise ProfileError(f"{source}: stage {s} {ins} has no rows")
+    missing_pairs = [
+        (s, ins) for s in stages_seen for ins in INSTRUCTIONS
+        if df[(df.stage == s) & (df.instruction == ins)].empty
+    ]
+    if missing_pairs:
+        s, ins = missing_pairs[0]
+        raise ProfileError(f"{source}: no rows for stage {s} {ins}")
+    return df.sort_values(["stage", "instruction", "frequency"]).reset_index(drop=True)

@@ -1,0 +1,57 @@
+"""JSON records of the outside contract (``../shared/architecture.md``): points and frontier-like
+objects. Every command that prints or writes a frontier builds it here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kareus.backends.base import IterationResult
+from kareus.hardware.presets import GPUPreset
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured plan: iteration time (s) and whole-cluster energy (J)."""
+
+    time_s: float
+    energy_j: float
+    dynamic_energy_j: float
+    static_energy_j: float
+    plan_id: int = 0
+
+    @staticmethod
+    def from_result(result: IterationResult, plan_id: int = 0) -> "Point":
+        e = result.energy
+        return Point(e.time_s, e.total_j, e.dynamic_j, e.static_j, plan_id)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"time_s": self.time_s, "energy_j": self.energy_j,
+                "dynamic_energy_j": self.dynamic_energy_j,
+                "static_energy_j": self.static_energy_j}
+
+
+def frontier_object(*, workload: str, optimizer: str, backend: str, gpu: str, num_gpus: int,
+                    gpus_per_stage: int, points: Sequence[Point], **extra: object) -> dict:
+    """The contract's frontier-like object: points sorted by time, and the fastest point."""
+    ordered = sorted(points, key=lambda p: (p.time_s, p.energy_j))
+    obj: dict[str, object] = {
+        "workload": workload, "optimizer": optimizer, "backend": backend, "gpu": gpu,
+        "num_gpus": num_gpus, "gpus_per_stage": gpus_per_stage,
+        "points": [p.to_dict() for p in ordered],
+        "max_throughput": ordered[0].to_dict() if ordered else None,
+    }
+    obj.update(extra)
+    return obj
+
+
+def iteration_details(result: IterationResult, gpu: GPUPreset) -> dict[str, float]:
+    """Derived figures of one iteration: average power per GPU (W), model FLOPs utilisation,
+    static share of energy, and per-stage energy of one GPU (J)."""
+    e = result.energy
+    return {
+        "avg_power_per_gpu_w": e.total_j / e.time_s / result.num_gpus,
+        "mfu": result.model_flops / (e.time_s * result.num_gpus * gpu.peak_flops),
+        "static_share": e.static_j / e.total_j,
+        "per_gpu_energy_j": {str(s): v for s, v in result.per_gpu_energy_j.items()},
+    }

@@ -1,0 +1,39 @@
+"""Shared fixtures: workloads, graphs and simulators are cheap and deterministic."""
+
+from __future__ import annotations
+
+import pytest
+
+from kareus.backends.sim import SimulatorBackend
+from kareus.datasets import perseus_profile
+from kareus.hardware.presets import get_preset
+from workloads import make_workload
+from workloads.graph_builder import build_iteration_graph
+
+
+@pytest.fixture(scope="session")
+def a100():
+    return get_preset("a100-sxm4-40gb")
+
+
+@pytest.fixture()
+def sim(a100):
+    return SimulatorBackend(a100)
+
+
+@pytest.fixture(scope="session")
+def llama_tp8():
+    return build_iteration_graph(make_workload("llama3.2-3b"))
+
+
+@pytest.fixture(scope="session")
+def llama_cp2():
+    return build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=2))
+
+
+def profile_or_skip(name: str):
+    """Path of a shared Perseus profile, or skip (a user's clone has no shared/ folder)."""
+    path = perseus_profile(name)
+    if path is None:
+        pytest.skip(f"shared/perseus_sosp24/stage_profile/{name} not available")
+    return path

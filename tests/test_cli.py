@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from kareus.cli import main
+from tests.conftest import profile_or_skip
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_lists(capsys):
+    code, out, _ = run(capsys, "workloads")
+    assert code == 0 and "llama3.3-70b" in out and "qwen3-1.7b" in out
+    code, out, _ = run(capsys, "gpus", "--json")
+    data = json.loads(out)
+    assert code == 0 and set(data) == {"a100-sxm4-40gb", "a100-sxm4-80gb", "a40", "h100-sxm", "h200"}
+    assert all(v["source"] for p in data.values() for v in p.values())
+    assert data["a100-sxm4-40gb"]["static_power_w"]["source"].startswith("published")
+
+
+def test_simulate_json_has_the_contract_fields(capsys):
+    code, out, _ = run(capsys, "simulate", "--workload", "llama3.2-3b", "--json")
+    assert code == 0
+    obj = json.loads(out)
+    for field in ("workload", "optimizer", "backend", "gpu", "num_gpus", "gpus_per_stage",
+                  "points", "max_throughput"):
+        assert field in obj
+    assert obj["num_gpus"] == 16 and obj["gpus_per_stage"] == 8 and obj["gpu"] == "a100-sxm4-40gb"
+    p = obj["points"][0]
+    assert p["energy_j"] == pytest.approx(p["dynamic_energy_j"] + p["static_energy_j"])
+    assert obj["max_throughput"] == p
+
+
+def test_simulate_overrides(capsys):
+    code, out, _ = run(capsys, "simulate", "-w", "qwen3-1.7b", "--tp", "4", "--cp", "2",
+                       "--seq", "8192", "--gpu", "h100-sxm", "--json")
+    obj = json.loads(out)
+    assert code == 0 and obj["parallel"]["cp"] == 2 and obj["parallel"]["seq"] == 8192
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["simulate", "-w", "gpt5"], "choose one of"),
+    (["simulate", "-w", "gpt3-xl", "--tp", "3"], "valid TP"),
+    (["simulate", "-w", "gpt3-xl", "--tp", "two"], "not a valid integer"),
+    (["simulate", "-w", "gpt3-xl", "--seq", "-5"], "positive integer"),
+    (["simulate", "-w", "gpt3-xl", "--gpu", "v100"], "choose one of"),
+    (["calibrate", "--profile", "/no/such.csv", "--gpu", "a40"], "does not exist"),
+    (["simulate"], "Missing option"),
+    (["frobnicate"], "No such command"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, args, fragment):
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and fragment in err
+
+
+def test_calibrate_bad_and_good(capsys, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("stage,instruction,frequency,time,energy\n0,forward,1410,0.1,-3\n")
+    code, _, err = run(capsys, "calibrate", "--profile", str(bad), "--gpu", "a40")
+    assert code == 2 and "positive" in err
+    path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")
+    code, out, _ = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a100-sxm4-80gb",
+                       "--json")
+    obj = json.loads(out)
+    assert code == 0 and obj["error"]["time_mape_pct"] < 2 and obj["fit"]["knee_mhz"] > 900
+
+
+def test_calibrate_rejects_a_profile_from_another_gpu(capsys):
+    path = profile_or_skip("gpt3-175b+a40_bf16.csv")  # clocks up to 1740 MHz
+    code, _, err = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a100-sxm4-40gb")
+    assert code == 2 and "outside" in err

@@ -1,0 +1,159 @@
+"""Physics of the simulator: each test states the law it checks."""
+
+import numpy as np
+import pytest
+
+from kareus.backends.sim import SimulatorBackend
+from kareus.errors import PlanError
+from kareus.graph import CommOp, ComputeOp, Partition
+from kareus.hardware.presets import get_preset
+from kareus.plan import IterationPlan, PartitionSchedule
+
+BIG_GEMM = ComputeOp("gemm", "gemm", flops=2 * 8192**3, bytes=3 * 2 * 8192**2, tiles=64 * 64)
+STREAM = ComputeOp("add", "memory", flops=1e8, bytes=2e9)
+AR = CommOp("ar", "all_reduce", bytes=256e6, group=8)
+
+
+@pytest.fixture()
+def uncapped(a100):
+    return SimulatorBackend(a100, power_limit_w=2000)
+
+
+def test_compute_bound_time_scales_as_one_over_clock(uncapped):
+    times = [uncapped.kernel_time(BIG_GEMM, f, 108) for f in (900, 1050, 1200, 1410)]
+    assert all(a > b for a, b in zip(times, times[1:]))
+    assert times[0] / times[-1] == pytest.approx(1410 / 900, rel=0.03)
+
+
+def test_memory_bound_time_is_flat_in_clock(uncapped):
+    t_lo, t_hi = (uncapped.kernel_time(STREAM, f, 108) for f in (900, 1410))
+    assert t_lo / t_hi == pytest.approx(1.0, abs=0.01)
+
+
+def test_wave_quantization_steps(uncapped):
+    op = ComputeOp("g", "gemm", flops=216 * 2 * 128 * 128 * 4096, bytes=1e6, tiles=216)
+    t = {n: uncapped.kernel_time(op, 1410, n) for n in (108, 107, 90, 72, 71)}
+    assert t[107] / t[108] == pytest.approx(1.5, rel=0.02)  # 2 waves -> 3 waves
+    assert t[72] == pytest.approx(t[90]) == pytest.approx(t[107])  # flat within the step
+    assert t[71] / t[72] == pytest.approx(4 / 3, rel=0.02)  # 3 waves -> 4 waves
+
+
+def test_collective_speed_grows_with_sms_and_clock_until_the_link_saturates(uncapped, a100):
+    few = [uncapped.collective_time(AR, 1410, k) for k in (3, 6, 12, 24)]
+    assert all(a > b for a, b in zip(few, few[1:]))
+    assert uncapped.collective_time(AR, 900, 6) > uncapped.collective_time(AR, 1410, 6)
+    saturated = [uncapped.collective_time(AR, 1410, k) for k in (32, 48, 64)]
+    assert max(saturated) == pytest.approx(min(saturated))
+    link_time = AR.bus_bytes / (a100.nvlink_bw * a100.link_efficiency)
+    assert saturated[0] == pytest.approx(link_time + a100.comm_latency_s)
+
+
+def test_overlap_slows_compute_but_beats_running_in_sequence(sim):
+    part = Partition("p/0", (BIG_GEMM,), AR)
+    alone = sim.evaluate_partition(Partition("c/0", (BIG_GEMM,), None), np.array([1410.0]),
+                                   np.array([24]), np.array([0])).time_s.item()
+    comm_alone = sim.collective_time(AR, 1410, 24)
+    overlapped = sim.evaluate_partition(part, np.array([1410.0]), np.array([24]),
+                                        np.array([0])).time_s.item()
+    assert max(alone, comm_alone) < overlapped < alone + comm_alone
+
+
+def test_power_cap_throttles_and_holds(a100):
+    capped, free = SimulatorBackend(a100), SimulatorBackend(a100, power_limit_w=2000)
+    f_eff, watts = capped.kernel_power(BIG_GEMM, 1410)
+    assert f_eff < 1410 and watts <= a100.power_limit_w
+    assert free.kernel_power(BIG_GEMM, 1410)[1] > a100.power_limit_w  # it would exceed the cap
+    part = Partition("g/0", (BIG_GEMM,), None)
+    grid = capped.evaluate_partition(part, a100.clock_grid(900, 1410), np.array([1]),
+                                     np.array([0]))
+    power = grid.dynamic_energy_j / grid.time_s + a100.static_power_w
+    assert np.all(power <= a100.power_limit_w + 1e-6)
+    # throttled clocks lose little time: asking for 1410 is no faster than the throttled clock
+    assert grid.time_s[-1].item() == pytest.approx(grid.time_s[list(grid.clocks_mhz).index(
+        f_eff)].item())
+
+
+def test_dynamic_power_is_convex_in_clock_above_the_knee(uncapped, a100):
+    part = Partition("g/0", (BIG_GEMM,), None)
+    clocks = a100.clock_grid(1110, 1410)
+    g = uncapped.evaluate_partition(part, clocks, np.array([1]), np.array([0]))
+    p = (g.dynamic_energy_j / g.time_s).ravel()
+    assert np.all(np.diff(p, 2) > -1e-6) and np.all(np.diff(p) > 0)
+
+
+def test_static_energy_is_static_power_times_time_times_gpus(sim, llama_tp8, a100):
+    r = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1410))
+    e = r.energy
+    assert e.static_j == pytest.approx(a100.static_power_w * e.time_s * 16)
+    assert e.total_j == pytest.approx(e.dynamic_j + e.static_j)
+    assert sum(r.per_gpu_energy_j.values()) * 8 == pytest.approx(e.total_j)
+
+
+def test_lower_clock_trades_time_for_dynamic_energy(sim, llama_tp8):
+    fast = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1410)).energy
+    slow = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1050)).energy
+    assert slow.time_s > fast.time_s and slow.static_j > fast.static_j
+    assert slow.dynamic_j < fast.dynamic_j
+
+
+def test_nanobatching_hides_tp_communication(sim, llama_tp8):
+    seq = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1410)).time_s
+    nano = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1410, True)).time_s
+    assert nano < 0.95 * seq
+
+
+def test_best_schedule_moves_with_the_clock(sim, llama_tp8, a100):
+    """For some partition, the fastest (SMs, slot) at a low clock differs from a high clock's."""
+    ks, clocks = np.arange(3, 31, 3), np.array([900.0, 1410.0])
+    moved = []
+    for key in ((0, "forward"), (0, "backward")):
+        for part in llama_tp8.instruction_graphs[key].partitions:
+            slots = np.arange(len(part.compute))
+            g = sim.evaluate_partition(part, clocks, ks, slots)
+            lo = np.unravel_index(np.argmin(g.time_s[0]), g.time_s[0].shape)
+            hi = np.unravel_index(np.argmin(g.time_s[1]), g.time_s[1].shape)
+            if lo != hi:
+                moved.append((part.key, ks[lo[0]], ks[hi[0]]))
+    assert moved
+    # and at the low clock the collective wants at least as many SMs (it is SM-bound there)
+    assert all(k_lo >= k_hi for _, k_lo, k_hi in moved)
+
+
+def test_the_idle_critical_path_pays_static_only(sim, llama_tp8, a100):
+    # Slowing stage 1 only: stage 0 waits longer, but its dynamic energy does not change.
+    base = IterationPlan.uniform(llama_tp8, 1410)
+    slow1 = IterationPlan({ins: (p if ins.stage == 0 else type(p).make(900))
+                           for ins, p in base.instructions.items()})
+    a, b = sim.evaluate_plan(llama_tp8, base), sim.evaluate_plan(llama_tp8, slow1)
+    assert b.per_gpu_dynamic_j[0] == pytest.approx(a.per_gpu_dynamic_j[0])
+    assert b.time_s > a.time_s
+
+
+def test_bad_plans_are_rejected(sim, llama_tp8):
+    part = llama_tp8.instruction_graphs[(0, "forward")].partitions[1]
+    with pytest.raises(PlanError):
+        sim.evaluate_partition(part, np.array([3000.0]), np.array([6]), np.array([0]))
+    with pytest.raises(PlanError):
+        sim.evaluate_partition(part, np.array([1410.0]), np.array([6]), np.array([99]))
+    plan = IterationPlan.uniform(llama_tp8, 1410, True, {"nope/0": PartitionSchedule(6, 0)})
+    with pytest.raises(PlanError, match="unknown partition"):
+        sim.evaluate_plan(llama_tp8, plan)
+    with pytest.raises(PlanError, match="no entry"):
+        sim.evaluate_plan(llama_tp8, IterationPlan({}))
+
+
+def test_power_limit_plan_slows_the_iteration(sim, llama_tp8):
+    full = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1410))
+    capped = sim.evaluate_plan(llama_tp8, IterationPlan.uniform(llama_tp8, 1410,
+                                                                power_limit_w=200))
+    assert capped.time_s > full.time_s
+    assert capped.energy.dynamic_j < full.energy.dynamic_j
+
+
+def test_every_preset_simulates(llama_tp8):
+    from kareus.hardware.presets import PRESETS
+    for name in PRESETS:
+        gpu = get_preset(name)
+        r = SimulatorBackend(gpu).evaluate_plan(llama_tp8, IterationPlan.uniform(
+            llama_tp8, gpu.clock_max_mhz))
+        assert 0 < r.time_s < 60 and r.energy.total_j > 0

@@ -1,0 +1,128 @@
+"""Model shapes of the GPT-style workloads the suite knows.
+
+A :class:`ModelSpec` is the architecture of one decoder-only transformer: everything the iteration
+graph needs to count FLOPs and bytes, and everything the torch implementation in
+:mod:`workloads.torch_model` needs to build the same block. Shapes come from the models' published
+configurations (GPT-3 paper, Table 2.1; Llama 3.2 / 3.3 and Qwen 3 ``config.json`` files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from workloads.errors import WorkloadError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of one decoder-only transformer.
+
+    Attributes:
+        name: Registry name, e.g. ``"llama3.2-3b"``.
+        hidden: Model width ``d_model``.
+        heads: Number of attention (query) heads.
+        kv_heads: Number of key/value heads (``== heads`` without GQA).
+        head_dim: Width of one head.
+        ffn: Width of the MLP's hidden layer (per branch for SwiGLU).
+        layers: Number of transformer layers.
+        vocab: Vocabulary size.
+        native_seq: Sequence length the suite uses by default (tokens).
+        mlp: ``"gelu"`` (two matrices) or ``"swiglu"`` (gate, up and down matrices).
+        norm: ``"layernorm"`` (GPT-3) or ``"rmsnorm"`` (Llama, Qwen).
+        qk_norm: Whether queries and keys are RMS-normalised per head (Qwen 3).
+        rope: Rotary position embeddings (``False``: learned absolute positions, GPT-3).
+        tied_embeddings: Input embedding and output layer share weights.
+    """
+
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    layers: int
+    vocab: int
+    native_seq: int
+    mlp: Literal["gelu", "swiglu"]
+    norm: Literal["layernorm", "rmsnorm"]
+    qk_norm: bool = False
+    rope: bool = True
+    tied_embeddings: bool = False
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection output (``heads * head_dim``)."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one of the key / value projection outputs."""
+        return self.kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer (weights, biases for GPT-3, norm scales)."""
+        h = self.hidden
+        qkv = h * (self.q_width + 2 * self.kv_width)
+        proj = self.q_width * h
+        mlp_mats = 3 if self.mlp == "swiglu" else 2
+        mlp = mlp_mats * h * self.ffn
+        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
+        biases = 0
+        if self.mlp == "gelu":  # GPT-3 keeps biases
+            biases = (self.q_width + 2 * self.kv_width) + h + self.ffn + h
+        qk = 2 * self.head_dim if self.qk_norm else 0
+        return qkv + proj + mlp + norms + biases + qk
+
+    def embedding_params(self) -> int:
+        """Parameters of the input embedding (and learned positions for GPT-3)."""
+        pos = 0 if self.rope else self.native_seq * self.hidden
+        return self.vocab * self.hidden + pos
+
+    def total_params(self) -> int:
+        """All parameters, output layer included unless tied."""
+        out = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.layers * self.layer_params() + self.embedding_params() + out + self.hidden
+
+
+def _gpt3(name: str, hidden: int, heads: int, layers: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
+        ffn=4 * hidden, layers=layers, vocab=50257, native_seq=2048, mlp="gelu",
+        norm="layernorm", rope=False, tied_embeddings=True,
+    )
+
+
+#: Every model the suite knows, by registry name.
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        # GPT-3 paper (Brown et al. 2020), Table 2.1: n_layers, d_model, n_heads; d_ff = 4 d_model.
+        _gpt3("gpt3-xl", 2048, 16, 24),
+        _gpt3("gpt3-2.7b", 2560, 32, 32),
+        _gpt3("gpt3-6.7b", 4096, 32, 32),
+        _gpt3("gpt3-13b", 5120, 40, 40),
+        _gpt3("gpt3-175b", 12288, 96, 96),
+        # meta-llama/Llama-3.2-3B config.json
+        ModelSpec("llama3.2-3b", hidden=3072, heads=24, kv_heads=8, head_dim=128, ffn=8192,
+                  layers=28, vocab=128256, native_seq=4096, mlp="swiglu", norm="rmsnorm",
+                  tied_embeddings=True),
+        # Qwen/Qwen3-1.7B config.json
+        ModelSpec("qwen3-1.7b", hidden=2048, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                  layers=28, vocab=151936, native_seq=4096, mlp="swiglu", norm="rmsnorm",
+                  qk_norm=True, tied_embeddings=True),
+        # meta-llama/Llama-3.3-70B-Instruct config.json
+        ModelSpec("llama3.3-70b", hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+                  layers=80, vocab=128256, native_seq=4096, mlp="swiglu", norm="rmsnorm"),
+    )
+}
+
+
+def get_model(name: str) -> ModelSpec:
+    """Look a model up by name; raises :class:`WorkloadError` naming the valid choices."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise WorkloadError(
+            f"unknown workload {name!r}; choose one of: {', '.join(MODELS)}"
+        ) from None
