@@ -1,0 +1,71 @@
+"""Simulator speed: one partition's full knob grid, and one full iteration plan.
+
+    python benchmarks/speed.py [--repeats 20]
+
+Targets (issue: foundation): a ~1,000-configuration partition grid in <= 10 ms; a whole iteration
+plan of a paper configuration in <= 100 ms. "Cold" builds a fresh simulator (empty caches) for each
+repeat; "warm" reuses one. Medians over the repeats, wall clock (time.perf_counter).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import click
+import numpy as np
+
+from kareus.backends.sim import SimulatorBackend
+from kareus.hardware.presets import get_preset
+from kareus.plan import IterationPlan, PartitionSchedule
+from workloads import make_workload
+from workloads.graph_builder import build_iteration_graph
+
+
+def _median_ms(fn, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+@click.command()
+@click.option("--repeats", default=20, show_default=True)
+def main(repeats: int) -> None:
+    gpu = get_preset("a100-sxm4-40gb")
+    for label, kw in (("llama3.2-3b TP8", {}), ("llama3.2-3b CP2+TP4", dict(tp=4, cp=2))):
+        g = build_iteration_graph(make_workload("llama3.2-3b", **kw))
+        part = g.instruction_graphs[(0, "backward")].partitions[-1]
+        clocks = gpu.clock_grid(900, 1410)  # the paper's 30 MHz search uses half of these
+        ks = np.arange(3, 31, 3)
+        slots = np.arange(len(part.compute))
+        n = clocks.size * ks.size * slots.size
+        cold = _median_ms(lambda: SimulatorBackend(gpu).evaluate_partition(
+            part, clocks, ks, slots), repeats)
+        warm_sim = SimulatorBackend(gpu)
+        warm = _median_ms(lambda: warm_sim.evaluate_partition(part, clocks, ks, slots), repeats)
+        click.echo(f"{label}: partition {part.key}, {n} configurations: cold {cold:.2f} ms, "
+                   f"warm {warm:.2f} ms ({warm / n * 1e3:.2f} us/config)")
+        sched = {p.key: PartitionSchedule(12, 1) for p in
+                 g.instruction_graphs[(0, "forward")].partitions}
+        rng = np.random.default_rng(0)
+        grid = gpu.clock_grid(900, 1410)
+
+        def random_plan() -> IterationPlan:
+            base = IterationPlan.uniform(g, 1410, True)
+            return IterationPlan({ins: type(p).make(float(rng.choice(grid)), True,
+                                                     sched if ins.direction == "forward" else {})
+                                  for ins, p in base.instructions.items()})
+
+        cold_plan = _median_ms(lambda: SimulatorBackend(gpu).evaluate_plan(g, random_plan()),
+                               repeats)
+        warm_plan_sim = SimulatorBackend(gpu)
+        warm_plan = _median_ms(lambda: warm_plan_sim.evaluate_plan(g, random_plan()), repeats)
+        click.echo(f"{label}: full nanobatched iteration plan, random clock per instruction: "
+                   f"cold {cold_plan:.1f} ms, warm {warm_plan:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
