@@ -37,6 +37,11 @@ def iteration_energy(dynamic_j: float, num_gpus: int, static_power_w: float, tim
                            static_j=static_energy(num_gpus, static_power_w, time_s))
 
 
-def dynamic_from_measured(energy_j: float, time_s: float, static_power_w: float) -> float:
-    """Dynamic energy of an op measured with its static part: ``E - P_s * t`` (J)."""
-    return energy_j - static_power_w * time_s
+def dynamic_from_measured(energy_j: float, static_power_w: float, time: float,
+                          unit_s: float = 1.0) -> float:
+    """Dynamic energy of an op measured with its static part: ``E - P_s * t`` (J).
+
+    ``t = time * unit_s`` seconds; a quantized time and its unit may be passed separately (the
+    product is formed as ``P_s * time * unit_s``, the order the Perseus reference driver uses).
+    """
+    return energy_j - static_power_w * time * unit_s

@@ -1,0 +1,176 @@
+"""The iteration-level time–cost tradeoff, solved with ``lowtime`` exactly as Perseus does it.
+
+Perseus (SOSP '24) and Kareus both end in the same step: every pipeline instruction type
+(stage, forward/backward) has a set of execution options, each a measured (time, energy) with a
+knob (a clock for Perseus; a clock plus per-partition schedules for Kareus). The procedure, as in
+the ``lowtime`` reference driver for Perseus:
+
+1. Per instruction type, wrap each option as a ``lowtime`` ``ExecutionOption`` (unit time 1 ms by
+   default) and keep the Pareto-optimal ones with ``CandidateExecutionOptions`` (which also
+   quantizes time and deduplicates equal quantized times). The *raw* pre-filter keeps options
+   Pareto-optimal in measured energy (the Perseus artifact); the *effective* one filters after
+   subtracting static energy.
+2. Map every option's cost to effective energy: ``energy - P_static · quant_time · unit_time``.
+3. Fit ``lowtime``'s ``ExponentialModel`` to each type's options.
+4. Build the synchronous 1F1B DAG of ``lowtime.perseus`` (program order within a stage, forward and
+   backward dependencies between stages, a dummy source 0 and sink 1).
+5. Run ``PhillipsDessouky``: each step shortens the iteration by one time unit and assigns every
+   instruction the slowest option that meets its new duration.
+
+Each step is returned with its knob assignment; evaluating the resulting plans (on a profile, a
+simulator or real GPUs) is the caller's job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import networkx as nx
+
+from kareus.energy import dynamic_from_measured
+from kareus.errors import InputError
+from kareus.graph import Direction, Instruction
+
+Prefilter = Literal["raw", "effective"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to execute an instruction type.
+
+    Attributes:
+        time_s: Measured time of one instruction (s).
+        energy_j: Measured energy of one instruction, static included (J), for the GPUs the
+            caller accounts per instruction (one GPU for a Zeus profile).
+        knob: What to apply to get this option (a clock in MHz, or any hashable plan piece).
+    """
+
+    time_s: float
+    energy_j: float
+    knob: Hashable
+
+
+@dataclass(frozen=True)
+class SolverStep:
+    """One Phillips–Dessouky step.
+
+    Attributes:
+        iteration: Solver iteration (1-based, as ``lowtime`` counts).
+        knobs: Chosen option knob of every instruction.
+        quant_time: Iteration time in time units, as the solver sees it.
+        real_time_s: ``quant_time · unit_time`` (s).
+        cost: Solver's total effective cost (J, from the fitted cost models).
+    """
+
+    iteration: int
+    knobs: dict[Instruction, Hashable]
+    quant_time: int
+    real_time_s: float
+    cost: float
+
+
+def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+          microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
+          prefilter: Prefilter = "raw") -> Iterator[SolverStep]:
+    """Run the Perseus time–cost tradeoff; yield every solver step in solver order.
+
+    Args:
+        options: Execution options of each (stage, direction); every stage needs both directions.
+        stages: Pipeline stages.
+        microbatches: Microbatches per iteration.
+        static_power_w: Static power of the GPUs one option's energy covers (W).
+        unit_time_s: Time quantum (s); Perseus uses 1 ms.
+        prefilter: ``"raw"`` or ``"effective"`` Pareto pre-filter (see module docstring).
+    """
+    from lowtime.cost_model import ExponentialModel
+    from lowtime.graph_utils import DependencyResolver, add_sink_node, add_source_node
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
+    from lowtime.perseus.instruction import Backward, Forward, backward_dep, forward_dep
+    from lowtime.perseus.instruction import Instruction as LtInstruction
+    from lowtime.perseus.schedule import Synchronous1F1B
+    from lowtime.solver import PhillipsDessouky
+
+    if prefilter not in ("raw", "effective"):
+        raise InputError(f"unknown pre-filter {prefilter!r}; choose raw or effective")
+    if not unit_time_s > 0:
+        raise InputError(f"unit time must be positive, got {unit_time_s}")
+    classes = {"forward": Forward, "backward": Backward}
+    knob_tables: dict[tuple[int, str], list[Hashable]] = {}
+    spec_map: dict[int, dict[type, OperationSpec]] = {}
+    for stage in range(stages):
+        spec_map[stage] = {}
+        for direction, cls in classes.items():
+            opts = list(options.get((stage, direction), ()))  # type: ignore[arg-type]
+            if not opts:
+                raise InputError(f"no execution options for stage {stage} {direction}")
+            knob_tables[(stage, direction)] = [o.knob for o in opts]
+            lt_opts = []
+            for idx, o in enumerate(opts):
+                cost = o.energy_j
+                if prefilter == "effective":
+                    quant = int(o.time_s // unit_time_s)
+                    cost = dynamic_from_measured(o.energy_j, static_power_w, quant, unit_time_s)
+                lt_opts.append(ExecutionOption[int](real_time=o.time_s, unit_time=unit_time_s,
+                                                    cost=cost, knob=idx))
+            cand = CandidateExecutionOptions[int](options=lt_opts)
+            if prefilter == "raw":
+                for opt in cand.options:
+                    opt.cost = dynamic_from_measured(opt.cost, static_power_w, opt.quant_time,
+                                                     opt.unit_time)
+            model = ExponentialModel(cand)
+            spec_map[stage][cls] = OperationSpec[int](options=cand, cost_model=model)
+
+    dag = nx.DiGraph()
+    node_id = 2  # 0 and 1 are the dummy source and sink, as in the reference driver
+    nodes: list[tuple[Instruction, object]] = []
+    for stage in range(stages):
+        ids = []
+        for inst in Synchronous1F1B(num_stages=stages, num_micro_batches=microbatches,
+                                     stage_id=stage, operation_spec_map=spec_map[stage]):
+            dag.add_node(node_id, op=inst)
+            direction: Direction = "forward" if isinstance(inst, Forward) else "backward"
+            nodes.append((Instruction(stage, inst.micro_batch_id, direction), inst))
+            ids.append(node_id)
+            node_id += 1
+        for a, b in zip(ids, ids[1:]):
+            dag.add_edge(a, b)
+    resolver = DependencyResolver(dependency_rules=[forward_dep, backward_dep],
+                                  node_type=LtInstruction)
+    data = list(dag.nodes(data=True))
+    for (id1, d1), (id2, d2) in itertools.product(data, data):
+        if resolver.is_dependent(d1["op"], d2["op"]):
+            dag.add_edge(id1, id2)
+    add_source_node(dag, 0)
+    add_sink_node(dag, 1)
+    dag.graph["source_node"] = 0
+    dag.graph["sink_node"] = 1
+
+    solver = PhillipsDessouky(dag)
+    quiet = logging.getLogger("lowtime")
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))
+    try:
+        for result in solver.run():
+            knobs = {ins: knob_tables[(ins.stage, ins.direction)][lt.assigned_knob]  # type: ignore[attr-defined]
+                     for ins, lt in nodes}
+            yield SolverStep(iteration=result.iteration, knobs=knobs,
+                             quant_time=int(result.quant_time),
+                             real_time_s=float(result.real_time), cost=float(result.cost))
+    finally:
+        quiet.setLevel(level)
+
+
+def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
+    """(nodes, edges) of the 1F1B DAG ``solve`` hands to lowtime, dummy source/sink included.
+
+    Program order gives ``S·(2M − 1)`` edges, forward and backward dependencies ``2·(S − 1)·M``,
+    and the source/sink connect to the instructions without predecessors / successors.
+    """
+    instructions = 2 * stages * microbatches
+    program = stages * (2 * microbatches - 1)
+    cross = 2 * (stages - 1) * microbatches
+    return instructions + 2, program + cross + 2  # only F(0,0) starts and B(0,M-1) ends
