@@ -37,6 +37,11 @@ def iteration_energy(dynamic_j: float, num_gpus: int, static_power_w: float, tim
                            static_j=static_energy(num_gpus, static_power_w, time_s))
 
 
+def measured_energy(dynamic_j: float, static_power_w: float, time_s: float) -> float:
+    """Energy a meter on one GPU reads for an op: its dynamic energy plus ``P_s * t`` (J)."""
+    return dynamic_j + static_energy(1, static_power_w, time_s)
+
+
 def dynamic_from_measured(energy_j: float, static_power_w: float, time: float,
                           unit_s: float = 1.0) -> float:
     """Dynamic energy of an op measured with its static part: ``E - P_s * t`` (J).

@@ -250,3 +250,34 @@ def topological_order(stages: int, microbatches: int) -> list[Instruction]:
             raise RuntimeError("cycle in the 1F1B DAG")
         pending = rest
     return out
+
+
+def schedule_times(stages: int, microbatches: int, durations: dict[Instruction, float],
+                   p2p_s: float = 0.0) -> dict[Instruction, tuple[float, float]]:
+    """Earliest (start, end) of every instruction of the 1F1B DAG given their durations (s);
+    ``p2p_s`` delays every cross-stage dependency (the activation transfer)."""
+    deps = dag_dependencies(stages, microbatches)
+    times: dict[Instruction, tuple[float, float]] = {}
+    for ins in topological_order(stages, microbatches):
+        start = 0.0
+        for d in deps[ins]:
+            start = max(start, times[d][1] + (p2p_s if d.stage != ins.stage else 0.0))
+        times[ins] = (start, start + durations[ins])
+    return times
+
+
+def critical_path(stages: int, microbatches: int, times: dict[Instruction, tuple[float, float]],
+                  p2p_s: float = 0.0) -> list[Instruction]:
+    """Instructions on a longest path, from the first to the last-finishing instruction."""
+    deps = dag_dependencies(stages, microbatches)
+    node = max(times, key=lambda i: times[i][1])
+    path = [node]
+    while deps[node]:
+        start = times[node][0]
+        prev = [d for d in deps[node]
+                if abs(times[d][1] + (p2p_s if d.stage != node.stage else 0.0) - start) < 1e-12]
+        if not prev:
+            break
+        node = max(prev, key=lambda d: times[d][1])
+        path.append(node)
+    return path[::-1]

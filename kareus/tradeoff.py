@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -174,3 +174,44 @@ def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
     program = stages * (2 * microbatches - 1)
     cross = 2 * (stages - 1) * microbatches
     return instructions + 2, program + cross + 2  # only F(0,0) starts and B(0,M-1) ends
+
+
+def evaluate_on_options(step: SolverStep, options: Mapping[tuple[int, Direction], Sequence[Option]],
+                        stages: int, microbatches: int, static_power_w: float
+                        ) -> tuple[float, float]:
+    """(time s, energy J) of a solver step replayed on measured options (a profile): instruction
+    times from the chosen options on the 1F1B DAG, energy = their dynamic energies plus every
+    GPU's static power for the whole iteration (one GPU per stage, as a profile describes)."""
+    from kareus.energy import iteration_energy
+    from kareus.graph import schedule_times
+
+    by_knob = {key: {o.knob: o for o in opts} for key, opts in options.items()}
+    durations: dict[Instruction, float] = {}
+    dynamic = 0.0
+    for ins, knob in step.knobs.items():
+        opt = by_knob[(ins.stage, ins.direction)][knob]
+        durations[ins] = opt.time_s
+        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
+    times = schedule_times(stages, microbatches, durations)
+    t = max(end for _, end in times.values())
+    return t, iteration_energy(dynamic, stages, static_power_w, t).total_j
+
+
+def plans_from_steps(steps: Sequence[SolverStep], make_plan: Callable[[Hashable], object],
+                     label: str) -> list:
+    """One :class:`~kareus.plan.IterationPlan` per solver step (``make_plan(knob)`` gives each
+    instruction's plan)."""
+    from kareus.plan import IterationPlan
+
+    cache: dict[Hashable, object] = {}
+    plans = []
+    for step in steps:
+        instr = {}
+        for ins, knob in step.knobs.items():
+            if knob not in cache:
+                cache[knob] = make_plan(knob)
+            instr[ins] = cache[knob]
+        plans.append(IterationPlan(instr, label=f"{label} step {step.iteration}",  # type: ignore[arg-type]
+                                   meta={"solver_iteration": step.iteration,
+                                         "solver_time_s": step.real_time_s}))
+    return plans

@@ -41,7 +41,7 @@ from kareus.graph import (
     IterationGraph,
     Partition,
     Segment,
-    dag_dependencies,
+    schedule_times,
     topological_order,
 )
 from kareus.hardware.power import sm_power_scale
@@ -358,18 +358,14 @@ class SimulatorBackend:
         missing = [ins for ins in order if ins not in plan.instructions]
         if missing:
             raise PlanError(f"plan has no entry for {len(missing)} instruction(s), e.g. {missing[0]}")
-        deps = dag_dependencies(graph.stages, graph.microbatches)
-        p2p = self.p2p_time(graph)
-        times: dict[Instruction, tuple[float, float]] = {}
+        durations: dict[Instruction, float] = {}
         dyn = {s: 0.0 for s in range(graph.stages)}
         for ins in order:
             cost = self.evaluate_instruction(graph, ins.type_key, plan.instructions[ins])
-            start = 0.0
-            for d in deps[ins]:
-                lag = p2p if d.stage != ins.stage else 0.0
-                start = max(start, times[d][1] + lag)
-            times[ins] = (start, start + cost.time_s)
+            durations[ins] = cost.time_s
             dyn[ins.stage] += cost.dynamic_energy_j
+        times = schedule_times(graph.stages, graph.microbatches, durations,
+                               self.p2p_time(graph))
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
         ends = {}
         for s in range(graph.stages):

@@ -1,0 +1,124 @@
+"""Pareto filtering, hypervolume and the comparison metrics — each defined once, here.
+
+Metrics (``shared/method.md`` §7), all on measured points (time s, whole-cluster energy J):
+
+- **Max throughput vs Megatron-LM**: a method's fastest point against Megatron's:
+  time reduction ``100·(T_M − T)/T_M`` and energy reduction ``100·(E_M − E)/E_M`` (%).
+- **Iso-time energy reduction** vs a reference frontier (Perseus): at the reference's fastest point
+  ``(T_P, E_P)``, the lowest energy among the method's points with ``T ≤ T_P``:
+  ``100·(E_P − E)/E_P``.
+- **Iso-energy time reduction**: at the reference's lowest-energy point ``(T_P, E_P)``, the lowest
+  time among the method's points with ``E ≤ E_P``: ``100·(T_P − T)/T_P``.
+
+When no point of the method qualifies the metric is *not attainable* and reported as ``None``,
+never as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+#: Relative slack when comparing a time or energy with a reference (floating-point noise only).
+_TOL = 1e-9
+
+
+def pareto_indices(times: ArrayLike, energies: ArrayLike) -> NDArray[np.int64]:
+    """Indices of the points no other point dominates (smaller-or-equal in both, smaller in one),
+    sorted by time ascending; of exact duplicates the first is kept."""
+    t = np.asarray(times, dtype=np.float64)
+    e = np.asarray(energies, dtype=np.float64)
+    if t.shape != e.shape or t.ndim != 1:
+        raise ValueError("times and energies must be 1-D arrays of equal length")
+    order = np.lexsort((e, t))  # by time, then energy
+    keep: list[int] = []
+    best_e = np.inf
+    for i in order:
+        if e[i] < best_e:
+            keep.append(int(i))
+            best_e = e[i]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def pareto_mask_2d(times: NDArray[np.float64], energies: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Boolean mask version of :func:`pareto_indices` (same points)."""
+    mask = np.zeros(np.asarray(times).shape, dtype=bool)
+    mask[pareto_indices(times, energies)] = True
+    return mask
+
+
+def hypervolume(times: ArrayLike, energies: ArrayLike, ref_point: tuple[float, float]) -> float:
+    """Area dominated by the points and bounded by ``ref_point`` (both objectives minimised),
+    computed with pymoo's HV indicator."""
+    from pymoo.indicators.hv import HV
+
+    pts = np.column_stack([np.asarray(times, float), np.asarray(energies, float)])
+    pts = pts[(pts[:, 0] < ref_point[0]) & (pts[:, 1] < ref_point[1])]
+    if len(pts) == 0:
+        return 0.0
+    return float(HV(ref_point=np.asarray(ref_point, dtype=float))(pts))
+
+
+def time_reduction_pct(reference_time_s: float, time_s: float) -> float:
+    """``100·(T_ref − T)/T_ref`` (%)."""
+    return 100.0 * (reference_time_s - time_s) / reference_time_s
+
+
+def energy_reduction_pct(reference_energy_j: float, energy_j: float) -> float:
+    """``100·(E_ref − E)/E_ref`` (%)."""
+    return 100.0 * (reference_energy_j - energy_j) / reference_energy_j
+
+
+def fastest(times: ArrayLike, energies: ArrayLike) -> int:
+    """Index of the fastest point (ties: lower energy)."""
+    t, e = np.asarray(times, float), np.asarray(energies, float)
+    if t.size == 0:
+        raise ValueError("no points")
+    return int(np.lexsort((e, t))[0])
+
+
+def iso_time_energy_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
+                              times: Sequence[float], energies: Sequence[float]) -> float | None:
+    """Iso-time energy reduction (%) of a method vs a reference frontier (see module docstring);
+    ``None`` when no point of the method is as fast as the reference's fastest point."""
+    i = fastest(ref_times, ref_energies)
+    t_ref, e_ref = float(ref_times[i]), float(ref_energies[i])
+    t, e = np.asarray(times, float), np.asarray(energies, float)
+    ok = t <= t_ref * (1 + _TOL)
+    if not ok.any():
+        return None
+    return energy_reduction_pct(e_ref, float(e[ok].min()))
+
+
+def iso_energy_time_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
+                              times: Sequence[float], energies: Sequence[float]) -> float | None:
+    """Iso-energy time reduction (%) of a method vs a reference frontier (see module docstring);
+    ``None`` when no point of the method uses as little energy as the reference's lowest."""
+    e_ref_all = np.asarray(ref_energies, float)
+    t_ref_all = np.asarray(ref_times, float)
+    j = int(np.lexsort((t_ref_all, e_ref_all))[0])
+    t_ref, e_ref = float(t_ref_all[j]), float(e_ref_all[j])
+    t, e = np.asarray(times, float), np.asarray(energies, float)
+    ok = e <= e_ref * (1 + _TOL)
+    if not ok.any():
+        return None
+    return time_reduction_pct(t_ref, float(t[ok].min()))
+
+
+def spread_indices(times: ArrayLike, count: int) -> NDArray[np.int64]:
+    """Up to ``count`` indices of a time-sorted frontier spread evenly over its time range
+    (the fastest and the slowest always included)."""
+    t = np.asarray(times, float)
+    if t.size <= count:
+        return np.arange(t.size)
+    targets = np.linspace(t[0], t[-1], count)
+    chosen: list[int] = []
+    for target in targets:
+        order = np.argsort(np.abs(t - target))
+        for idx in order:
+            if int(idx) not in chosen:
+                chosen.append(int(idx))
+                break
+    return np.asarray(sorted(chosen), dtype=np.int64)

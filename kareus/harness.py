@@ -1,0 +1,206 @@
+"""The comparison harness: run optimizers, measure their plans, compare the frontiers.
+
+Every plan an optimizer returns is evaluated on the problem's backend; the measured points
+(whole-cluster energy, static included) are Pareto-filtered; the fastest plan and 10 plans spread
+over the frontier are marked; the comparison metrics come from :mod:`kareus.frontier`. A plugin that
+raises, returns nothing, or returns an invalid plan is recorded as failed with its error; the
+other optimizers are unaffected.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kareus import frontier as fr
+from kareus.errors import InputError
+from kareus.plan import IterationPlan
+from kareus.plugins import Optimizer, Problem
+from kareus.records import Point
+
+#: Plans spread over each frontier in addition to the fastest one.
+SPREAD = 10
+
+
+class PluginError(InputError):
+    """An optimizer returned something the harness cannot evaluate."""
+
+
+@dataclass
+class OptimizerRun:
+    """What one optimizer produced on one problem.
+
+    Attributes:
+        name: Optimizer name.
+        status: ``"ok"`` or ``"failed"``.
+        error: One-line reason when failed.
+        wall_s: Wall time of ``optimize`` plus the evaluation of its plans (s).
+        optimize_s: Wall time of ``optimize`` alone (s).
+        points: Every evaluated plan (``plan_id`` = index into ``plans``).
+        frontier: Pareto-optimal points, by time.
+        spread: ``plan_id`` of the fastest plan and up to 10 frontier plans spread over time.
+        plans: The plans, as returned.
+    """
+
+    name: str
+    status: Literal["ok", "failed"] = "ok"
+    error: str | None = None
+    wall_s: float = 0.0
+    optimize_s: float = 0.0
+    points: list[Point] = field(default_factory=list)
+    frontier: list[Point] = field(default_factory=list)
+    spread: list[int] = field(default_factory=list)
+    plans: list[IterationPlan] = field(default_factory=list, repr=False)
+
+    @property
+    def max_throughput(self) -> Point | None:
+        return self.frontier[0] if self.frontier else None
+
+
+def validate_plans(plans: object, problem: Problem) -> list[IterationPlan]:
+    """Check a plugin's return value; raise :class:`PluginError` naming the first problem."""
+    if plans is None:
+        raise PluginError("returned nothing (None)")
+    if isinstance(plans, IterationPlan) or not isinstance(plans, Sequence):
+        raise PluginError(f"must return a sequence of IterationPlan, got {type(plans).__name__}")
+    if len(plans) == 0:
+        raise PluginError("returned no plans")
+    wanted = {i for seq in problem.graph.schedule().values() for i in seq}
+    for k, plan in enumerate(plans):
+        if not isinstance(plan, IterationPlan):
+            raise PluginError(f"plan {k} is a {type(plan).__name__}, not an IterationPlan")
+        missing = wanted - set(plan.instructions)
+        if missing:
+            raise PluginError(f"plan {k} has no entry for {len(missing)} instruction(s)")
+        if plan.power_limit_w is not None and not (
+                isinstance(plan.power_limit_w, (int, float)) and math.isfinite(plan.power_limit_w)
+                and plan.power_limit_w > 0):
+            raise PluginError(f"plan {k} has an invalid power limit {plan.power_limit_w!r}")
+        for ins, ip in plan.instructions.items():
+            c = ip.clock_mhz
+            if not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+                raise PluginError(f"plan {k}: {ins} has an invalid clock {c!r}")
+            for key, s in ip.schedules:
+                if (not isinstance(s.comm_sms, int) or s.comm_sms <= 0
+                        or not isinstance(s.launch_slot, int) or s.launch_slot < 0):
+                    raise PluginError(f"plan {k}: partition {key} has an invalid schedule {s}")
+    return list(plans)
+
+
+def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
+                  on_plan: Callable[[int, int], None] | None = None) -> OptimizerRun:
+    """Run ``optimizer`` and evaluate its plans; failures are captured, never raised.
+
+    ``on_plan(done, total)`` is called as plans are evaluated (for progress bars).
+    """
+    run = OptimizerRun(name=name)
+    t0 = time.perf_counter()
+    try:
+        plans = validate_plans(optimizer.optimize(problem), problem)
+        run.optimize_s = time.perf_counter() - t0
+        for k, plan in enumerate(plans):
+            res = problem.backend.evaluate_plan(problem.graph, plan)
+            p = Point.from_result(res, plan_id=k)
+            if not all(math.isfinite(v) and v > 0 for v in (p.time_s, p.energy_j)):
+                raise PluginError(f"plan {k} measured a non-finite or non-positive result")
+            run.points.append(p)
+            if on_plan is not None:
+                on_plan(k + 1, len(plans))
+        run.plans = plans
+    except Exception as e:  # a plugin may fail in any way; the sweep goes on
+        run.status = "failed"
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        loc = f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else ""
+        run.error = f"{type(e).__name__}: {msg}{loc}"
+        run.points, run.plans = [], []
+    run.wall_s = time.perf_counter() - t0
+    if run.points:
+        keep = fr.pareto_indices([p.time_s for p in run.points],
+                                 [p.energy_j for p in run.points])
+        run.frontier = [run.points[i] for i in keep]
+        idx = fr.spread_indices([p.time_s for p in run.frontier], SPREAD)
+        run.spread = sorted({run.frontier[0].plan_id, *(run.frontier[i].plan_id for i in idx)})
+    return run
+
+
+def compare(runs: Mapping[str, OptimizerRun], baseline: str = "megatron",
+            reference: str = "perseus") -> dict[str, dict[str, dict[str, float | None]]]:
+    """The contract's comparison block: max throughput vs ``baseline`` and frontier metrics vs
+    ``reference`` for every successful optimizer (``None`` = not attainable / not available)."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {
+        "max_throughput_vs_megatron": {}, "frontier_vs_perseus": {}}
+    base = runs.get(baseline)
+    ref = runs.get(reference)
+    for name, run in runs.items():
+        if run.status != "ok" or not run.frontier:
+            continue
+        mt = run.frontier[0]
+        if base is not None and base.max_throughput is not None:
+            b = base.max_throughput
+            out["max_throughput_vs_megatron"][name] = {
+                "time_reduction_pct": fr.time_reduction_pct(b.time_s, mt.time_s),
+                "energy_reduction_pct": fr.energy_reduction_pct(b.energy_j, mt.energy_j),
+            }
+        if ref is not None and ref.frontier:
+            rt = [p.time_s for p in ref.frontier]
+            re_ = [p.energy_j for p in ref.frontier]
+            t = [p.time_s for p in run.frontier]
+            e = [p.energy_j for p in run.frontier]
+            out["frontier_vs_perseus"][name] = {
+                "iso_time_energy_reduction_pct": fr.iso_time_energy_reduction(rt, re_, t, e),
+                "iso_energy_time_reduction_pct": fr.iso_energy_time_reduction(rt, re_, t, e),
+            }
+    return out
+
+
+def pick_within(run: OptimizerRun, *, time_budget_s: float | None = None,
+                energy_budget_j: float | None = None) -> Point:
+    """The plan a user picks: least energy within a time budget, or fastest within an energy
+    budget. Raises :class:`InputError` when no plan qualifies."""
+    if (time_budget_s is None) == (energy_budget_j is None):
+        raise InputError("give exactly one of --time-budget-s and --energy-budget-j")
+    pts = run.frontier
+    if time_budget_s is not None:
+        ok = [p for p in pts if p.time_s <= time_budget_s]
+        if not ok:
+            raise InputError(f"no {run.name} plan finishes within {time_budget_s:.4g} s; the "
+                             f"fastest takes {pts[0].time_s:.4g} s")
+        return min(ok, key=lambda p: (p.energy_j, p.time_s))
+    ok = [p for p in pts if p.energy_j <= energy_budget_j]  # type: ignore[operator]
+    if not ok:
+        least = min(p.energy_j for p in pts)
+        raise InputError(f"no {run.name} plan uses at most {energy_budget_j:.6g} J; the most "
+                         f"frugal uses {least:.6g} J")
+    return min(ok, key=lambda p: (p.time_s, p.energy_j))
+
+
+def run_all(problem: Problem, names: Sequence[str],
+            on_start: Callable[[str], None] | None = None,
+            on_plan: Callable[[str, int, int], None] | None = None,
+            on_done: Callable[[OptimizerRun], None] | None = None) -> dict[str, OptimizerRun]:
+    """Run registered optimizers by name, in order; a plugin that cannot even be loaded is
+    recorded as failed like one that fails while running."""
+    from kareus.plugins import load_optimizer
+
+    runs: dict[str, OptimizerRun] = {}
+    for name in names:
+        if on_start is not None:
+            on_start(name)
+        try:
+            opt = load_optimizer(name)
+        except InputError:
+            raise  # an unknown name is the user's mistake, not the plugin's
+        except Exception as e:  # broken plugin import
+            runs[name] = OptimizerRun(name=name, status="failed",
+                                      error=f"{type(e).__name__}: {e}".splitlines()[0])
+        else:
+            cb = (lambda d, t, _n=name: on_plan(_n, d, t)) if on_plan else None
+            runs[name] = run_optimizer(name, opt, problem, cb)
+        if on_done is not None:
+            on_done(runs[name])
+    return runs

@@ -1,0 +1,21 @@
+"""Assemble an optimization :class:`~kareus.plugins.Problem` from names (CLI and reproduce.py)."""
+
+from __future__ import annotations
+
+from kareus.backends import make_backend
+from kareus.hardware.presets import get_preset
+from kareus.plugins import KnobSpace, Problem
+from workloads import make_workload
+from workloads.graph_builder import build_iteration_graph
+
+
+def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0,
+                 options: dict[str, object] | None = None, **overrides: object) -> Problem:
+    """Validated problem: workload with parallelism overrides, its graph, the backend, the
+    default knob space of the GPU. Raises InputError / WorkloadError on bad input."""
+    preset = get_preset(gpu)
+    w = make_workload(workload, **overrides)  # type: ignore[arg-type]
+    knobs = KnobSpace.default(preset)
+    knobs.validate(preset)
+    return Problem(workload=w, graph=build_iteration_graph(w), backend=make_backend(backend, preset),
+                   gpu=preset, knobs=knobs, seed=seed, options=dict(options or {}))

@@ -1,0 +1,254 @@
+"""Tables (pandas), figures (seaborn) and the results folder of a comparison.
+
+Files written under ``results/<workload>/``:
+
+- ``summary.json`` — the contract's object: one frontier-like object per optimizer under
+  ``optimizers`` and the metrics under ``comparison``;
+- ``frontiers.csv`` — tidy: optimizer, time_s, energy_j, dynamic_energy_j, static_energy_j,
+  plan_id, on_frontier, spread (one row per evaluated plan);
+- ``comparison.md`` — the max-throughput table vs Megatron-LM and the frontier table vs Perseus;
+- ``frontiers.png`` and ``energy_breakdown.png``.
+
+Every file is written to a temporary name and renamed into place, so a reader never sees a
+half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from kareus.harness import OptimizerRun
+from kareus.plugins import Problem
+from kareus.records import frontier_object
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
+                   comparison: Mapping[str, object], **meta: object) -> dict:
+    """The ``summary.json`` object."""
+    w, g = problem.workload, problem.graph
+    optimizers = {}
+    for name, run in runs.items():
+        optimizers[name] = frontier_object(
+            workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
+            num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
+            status=run.status, error=run.error, evaluated_plans=len(run.points),
+            spread_plan_ids=run.spread, wall_s=round(run.wall_s, 3),
+            optimize_s=round(run.optimize_s, 3),
+            choice=_choice(run),
+        )
+    p = w.parallel
+    return {
+        "workload": w.name, "backend": problem.backend.name, "gpu": problem.gpu.name,
+        "num_gpus": g.num_gpus, "gpus_per_stage": g.gpus_per_stage,
+        "parallel": {k: getattr(p, k) for k in ("tp", "cp", "pp", "dp", "mbs", "microbatches",
+                                                "seq", "recompute")},
+        "stage_layers": list(w.stage_layers()),
+        "optimizers": optimizers, "comparison": dict(comparison), **meta,
+    }
+
+
+def _choice(run: OptimizerRun) -> dict | None:
+    """The plan an optimizer itself singles out (e.g. the Zeus power limit's pick)."""
+    for p in run.points:
+        if run.plans and run.plans[p.plan_id].meta.get("zeus_choice"):
+            return {**p.to_dict(), "plan_id": p.plan_id, "label": run.plans[p.plan_id].label}
+    return None
+
+
+def frontiers_frame(runs: Mapping[str, OptimizerRun]) -> pd.DataFrame:
+    """Tidy frame of every evaluated point."""
+    rows = []
+    for name, run in runs.items():
+        on_front = {p.plan_id for p in run.frontier}
+        spread = set(run.spread)
+        for p in run.points:
+            rows.append({"optimizer": name, "time_s": p.time_s, "energy_j": p.energy_j,
+                         "dynamic_energy_j": p.dynamic_energy_j,
+                         "static_energy_j": p.static_energy_j, "plan_id": p.plan_id,
+                         "on_frontier": p.plan_id in on_front, "spread": p.plan_id in spread})
+    return pd.DataFrame(rows, columns=["optimizer", "time_s", "energy_j", "dynamic_energy_j",
+                                       "static_energy_j", "plan_id", "on_frontier", "spread"])
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:+.1f}"
+
+
+def max_throughput_table(summary: Mapping) -> pd.DataFrame:
+    """Fastest plan of every optimizer vs Megatron-LM (ΔT %, ΔE %: positive = reduction)."""
+    rows = []
+    cmp_ = summary["comparison"]["max_throughput_vs_megatron"]
+    for name, obj in summary["optimizers"].items():
+        mt = obj["max_throughput"]
+        row = {"optimizer": name, "status": obj["status"]}
+        if mt is not None:
+            row.update({"time s": round(mt["time_s"], 4), "E kJ": round(mt["energy_j"] / 1e3, 3),
+                        "dyn kJ": round(mt["dynamic_energy_j"] / 1e3, 3),
+                        "static kJ": round(mt["static_energy_j"] / 1e3, 3)})
+        m = cmp_.get(name)
+        row["ΔT %"] = _pct(m["time_reduction_pct"]) if m else "n/a"
+        row["ΔE %"] = _pct(m["energy_reduction_pct"]) if m else "n/a"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def frontier_table(summary: Mapping) -> pd.DataFrame:
+    """Iso-time energy reduction and iso-energy time reduction vs the Perseus frontier (%)."""
+    rows = []
+    cmp_ = summary["comparison"]["frontier_vs_perseus"]
+    for name, obj in summary["optimizers"].items():
+        m = cmp_.get(name)
+        rows.append({
+            "optimizer": name, "frontier points": len(obj["points"]),
+            "iso-time ΔE %": _pct(m["iso_time_energy_reduction_pct"]) if m else "n/a",
+            "iso-energy ΔT %": _pct(m["iso_energy_time_reduction_pct"]) if m else "n/a",
+        })
+    return pd.DataFrame(rows)
+
+
+def comparison_markdown(summary: Mapping) -> str:
+    """``comparison.md``: both tables and the failures."""
+    w = summary
+    lines = [
+        f"# {w['workload']} on {w['num_gpus']} x {w['gpu']} ({w['backend']} backend)", "",
+        "Parallelism: " + ", ".join(f"{k}={v}" for k, v in w["parallel"].items())
+        + f"; layers per stage {w['stage_layers']}.", "",
+        "## Max-throughput plan vs Megatron-LM", "",
+        "Positive = less time / less energy than Megatron-LM's plan. Energy is one iteration, "
+        "whole cluster, static included.", "",
+        max_throughput_table(summary).to_markdown(index=False, disable_numparse=True), "",
+        "## Frontier vs Perseus", "",
+        "Iso-time: at Perseus's fastest point, the least energy of the method's points that are "
+        "at least as fast. Iso-energy: at Perseus's lowest-energy point, the least time of the "
+        "method's points using no more energy. n/a = not attainable.", "",
+        frontier_table(summary).to_markdown(index=False, disable_numparse=True), "",
+    ]
+    failed = {n: o["error"] for n, o in summary["optimizers"].items() if o["status"] != "ok"}
+    if failed:
+        lines += ["## Failed optimizers", ""] + [f"- `{n}`: {e}" for n, e in failed.items()] + [""]
+    choices = {n: o["choice"] for n, o in summary["optimizers"].items() if o.get("choice")}
+    for n, c in choices.items():
+        lines += [f"{n} picks *{c['label']}*: {c['time_s']:.4f} s, {c['energy_j'] / 1e3:.3f} kJ.",
+                  ""]
+    return "\n".join(lines)
+
+
+def plot_frontiers(frame: pd.DataFrame, path: Path, title: str) -> None:
+    """Time–energy frontiers of all methods on one plot (all points faint, frontiers as lines,
+    the max-throughput point of each method as a large marker)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    fig, ax = plt.subplots(figsize=(9, 6))
+    if not frame.empty:
+        df = frame.assign(energy_kj=frame.energy_j / 1e3)
+        order = list(dict.fromkeys(df.optimizer))
+        palette = dict(zip(order, sns.color_palette("tab10", len(order))))
+        sns.scatterplot(data=df[~df.on_frontier], x="time_s", y="energy_kj", hue="optimizer",
+                        hue_order=order, palette=palette, alpha=0.12, s=10, ax=ax, legend=False)
+        front = df[df.on_frontier].sort_values("time_s")
+        sns.lineplot(data=front, x="time_s", y="energy_kj", hue="optimizer", hue_order=order,
+                     palette=palette, marker="o", markersize=4, ax=ax, sort=False,
+                     estimator=None)
+        fastest = front.loc[front.groupby("optimizer").time_s.idxmin()]
+        sns.scatterplot(data=fastest, x="time_s", y="energy_kj", hue="optimizer",
+                        hue_order=order, palette=palette, s=140, marker="*", ax=ax, legend=False,
+                        edgecolor="black", linewidth=0.6)
+        # frame the frontiers; dominated points far away (e.g. very low power limits) are cut
+        t_lo, t_hi = front.time_s.min(), front.time_s.max()
+        e_lo, e_hi = front.energy_kj.min(), front.energy_kj.max()
+        pad_t, pad_e = 0.05 * (t_hi - t_lo) + 1e-3 * t_hi, 0.08 * (e_hi - e_lo) + 1e-3 * e_hi
+        ax.set_xlim(t_lo - pad_t, t_hi + pad_t)
+        ax.set_ylim(e_lo - pad_e, e_hi + pad_e)
+    ax.set_xlabel("iteration time (s)")
+    ax.set_ylabel("energy per iteration, whole cluster (kJ)")
+    ax.set_title(title + "\nlines: Pareto frontiers; stars: max-throughput plans; faint dots: dominated plans",
+                 fontsize=10)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
+
+
+def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
+    """Stacked dynamic / static energy of each method's max-throughput plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    names, dyn, sta = [], [], []
+    for name, obj in summary["optimizers"].items():
+        mt = obj["max_throughput"]
+        if mt is None:
+            continue
+        names.append(name)
+        dyn.append(mt["dynamic_energy_j"] / 1e3)
+        sta.append(mt["static_energy_j"] / 1e3)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names) + 2), 5))
+    colors = sns.color_palette("deep", 2)
+    ax.bar(names, dyn, label="dynamic", color=colors[0])
+    ax.bar(names, sta, bottom=dyn, label="static", color=colors[1])
+    for i, (d, s) in enumerate(zip(dyn, sta)):
+        ax.text(i, d + s, f"{d + s:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("energy per iteration at the max-throughput plan (kJ)")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
+
+
+def _savefig(fig, path: Path) -> None:  # noqa: ANN001
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun]) -> list[Path]:
+    """Write every result file of one comparison; returns the paths written."""
+    out_dir = Path(out_dir)
+    frame = frontiers_frame(runs)
+    title = (f"{summary['workload']}, {summary['num_gpus']} x {summary['gpu']} "
+             f"({summary['backend']})")
+    paths = [out_dir / "summary.json", out_dir / "frontiers.csv", out_dir / "comparison.md",
+             out_dir / "frontiers.png", out_dir / "energy_breakdown.png"]
+    atomic_write_text(paths[0], json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(paths[1], frame.to_csv(index=False))
+    atomic_write_text(paths[2], comparison_markdown(summary))
+    plot_frontiers(frame, paths[3], title)
+    plot_breakdown(summary, paths[4], title)
+    return paths
