@@ -160,6 +160,136 @@ def simulate(workload: str, gpu: str, as_json: bool, **overrides: int | None) ->
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def optimizers(as_json: bool) -> None:
+    """List the registered optimizers (built-ins and installed plugins)."""
+    from kareus.plugins import optimizer_names, registered_optimizers
+
+    eps = registered_optimizers()
+    rows = [{"name": n, "target": eps[n].value} for n in optimizer_names()]  # type: ignore[attr-defined]
+    _emit(rows, as_json, lambda: "\n".join(f"{r['name']:20s} {r['target']}" for r in rows))
+
+
+@cli.command()
+@workload_options
+@click.option("--optimizer", "-o", "optimizer_name", required=True, help="Optimizer name.")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
+@click.option("--backend", default="sim", show_default=True, help="sim | gpu")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--time-budget-s", type=float, default=None,
+              help="Return the least-energy plan finishing within this iteration time (s).")
+@click.option("--energy-budget-j", type=float, default=None,
+              help="Return the fastest plan within this energy per iteration (J).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
+def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
+             time_budget_s: float | None, energy_budget_j: float | None, as_json: bool,
+             **overrides: int | None) -> None:
+    """Run one optimizer and print its measured time-energy frontier (or the plan within a
+    time or energy budget)."""
+    from kareus.errors import InputError
+    from kareus.harness import pick_within, run_optimizer
+    from kareus.plugins import load_optimizer
+    from kareus.problem import make_problem
+    from kareus.records import frontier_object
+
+    for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
+        if v is not None and not v > 0:
+            raise InputError(f"{label} must be positive, got {v}")
+    problem = make_problem(workload, gpu=gpu, backend=backend, seed=seed,
+                           **{k: v for k, v in overrides.items() if v is not None})
+    opt = load_optimizer(optimizer_name)
+    run = run_optimizer(optimizer_name, opt, problem)
+    if run.status != "ok":
+        raise RuntimeError(f"optimizer {optimizer_name} failed: {run.error}")
+    g = problem.graph
+    extra: dict[str, Any] = {}
+    chosen = None
+    if time_budget_s is not None or energy_budget_j is not None:
+        chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
+        extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
+                           "plan": plan_record(run.plans[chosen.plan_id])}
+    obj = frontier_object(workload=problem.workload.name, optimizer=optimizer_name,
+                          backend=problem.backend.name, gpu=problem.gpu.name,
+                          num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage,
+                          points=run.frontier, evaluated_plans=len(run.points), **extra)
+
+    def text() -> str:
+        lines = [f"{optimizer_name} on {problem.workload.name} ({g.num_gpus} x {problem.gpu.name}"
+                 f", {problem.backend.name}): {len(run.points)} plans, {len(run.frontier)} on "
+                 "the frontier", f"{'time s':>9s} {'energy kJ':>10s} {'dynamic':>9s} "
+                 f"{'static':>9s}"]
+        for p in run.frontier:
+            mark = "  <- choice" if chosen is not None and p.plan_id == chosen.plan_id else ""
+            lines.append(f"{p.time_s:9.4f} {p.energy_j / 1e3:10.3f} "
+                         f"{p.dynamic_energy_j / 1e3:9.3f} {p.static_energy_j / 1e3:9.3f}{mark}")
+        return "\n".join(lines)
+
+    _emit(obj, as_json, text)
+
+
+def plan_record(plan: Any) -> dict:
+    """A plan as JSON: clock per instruction (per stage, in 1F1B order) and schedules."""
+    per_stage: dict[int, list] = {}
+    for ins, ip in sorted(plan.instructions.items(),
+                          key=lambda kv: (kv[0].stage, kv[0].microbatch, kv[0].direction)):
+        per_stage.setdefault(ins.stage, []).append({
+            "microbatch": ins.microbatch, "instruction": ins.direction,
+            "clock_mhz": ip.clock_mhz, "nanobatched": ip.nanobatched,
+            "schedules": {k: {"comm_sms": s.comm_sms, "launch_slot": s.launch_slot}
+                          for k, s in ip.schedules}})
+    return {"label": plan.label, "power_limit_w": plan.power_limit_w,
+            "stages": {str(s): v for s, v in per_stage.items()}}
+
+
+@cli.command()
+@click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
+              help="Zeus-format CSV: stage,instruction,frequency,time,energy.")
+@click.option("--stages", type=int, required=True, help="Pipeline stages in the profile.")
+@click.option("--microbatches", type=int, required=True, help="Microbatches per iteration.")
+@click.option("--p-static", type=float, required=True,
+              help="Static (blocked-on-P2P) power per GPU, W.")
+@click.option("--unit-ms", type=float, default=1.0, show_default=True, help="Time unit, ms.")
+@click.option("--filter", "prefilter", type=click.Choice(["raw", "effective"]), default="raw",
+              show_default=True, help="Pareto pre-filter on raw or static-adjusted energy.")
+@click.option("--all-iterations", is_flag=True, help="Every solver step, in solver order.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def perseus(profile_path: str, stages: int, microbatches: int, p_static: float, unit_ms: float,
+            prefilter: str, all_iterations: bool, as_json: bool) -> None:
+    """Perseus's time-energy frontier of an external Zeus-format profile (lowtime)."""
+    from baselines.perseus import profile_frontier
+    from kareus.errors import InputError
+    from kareus.hardware.profile import load_profile
+
+    if stages < 1 or microbatches < 1:
+        raise InputError("--stages and --microbatches must be positive integers")
+    if not (p_static >= 0 and p_static < 1e4):
+        raise InputError(f"--p-static must be a non-negative number of watts, got {p_static}")
+    if not unit_ms > 0:
+        raise InputError(f"--unit-ms must be positive, got {unit_ms}")
+    df = load_profile(profile_path)
+    seen = sorted(df.stage.unique())
+    if len(seen) != stages:
+        raise InputError(f"{profile_path}: profile has {len(seen)} stages, --stages says {stages}")
+    points = profile_frontier(df, stages, microbatches, p_static, unit_time_s=unit_ms / 1e3,
+                              prefilter=prefilter, all_iterations=all_iterations)
+    obj = {"profile": profile_path, "optimizer": "perseus", "stages": stages,
+           "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms,
+           "filter": prefilter, "all_iterations": all_iterations, "num_gpus": stages,
+           "points": points,
+           "max_throughput": min(points, key=lambda p: (p["time_s"], p["energy_j"]))
+           if points else None}
+
+    def text() -> str:
+        lines = [f"Perseus on {profile_path}: {len(points)} "
+                 f"{'solver steps' if all_iterations else 'frontier points'}",
+                 f"{'iter':>5s} {'time s':>9s} {'energy J':>11s}"]
+        lines += [f"{p['iteration']:5d} {p['time_s']:9.4f} {p['energy_j']:11.2f}" for p in points]
+        return "\n".join(lines)
+
+    _emit(obj, as_json, text)
+
+
+@cli.command()
 @click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
               help="Zeus-format CSV: stage,instruction,frequency,time,energy.")
 @click.option("--gpu", required=True, help="Preset whose curves are fitted.")
@@ -225,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
+    except Exception as e:  # internal failure: one line, status 1
+        click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
+        return 1
     return 0
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -86,12 +87,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         unit_time_s: Time quantum (s); Perseus uses 1 ms.
         prefilter: ``"raw"`` or ``"effective"`` Pareto pre-filter (see module docstring).
     """
-    from lowtime.cost_model import ExponentialModel
-    from lowtime.graph_utils import DependencyResolver, add_sink_node, add_source_node
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
-    from lowtime.perseus.instruction import Backward, Forward, backward_dep, forward_dep
-    from lowtime.perseus.instruction import Instruction as LtInstruction
-    from lowtime.perseus.schedule import Synchronous1F1B
+    from lowtime.perseus.instruction import Backward, Forward
     from lowtime.solver import PhillipsDessouky
 
     if prefilter not in ("raw", "effective"):
@@ -121,8 +118,84 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
                 for opt in cand.options:
                     opt.cost = dynamic_from_measured(opt.cost, static_power_w, opt.quant_time,
                                                      opt.unit_time)
-            model = ExponentialModel(cand)
-            spec_map[stage][cls] = OperationSpec[int](options=cand, cost_model=model)
+            spec_map[stage][cls] = OperationSpec[int](options=cand,
+                                                      cost_model=fit_exponential_model(cand))
+
+    dag, nodes = build_1f1b_dag(spec_map, stages, microbatches)
+    solver = PhillipsDessouky(dag)
+    quiet = logging.getLogger("lowtime")
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))
+    try:
+        for result in solver.run():
+            knobs = {ins: knob_tables[(ins.stage, ins.direction)][lt.assigned_knob]  # type: ignore[attr-defined]
+                     for ins, lt in nodes}
+            yield SolverStep(iteration=result.iteration, knobs=knobs,
+                             quant_time=int(result.quant_time),
+                             real_time_s=float(result.real_time), cost=float(result.cost))
+    finally:
+        quiet.setLevel(level)
+
+
+def fit_exponential_model(cand: object) -> object:
+    """``lowtime``'s ``ExponentialModel`` (``a·exp(b·t) + c``) for candidate options.
+
+    First exactly as the reference driver does (lowtime's own grid search over initial guesses).
+    lowtime rejects fits whose parameter covariance is infinite, which happens when three or
+    fewer options are fitted exactly, and its grid assumes costs of tens to thousands of J. Then
+    the same model is fitted here: ``c`` just below the least cost and ``a``, ``b`` from a line
+    through ``log(cost - c)``, refined by least squares; with two options, a near-flat exponential
+    through both; with one, a constant.
+    """
+    import numpy as np
+    from lowtime.cost_model import ExponentialModel
+    from scipy.optimize import curve_fit
+
+    try:
+        with warnings.catch_warnings():  # lowtime's grid search warns for every rejected guess
+            warnings.simplefilter("ignore")
+            return ExponentialModel(cand)  # type: ignore[arg-type]
+    except (ValueError, RuntimeError):
+        pass
+    t = np.array([o.quant_time for o in cand.options], dtype=float)  # type: ignore[attr-defined]
+    e = np.array([o.cost for o in cand.options], dtype=float)  # type: ignore[attr-defined]
+    fn = lambda x, a, b, c: a * np.exp(b * x) + c  # noqa: E731 - lowtime's own form
+    if len(t) == 1:
+        coef = (0.0, 0.0, float(e[0]))
+    elif len(t) == 2:
+        b = -1e-3
+        a = (e[0] - e[1]) / (np.exp(b * t[0]) - np.exp(b * t[1]))
+        coef = (float(a), b, float(e[0] - a * np.exp(b * t[0])))
+    else:
+        c0 = e.min() - 0.05 * (np.ptp(e) + 1e-9)
+        slope, intercept = np.polyfit(t, np.log(e - c0), 1)
+        guess = (float(np.exp(intercept)), float(slope), float(c0))
+        try:
+            with warnings.catch_warnings():  # an exact fit has no covariance estimate
+                warnings.simplefilter("ignore")
+                coef = tuple(float(v) for v in curve_fit(fn, t, e, p0=guess, maxfev=50000)[0])
+        except (ValueError, RuntimeError) as err:
+            raise InputError(f"could not fit the exponential cost model to options at quantized "
+                             f"times {t.astype(int).tolist()}: {err}") from None
+    model = ExponentialModel.__new__(ExponentialModel)
+    model.fn = fn
+    model.coefficients = coef
+    return model
+
+
+def build_1f1b_dag(spec_map: Mapping[int, Mapping[type, object]], stages: int, microbatches: int
+                   ) -> tuple[nx.DiGraph, list[tuple[Instruction, object]]]:
+    """The activity-on-node 1F1B DAG of ``lowtime.perseus`` as the reference driver builds it:
+    ``Synchronous1F1B`` instructions per stage (nodes 2, 3, ...), program-order edges within a
+    stage, forward/backward dependency edges between stages, dummy source 0 and sink 1.
+
+    ``spec_map[stage]`` maps lowtime's ``Forward`` / ``Backward`` classes to operation specs.
+    Returns the DAG and, in 1F1B order per stage, (our instruction, lowtime's instruction).
+    """
+    from lowtime.graph_utils import DependencyResolver, add_sink_node, add_source_node
+    from lowtime.perseus.instruction import Forward, backward_dep, forward_dep
+    from lowtime.perseus.instruction import Instruction as LtInstruction
+    from lowtime.perseus.schedule import Synchronous1F1B
 
     dag = nx.DiGraph()
     node_id = 2  # 0 and 1 are the dummy source and sink, as in the reference driver
@@ -130,7 +203,7 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     for stage in range(stages):
         ids = []
         for inst in Synchronous1F1B(num_stages=stages, num_micro_batches=microbatches,
-                                     stage_id=stage, operation_spec_map=spec_map[stage]):
+                                     stage_id=stage, operation_spec_map=spec_map[stage]):  # type: ignore[arg-type]
             dag.add_node(node_id, op=inst)
             direction: Direction = "forward" if isinstance(inst, Forward) else "backward"
             nodes.append((Instruction(stage, inst.micro_batch_id, direction), inst))
@@ -149,19 +222,7 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     dag.graph["source_node"] = 0
     dag.graph["sink_node"] = 1
 
-    solver = PhillipsDessouky(dag)
-    quiet = logging.getLogger("lowtime")
-    level = quiet.level
-    quiet.setLevel(max(level, logging.WARNING))
-    try:
-        for result in solver.run():
-            knobs = {ins: knob_tables[(ins.stage, ins.direction)][lt.assigned_knob]  # type: ignore[attr-defined]
-                     for ins, lt in nodes}
-            yield SolverStep(iteration=result.iteration, knobs=knobs,
-                             quant_time=int(result.quant_time),
-                             real_time_s=float(result.real_time), cost=float(result.cost))
-    finally:
-        quiet.setLevel(level)
+    return dag, nodes
 
 
 def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:

@@ -1,0 +1,122 @@
+"""Perseus: the lowtime DAG, the solver procedure, and the profile command."""
+
+import json
+
+import networkx as nx
+import pandas as pd
+import pytest
+
+from kareus.cli import main
+from kareus.graph import one_f_one_b
+from kareus.hardware.profile import load_profile
+from kareus.tradeoff import Option, build_1f1b_dag, lowtime_dag_shape, solve
+from tests.conftest import profile_or_skip
+
+
+def _spec_map(stages):
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
+
+    from kareus.tradeoff import fit_exponential_model
+    from lowtime.perseus.instruction import Backward, Forward
+
+    out = {}
+    for s in range(stages):
+        out[s] = {}
+        for cls, base in ((Forward, 0.05), (Backward, 0.1)):
+            opts = [ExecutionOption[int](real_time=base * k, unit_time=1e-3,
+                                         cost=10.0 / k + 2 * k, knob=k) for k in (1, 1.2, 1.5)]
+            cand = CandidateExecutionOptions[int](options=opts)
+            out[s][cls] = OperationSpec[int](options=cand, cost_model=fit_exponential_model(cand))
+    return out
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (3, 3), (8, 12)])
+def test_lowtime_dag_has_the_1f1b_shape(stages, microbatches):
+    dag, nodes = build_1f1b_dag(_spec_map(stages), stages, microbatches)
+    n, e = lowtime_dag_shape(stages, microbatches)
+    assert dag.number_of_nodes() == n == 2 * stages * microbatches + 2
+    assert dag.number_of_edges() == e
+    assert nx.is_directed_acyclic_graph(dag)
+    # lowtime's Synchronous1F1B order is the suite's own 1F1B order, stage by stage
+    ours = [i for s in range(stages) for i in one_f_one_b(stages, microbatches)[s]]
+    assert [ins for ins, _ in nodes] == ours
+
+
+def _synthetic_options(stages):
+    opts = {}
+    for s in range(stages):
+        for d, base in (("forward", 0.030), ("backward", 0.060)):
+            opts[(s, d)] = [Option(base * 1410 / f * (0.85 + 0.15 * f / 1410),
+                                   base * 400 * (f / 1410) ** 2.2 + 84 * base * 1410 / f, f)
+                            for f in range(900, 1411, 30)]
+    return opts
+
+
+def test_solver_shortens_the_iteration_one_unit_per_step():
+    steps = list(solve(_synthetic_options(3), 3, 6, 84.0))
+    assert len(steps) > 10
+    q = [s.quant_time for s in steps]
+    assert all(b == a - 1 for a, b in zip(q, q[1:]))
+    assert [s.iteration for s in steps] == list(range(1, len(steps) + 1))
+    # the last step runs the critical path at high clocks
+    assert max(steps[-1].knobs.values()) == 1410
+
+
+def test_effective_prefilter_differs_only_in_filtering():
+    raw = list(solve(_synthetic_options(2), 2, 4, 84.0, prefilter="raw"))
+    eff = list(solve(_synthetic_options(2), 2, 4, 84.0, prefilter="effective"))
+    assert raw and eff
+    assert raw[-1].quant_time == eff[-1].quant_time
+
+
+def test_perseus_command_on_the_published_profile(capsys):
+    path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")
+    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "4",
+                 "--p-static", "83.64", "--all-iterations", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    pts = out["points"]
+    assert [p["iteration"] for p in pts] == list(range(1, len(pts) + 1))
+    assert all(len(p["frequencies"]) == 8 and len(p["frequencies"][0]) == 8 for p in pts)
+    assert pts[-1]["time_s"] < pts[0]["time_s"]
+    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "4",
+                 "--p-static", "83.64", "--json"])
+    front = json.loads(capsys.readouterr().out)["points"]
+    times = [p["time_s"] for p in front]
+    energies = [p["energy_j"] for p in front]
+    assert times == sorted(times) and energies == sorted(energies, reverse=True)
+    assert set(p["iteration"] for p in front) <= set(p["iteration"] for p in pts)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--stages", "3"], "profile has 8 stages"),
+    (["--stages", "8", "--unit-ms", "0"], "--unit-ms"),
+    (["--stages", "8", "--filter", "odd"], "raw"),
+])
+def test_perseus_command_bad_input(capsys, args, fragment):
+    path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")
+    code = main(["perseus", "--profile", str(path), "--microbatches", "4", "--p-static", "83.64",
+                 *args])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_perseus_command_names_the_bad_line(capsys, tmp_path):
+    bad = tmp_path / "p.csv"
+    pd.DataFrame({"stage": [0, 0], "instruction": ["forward", "backward"],
+                  "frequency": [1410, 1410], "time": [0.1, "x"], "energy": [1, 2]}
+                 ).to_csv(bad, index=False)
+    code = main(["perseus", "--profile", str(bad), "--stages", "1", "--microbatches", "2",
+                 "--p-static", "80"])
+    err = capsys.readouterr().err
+    assert code == 2 and "p.csv" in err and "row 2" in err
+
+
+def test_profile_roundtrip():
+    from kareus.profiling import options_to_profile, profile_to_options
+    opts = _synthetic_options(2)
+    df = options_to_profile(opts)
+    assert list(df.columns) == ["stage", "instruction", "frequency", "time", "energy"]
+    back = profile_to_options(df)
+    assert back[(1, "backward")][0] == opts[(1, "backward")][0]
+    assert len(load_profile.__doc__) > 0

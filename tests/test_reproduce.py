@@ -1,0 +1,53 @@
+"""reproduce.py end to end on a small shape, and its bad-input behaviour."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import reproduce
+
+SMALL = ["--tp", "4", "--pp", "2", "--mbs", "2", "--microbatches", "4"]
+
+
+def test_reproduce_writes_every_result(tmp_path, capsys):
+    out = tmp_path / "res"
+    code = reproduce.main(["--workload", "gpt3-xl", *SMALL, "--out", str(out)])
+    assert code == 0
+    for name in ("summary.json", "frontiers.csv", "comparison.md", "frontiers.png",
+                 "energy_breakdown.png"):
+        assert (out / name).stat().st_size > 0
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["optimizers"]) >= {"megatron", "perseus", "nanobatch", "nanobatch-perseus",
+                                   "envpipe", "zeus-power-limit"}
+    for obj in s["optimizers"].values():
+        assert obj["status"] == "ok"
+        times = [p["time_s"] for p in obj["points"]]
+        assert times == sorted(times) and obj["max_throughput"] == obj["points"][0]
+    c = s["comparison"]
+    assert c["max_throughput_vs_megatron"]["megatron"]["time_reduction_pct"] == 0.0
+    nb = c["max_throughput_vs_megatron"]["nanobatch"]
+    assert nb["time_reduction_pct"] > 0  # overlap hides the TP all-reduces
+    assert c["frontier_vs_perseus"]["perseus"]["iso_time_energy_reduction_pct"] == 0.0
+    df = pd.read_csv(out / "frontiers.csv")
+    assert list(df.columns)[:6] == ["optimizer", "time_s", "energy_j", "dynamic_energy_j",
+                                    "static_energy_j", "plan_id"]
+    assert (df.energy_j - df.dynamic_energy_j - df.static_energy_j).abs().max() < 1e-6
+    text = capsys.readouterr().out
+    assert "Max-throughput plan vs Megatron-LM" in text and "Frontier vs Perseus" in text
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--workload", "gpt9"], "choose one of"),
+    (["--workload", "gpt3-xl", "--optimizers", "megatron,nope"], "registered: megatron"),
+    (["--workload", "gpt3-xl", "--tp", "5"], "valid TP"),
+    (["--workload", "gpt3-xl", "--gpu", "tpu"], "choose one of"),
+    (["--workload", "gpt3-xl", "--backend", "quantum"], "choose one of: sim, gpu"),
+    ([], "--workload"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, fragment):
+    out = tmp_path / "res"
+    code = reproduce.main([*args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
