@@ -108,17 +108,14 @@ def iso_energy_time_reduction(ref_times: Sequence[float], ref_energies: Sequence
 
 
 def spread_indices(times: ArrayLike, count: int) -> NDArray[np.int64]:
-    """Up to ``count`` indices of a time-sorted frontier spread evenly over its time range
-    (the fastest and the slowest always included)."""
+    """Up to ``count`` indices of a time-sorted frontier spread evenly over its time range: the
+    point nearest each of ``count`` evenly spaced times (the fastest and the slowest included;
+    fewer when several targets share a nearest point)."""
     t = np.asarray(times, float)
     if t.size <= count:
         return np.arange(t.size)
     targets = np.linspace(t[0], t[-1], count)
-    chosen: list[int] = []
-    for target in targets:
-        order = np.argsort(np.abs(t - target))
-        for idx in order:
-            if int(idx) not in chosen:
-                chosen.append(int(idx))
-                break
-    return np.asarray(sorted(chosen), dtype=np.int64)
+    right = np.clip(np.searchsorted(t, targets), 1, t.size - 1)
+    left = right - 1
+    nearest = np.where(np.abs(t[left] - targets) <= np.abs(t[right] - targets), left, right)
+    return np.unique(nearest).astype(np.int64)

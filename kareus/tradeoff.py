@@ -155,7 +155,7 @@ def fit_exponential_model(cand: object) -> object:
         with warnings.catch_warnings():  # lowtime's grid search warns for every rejected guess
             warnings.simplefilter("ignore")
             return ExponentialModel(cand)  # type: ignore[arg-type]
-    except (ValueError, RuntimeError):
+    except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
         pass
     t = np.array([o.quant_time for o in cand.options], dtype=float)  # type: ignore[attr-defined]
     e = np.array([o.cost for o in cand.options], dtype=float)  # type: ignore[attr-defined]

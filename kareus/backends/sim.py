@@ -286,12 +286,16 @@ class SimulatorBackend:
 
     def _partition_cost(self, part: Partition, clock: float, sched: PartitionSchedule
                         ) -> tuple[float, float]:
-        key = ("part", part, clock, sched)
+        # keyed by identity (hashing a partition's ops is slow); the cached value keeps the
+        # partition alive, so its id cannot be reused while the entry exists
+        key = ("part", id(part), clock, sched)
         if key not in self._cache:
             grid = self.evaluate_partition(part, np.array([clock]), np.array([sched.comm_sms]),
                                            np.array([sched.launch_slot]))
-            self._cache[key] = (float(grid.time_s.item()), float(grid.dynamic_energy_j.item()))
-        return self._cache[key]  # type: ignore[return-value]
+            self._cache[key] = (float(grid.time_s.item()), float(grid.dynamic_energy_j.item()),
+                                part)
+        t, e, _ = self._cache[key]  # type: ignore[misc]
+        return t, e
 
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
                              plan: InstructionPlan) -> InstructionCost:
@@ -299,10 +303,10 @@ class SimulatorBackend:
         if key not in graph.instruction_graphs:
             raise PlanError(f"unknown instruction {key}; the graph has "
                             f"{sorted(graph.instruction_graphs)}")
-        cache_key = ("ins", graph.instruction_graphs[key] if key in graph.instruction_graphs else key, plan)
-        if cache_key in self._cache:
-            return self._cache[cache_key]  # type: ignore[return-value]
         ig = graph.instruction_graphs[key]
+        cache_key = ("ins", id(ig), plan)  # the cached entry keeps ``ig`` alive (see below)
+        if cache_key in self._cache:
+            return self._cache[cache_key][0]  # type: ignore[index]
         f_idx = int(self.clock_index(plan.clock_mhz)[0])
         default = self.gpu.comm_default_sms
         t = e = 0.0
@@ -337,7 +341,7 @@ class SimulatorBackend:
             t += st
             e += se
         cost = InstructionCost(t, e)
-        self._cache[cache_key] = cost
+        self._cache[cache_key] = (cost, ig)
         return cost
 
     # ------------------------------------------------------------------ iterations

@@ -1,0 +1,124 @@
+"""Kareus on the simulator: the issue's "must show" figures.
+
+    python benchmarks/kareus_eval.py [--json]
+
+1. Iso-time energy reduction and iso-energy time reduction vs the Perseus frontier for Kareus and
+   nanobatch-perseus: Llama 3.2 3B and Qwen 3 1.7B, TP8 and CP2+TP4, MBS 8, seq 4096, 16 x A100 SXM4
+   40 GB (the paper's testbed).
+2. The frequency dependence of the schedule: per partition, the communication SMs and launch slot
+   Kareus's frontier plans choose at low vs high clocks.
+3. The optimality gap of the lowtime frontier vs the exact MILP on small instances.
+4. Wall time of the Kareus optimizer per configuration (2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+
+import click
+import numpy as np
+
+from kareus import harness
+from kareus.exact import min_energy_within
+from kareus.frontier import pareto_indices, spread_indices
+from kareus.optimizer import kareus_options
+from kareus.plugins import load_optimizer
+from kareus.problem import make_problem
+from kareus.tradeoff import evaluate_on_options, solve
+
+CONFIGS = [("llama3.2-3b", dict(tp=8)), ("llama3.2-3b", dict(tp=4, cp=2)),
+           ("qwen3-1.7b", dict(tp=8)), ("qwen3-1.7b", dict(tp=4, cp=2))]
+LOW_MHZ, HIGH_MHZ = 1110.0, 1290.0
+
+
+def schedule_table(problem, run) -> list[dict]:  # noqa: ANN001
+    """Per partition key: mean SMs and mean slot at clocks <= LOW vs >= HIGH over frontier plans."""
+    seen: dict[tuple, tuple] = {}
+    for p in run.frontier:
+        for ins, ip in run.plans[p.plan_id].instructions.items():
+            if ip.nanobatched:
+                for key, s in ip.schedules:
+                    seen[(ins.type_key, ip.clock_mhz, key)] = (s.comm_sms, s.launch_slot)
+    agg: dict[str, dict[str, list]] = defaultdict(lambda: {"low": [], "high": []})
+    for (_, clock, key), (sms, slot) in seen.items():
+        if clock <= LOW_MHZ:
+            agg[key]["low"].append((sms, slot))
+        elif clock >= HIGH_MHZ:
+            agg[key]["high"].append((sms, slot))
+    rows = []
+    for key in sorted(agg):
+        lo, hi = agg[key]["low"], agg[key]["high"]
+        if lo and hi:
+            rows.append({"partition": key,
+                         "sms_low": statistics.mean(s for s, _ in lo),
+                         "sms_high": statistics.mean(s for s, _ in hi),
+                         "slot_low": statistics.mean(t for _, t in lo),
+                         "slot_high": statistics.mean(t for _, t in hi)})
+    return rows
+
+
+def optimality_gaps() -> list[dict]:
+    out = []
+    for micro in (2, 3, 4):
+        p = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=8, pp=2, microbatches=micro)
+        opts = kareus_options(p)
+        thin = {k: [v[i] for i in spread_indices([o.time_s for o in v], 8)]
+                for k, v in opts.items()}
+        ps = p.gpu.static_power_w
+        steps = list(solve(thin, 2, micro, ps))
+        pts = [evaluate_on_options(s, thin, 2, micro, ps) for s in steps]
+        keep = pareto_indices([a for a, _ in pts], [b for _, b in pts])
+        gaps = []
+        for i in spread_indices([pts[k][0] for k in keep], 10):
+            t, e = pts[keep[i]]
+            ex = min_energy_within(thin, 2, micro, ps, t)
+            gaps.append(100 * (e - ex.energy_j) / ex.energy_j)
+        out.append({"instance": f"2 stages x {micro} microbatches, 8 options per type",
+                    "gap_mean_pct": float(np.mean(gaps)), "gap_max_pct": float(np.max(gaps)),
+                    "points": len(gaps)})
+    return out
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def main(as_json: bool) -> None:
+    report: dict = {"configs": [], "schedules": {}, "gaps": []}
+    for model, kw in CONFIGS:
+        problem = make_problem(model, gpu="a100-sxm4-40gb", **kw)
+        runs = {}
+        for name in ("perseus", "nanobatch-perseus", "kareus"):
+            t0 = time.perf_counter()
+            runs[name] = harness.run_optimizer(name, load_optimizer(name), problem)
+            runs[name].wall_s = time.perf_counter() - t0
+        cmp_ = harness.compare(runs)["frontier_vs_perseus"]
+        label = f"{model} {'CP2+TP4' if kw.get('cp') else 'TP8'}"
+        row = {"config": label}
+        for name in ("nanobatch-perseus", "kareus"):
+            row[f"{name} iso-time dE%"] = cmp_[name]["iso_time_energy_reduction_pct"]
+            row[f"{name} iso-energy dT%"] = cmp_[name]["iso_energy_time_reduction_pct"]
+        row["kareus wall s"] = runs["kareus"].wall_s
+        report["configs"].append(row)
+        report["schedules"][label] = schedule_table(problem, runs["kareus"])
+        if not as_json:
+            click.echo(json.dumps(row))
+    report["gaps"] = optimality_gaps()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo("\nschedule (mean SMs / mean slot index) at <= 1110 MHz vs >= 1290 MHz:")
+    for label, rows in report["schedules"].items():
+        click.echo(f"  {label}")
+        for r in rows:
+            click.echo(f"    {r['partition']:16s} SMs {r['sms_low']:5.1f} -> {r['sms_high']:5.1f}"
+                       f"   slot {r['slot_low']:4.2f} -> {r['slot_high']:4.2f}")
+    click.echo("\noptimality gap of the lowtime frontier vs the MILP optimum:")
+    for g in report["gaps"]:
+        click.echo(f"  {g['instance']}: mean {g['gap_mean_pct']:.2f} %, max "
+                   f"{g['gap_max_pct']:.2f} % over {g['points']} frontier points")
+
+
+if __name__ == "__main__":
+    main()

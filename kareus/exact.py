@@ -1,0 +1,110 @@
+"""An exact reference for the iteration-level problem on small instances (MILP, HiGHS).
+
+Given execution options per instruction type, choose one option for *every* instruction of the
+1F1B DAG (not per type) so that the iteration finishes within a deadline ``T`` and the energy
+
+    sum of the chosen options' dynamic energies + S · P_static · makespan
+
+is minimal (one GPU per stage, as in a profile). Variables: ``x[i, o]`` binary (instruction ``i``
+runs option ``o``), start times ``s[i] >= 0`` and the makespan ``C``; constraints: one option per
+instruction, ``s[b] >= s[a] + d[a]`` for every DAG edge, ``C >= s[i] + d[i]``, ``C <= T``. Solved
+with ``scipy.optimize.milp`` (HiGHS). This measures how far the lowtime frontier is from optimal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import lil_matrix
+
+from kareus.energy import dynamic_from_measured, iteration_energy
+from kareus.errors import InputError
+from kareus.graph import Direction, Instruction, dag_dependencies, topological_order
+from kareus.tradeoff import Option
+
+
+@dataclass(frozen=True)
+class ExactSolution:
+    """Optimal assignment within a deadline.
+
+    Attributes:
+        deadline_s: The deadline (s).
+        time_s: Makespan of the optimum (s), ``<= deadline_s``.
+        energy_j: Its energy (J), static included for the stages' GPUs.
+        choice: Option index chosen for every instruction.
+    """
+
+    deadline_s: float
+    time_s: float
+    energy_j: float
+    choice: dict[Instruction, int]
+
+
+def min_energy_within(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                      microbatches: int, static_power_w: float, deadline_s: float,
+                      time_limit_s: float = 60.0) -> ExactSolution | None:
+    """The minimum-energy assignment finishing within ``deadline_s``; ``None`` if infeasible."""
+    order = topological_order(stages, microbatches)
+    deps = dag_dependencies(stages, microbatches)
+    col: dict[tuple[Instruction, int], int] = {}
+    durations, dyn = [], []
+    for ins in order:
+        opts = options.get(ins.type_key)
+        if not opts:
+            raise InputError(f"no options for {ins.type_key}")
+        for o_idx, opt in enumerate(opts):
+            col[(ins, o_idx)] = len(durations)
+            durations.append(opt.time_s)
+            dyn.append(dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s))
+    n_x = len(durations)
+    pos = {ins: n_x + k for k, ins in enumerate(order)}
+    c_idx = n_x + len(order)
+    n = c_idx + 1
+    d = np.asarray(durations)
+    cost = np.zeros(n)
+    cost[:n_x] = dyn
+    cost[c_idx] = iteration_energy(0.0, stages, static_power_w, 1.0).static_j  # per second of C
+
+    rows: list[tuple[dict[int, float], float, float]] = []
+    for ins in order:  # exactly one option each
+        rows.append(({col[(ins, o)]: 1.0 for o in range(len(options[ins.type_key]))}, 1.0, 1.0))
+    for ins in order:
+        mine = {col[(ins, o)]: d[col[(ins, o)]] for o in range(len(options[ins.type_key]))}
+        for pred in deps[ins]:  # s[ins] - s[pred] - d[pred] >= 0
+            coeffs = {pos[ins]: 1.0, pos[pred]: -1.0}
+            for o in range(len(options[pred.type_key])):
+                coeffs[col[(pred, o)]] = -d[col[(pred, o)]]
+            rows.append((coeffs, 0.0, np.inf))
+        # C - s[ins] - d[ins] >= 0
+        rows.append(({c_idx: 1.0, pos[ins]: -1.0, **{k: -v for k, v in mine.items()}},
+                     0.0, np.inf))
+    a = lil_matrix((len(rows), n))
+    lo, hi = np.empty(len(rows)), np.empty(len(rows))
+    for r, (coeffs, l, h) in enumerate(rows):
+        for j, v in coeffs.items():
+            a[r, j] = v
+        lo[r], hi[r] = l, h
+    integrality = np.zeros(n)
+    integrality[:n_x] = 1
+    ub = np.full(n, np.inf)
+    ub[:n_x] = 1.0
+    ub[c_idx] = deadline_s
+    res = milp(cost, constraints=LinearConstraint(a.tocsr(), lo, hi), integrality=integrality,
+               bounds=Bounds(np.zeros(n), ub),
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7})
+    if res.x is None:
+        return None
+    x = res.x
+    choice = {}
+    for ins in order:
+        k = len(options[ins.type_key])
+        choice[ins] = int(np.argmax([x[col[(ins, o)]] for o in range(k)]))
+    total_dyn = sum(dyn[col[(ins, o)]] for ins, o in choice.items())
+    makespan = float(x[c_idx])
+    return ExactSolution(deadline_s=deadline_s, time_s=makespan,
+                         energy_j=iteration_energy(total_dyn, stages, static_power_w,
+                                                   makespan).total_j,
+                         choice=choice)

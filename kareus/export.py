@@ -1,0 +1,51 @@
+"""Export plans for deployment with existing tooling.
+
+- :func:`zeus_frequency_schedule`: per pipeline stage, the ordered list of
+  ``(instruction, frequency)`` the Zeus pipeline-frequency optimizer serves (its ``PointSolution``
+  reads a Python file holding ``list[list[tuple[str, int]]]``, one list per stage, each in 1F1B
+  program order).
+- :func:`partition_schedules`: the per-partition communication schedule of every instruction
+  (SMs and launch slot), as JSON, for the runtime that launches the collectives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kareus.graph import IterationGraph
+from kareus.plan import IterationPlan
+
+
+def zeus_frequency_schedule(graph: IterationGraph, plan: IterationPlan
+                            ) -> list[list[tuple[str, int]]]:
+    """Per stage, ``[(\"forward\" | \"backward\", MHz), ...]`` in 1F1B order."""
+    return [[(ins.direction, int(round(plan.instructions[ins].clock_mhz))) for ins in seq]
+            for _, seq in sorted(graph.schedule().items())]
+
+
+def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
+    """JSON-ready per-instruction schedules: clock, nanobatched, and per partition key the
+    communication SMs, launch slot index and the slot's label (e.g. ``linear_0``)."""
+    stages = []
+    for stage, seq in sorted(graph.schedule().items()):
+        rows = []
+        for ins in seq:
+            ip = plan.instructions[ins]
+            parts = {p.key: p for p in graph.instruction_graphs[ins.type_key].partitions}
+            rows.append({
+                "instruction": ins.direction, "microbatch": ins.microbatch,
+                "clock_mhz": ip.clock_mhz, "nanobatched": ip.nanobatched,
+                "partitions": {k: {"comm_sms": s.comm_sms, "launch_slot": s.launch_slot,
+                                   "launch_with": parts[k].slots[s.launch_slot]
+                                   if k in parts and s.launch_slot < len(parts[k].slots) else None}
+                               for k, s in ip.schedules},
+            })
+        stages.append({"stage": stage, "instructions": rows})
+    return {"workload": graph.workload, "label": plan.label, "stages": stages}
+
+
+def write_zeus_solution(path: Path, graph: IterationGraph, plan: IterationPlan) -> None:
+    """Write the Python file Zeus's ``PointSolution`` scheduler evaluates."""
+    sched = zeus_frequency_schedule(graph, plan)
+    lines = ["["] + [f"    {stage!r}," for stage in sched] + ["]"]
+    Path(path).write_text("\n".join(lines) + "\n")

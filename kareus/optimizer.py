@@ -1,0 +1,81 @@
+"""The Kareus optimizer: joint per-partition clock / SM / launch-slot search, composition into
+instruction options, and the iteration-level time–cost tradeoff.
+
+1. **Per-partition search** (:mod:`kareus.search`) over (SM clock, communication SMs, launch slot)
+   for every distinct partition of the iteration, measured on the problem's backend; the search
+   keeps the time vs dynamic-energy and time vs total-energy fronts.
+2. **Composition** (:mod:`kareus.compose`): per instruction type and clock, the Pareto set of the
+   partitions' combined schedules, measured as whole instructions, plus the sequential execution.
+3. **Iteration frontier** (:mod:`kareus.tradeoff`): lowtime's Phillips–Dessouky solver on the 1F1B
+   DAG exactly as Perseus, each option's knob being (clock, per-partition SMs and slot). Every
+   solver step is a plan.
+
+Settings (``problem.options``): ``search`` (exhaustive | nsga2 | surrogate), ``budget``
+(configurations per partition for the sample-efficient strategies), ``prefilter`` and
+``unit_ms`` as for Perseus.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kareus.compose import instruction_options
+from kareus.errors import InputError
+from kareus.graph import Partition
+from kareus.plan import IterationPlan
+from kareus.plugins import KnobSpace, Problem
+from kareus.search import Evaluator, PartitionSpace, SearchResult, make_search
+from kareus.tradeoff import Option, plans_from_steps, solve
+
+
+def partition_space(part: Partition, knobs: KnobSpace) -> PartitionSpace:
+    """Knob grid of a partition: the knob space's clocks; all-reduce or CP-collective SM counts
+    by the partition's collective; every compute op as a launch slot."""
+    if part.comm is None:
+        sms: tuple[int, ...] = knobs.comm_sms[:1]  # nothing to schedule
+    elif part.comm.collective == "all_reduce":
+        sms = knobs.comm_sms
+    else:
+        sms = knobs.cp_comm_sms
+    return PartitionSpace(np.asarray(knobs.clocks_mhz, dtype=np.float64),
+                          np.asarray(sms, dtype=np.int64), np.arange(len(part.compute)))
+
+
+def search_partitions(problem: Problem) -> dict[Partition, SearchResult]:
+    """Search every distinct partition of the iteration (identical partitions of different
+    stages are searched once)."""
+    strategy = make_search(str(problem.options.get("search", "exhaustive")))
+    budget = problem.options.get("budget")
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise InputError(f"search budget must be a positive integer, got {budget!r}")
+    rng = np.random.default_rng(problem.seed)
+    results: dict[Partition, SearchResult] = {}
+    for key in sorted(problem.graph.instruction_graphs):
+        for part in problem.graph.instruction_graphs[key].partitions:
+            if part not in results:
+                ev = Evaluator(problem.backend, part, partition_space(part, problem.knobs))
+                results[part] = strategy.search(ev, budget, rng)  # type: ignore[arg-type]
+    return results
+
+
+def kareus_options(problem: Problem) -> dict[tuple[int, str], list[Option]]:
+    """Execution options of every instruction type (steps 1 and 2)."""
+    results = search_partitions(problem)
+    return {key: instruction_options(problem.backend, problem.graph, key, results,
+                                     problem.knobs.clocks_mhz)
+            for key in sorted(problem.graph.instruction_graphs)}
+
+
+class Kareus:
+    """Joint clock and fine-grained schedule optimization (Kareus, OSDI '26)."""
+
+    name = "kareus"
+
+    def optimize(self, problem: Problem) -> list[IterationPlan]:
+        options = kareus_options(problem)
+        opts = problem.options
+        steps = list(solve(options, problem.graph.stages, problem.graph.microbatches,  # type: ignore[arg-type]
+                           problem.gpu.static_power_w,
+                           unit_time_s=float(opts.get("unit_ms", 1.0)) / 1e3,  # type: ignore[arg-type]
+                           prefilter=str(opts.get("prefilter", "raw"))))  # type: ignore[arg-type]
+        return plans_from_steps(steps, lambda plan: plan, "kareus")
