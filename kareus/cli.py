@@ -7,6 +7,7 @@ Exit status: 0 success; 2 bad input (one line naming the problem and the valid c
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -355,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
-    except Exception as e:  # internal failure: one line, status 1
+    except Exception as e:  # internal failure: one line (KAREUS_DEBUG=1 for the traceback)
+        if os.environ.get("KAREUS_DEBUG"):
+            raise
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
         return 1
     return 0

@@ -10,10 +10,14 @@ from workloads.graph_builder import build_iteration_graph
 
 
 def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0,
-                 options: dict[str, object] | None = None, **overrides: object) -> Problem:
+                 options: dict[str, object] | None = None,
+                 gpu_overrides: dict[str, float] | None = None, **overrides: object) -> Problem:
     """Validated problem: workload with parallelism overrides, its graph, the backend, the
-    default knob space of the GPU. Raises InputError / WorkloadError on bad input."""
+    default knob space of the GPU (whose parameters ``gpu_overrides`` may change, e.g. the static
+    power of a what-if study). Raises InputError / WorkloadError on bad input."""
     preset = get_preset(gpu)
+    if gpu_overrides:
+        preset = preset.with_overrides(**gpu_overrides)
     w = make_workload(workload, **overrides)  # type: ignore[arg-type]
     knobs = KnobSpace.default(preset)
     knobs.validate(preset)

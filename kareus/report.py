@@ -252,3 +252,117 @@ def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerR
     plot_frontiers(frame, paths[3], title)
     plot_breakdown(summary, paths[4], title)
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Suites: tables and figures across configurations
+
+
+def suite_tables(summaries: Mapping[str, Mapping]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Max-throughput (ΔT %, ΔE % vs Megatron-LM) and frontier (iso-time ΔE %, iso-energy ΔT %
+    vs Perseus) tables, one row per configuration and a column pair per optimizer."""
+    mt_rows, fr_rows = [], []
+    for label, s in summaries.items():
+        mt = {"config": label}
+        fr_ = {"config": label}
+        for name, obj in s["optimizers"].items():
+            m = s["comparison"]["max_throughput_vs_megatron"].get(name)
+            f = s["comparison"]["frontier_vs_perseus"].get(name)
+            if name != "megatron":
+                mt[f"{name} ΔT %"] = m["time_reduction_pct"] if m else None
+                mt[f"{name} ΔE %"] = m["energy_reduction_pct"] if m else None
+            if name != "perseus":
+                fr_[f"{name} iso-time ΔE %"] = f["iso_time_energy_reduction_pct"] if f else None
+                fr_[f"{name} iso-energy ΔT %"] = f["iso_energy_time_reduction_pct"] if f else None
+            if obj["status"] != "ok":
+                mt[f"{name} ΔT %"] = mt[f"{name} ΔE %"] = None
+        mt_rows.append(mt)
+        fr_rows.append(fr_)
+    return pd.DataFrame(mt_rows), pd.DataFrame(fr_rows)
+
+
+def format_pct_table(df: pd.DataFrame) -> str:
+    """Markdown with signed one-decimal percentages and n/a for missing values."""
+    shown = df.copy()
+    for col in shown.columns[1:]:
+        if all(isinstance(v, str) for v in shown[col]):
+            continue  # a text column (e.g. yes/no)
+        shown[col] = [_pct(None if (v is None or v != v) else float(v)) for v in shown[col]]
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def plot_suite_frontiers(frames: Mapping[str, pd.DataFrame], path: Path, title: str) -> None:
+    """A grid of per-configuration frontier plots (Pareto frontiers, max-throughput stars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    n = len(frames)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.0 * rows), squeeze=False)
+    order = list(dict.fromkeys(o for f in frames.values() for o in f.optimizer))
+    palette = dict(zip(order, sns.color_palette("tab10", len(order))))
+    for ax, (label, frame) in zip(axes.ravel(), frames.items()):
+        front = frame[frame.on_frontier].sort_values("time_s")
+        front = front.assign(energy_kj=front.energy_j / 1e3)
+        for name, g in front.groupby("optimizer", sort=False):
+            ax.plot(g.time_s, g.energy_kj, "-", color=palette[name], lw=1.6, label=name)
+            ax.plot(g.time_s.iloc[0], g.energy_kj.iloc[0], "*", ms=11, color=palette[name],
+                    mec="black", mew=0.5)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("iteration time (s)", fontsize=8)
+        ax.set_ylabel("energy / iteration (kJ)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], color=palette[o], lw=2) for o in order]
+    fig.legend(handles, order, loc="lower center", ncol=min(len(order), 7), fontsize=9,
+               frameon=False)
+    fig.suptitle(title + " — Pareto frontiers, stars = max-throughput plans", fontsize=11)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+    _savefig(fig, path)
+    plt.close(fig)
+
+
+def plot_suite_breakdown(summaries: Mapping[str, Mapping], path: Path, title: str,
+                         optimizers: tuple[str, ...] = ("megatron", "perseus", "nanobatch-perseus",
+                                                         "kareus")) -> None:
+    """Dynamic and static energy of the max-throughput plans, relative to Megatron-LM's total,
+    per configuration and method (stacked bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    labels = list(summaries)
+    present = [o for o in optimizers if any(
+        o in s["optimizers"] and s["optimizers"][o]["max_throughput"] for s in summaries.values())]
+    width = 0.8 / max(len(present), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels) + 2), 5.5))
+    colors = sns.color_palette("tab10", len(present))
+    for j, name in enumerate(present):
+        dyn, sta = [], []
+        for label in labels:
+            s = summaries[label]
+            base = s["optimizers"]["megatron"]["max_throughput"]["energy_j"]
+            mt = s["optimizers"].get(name, {}).get("max_throughput")
+            dyn.append(mt["dynamic_energy_j"] / base if mt else 0)
+            sta.append(mt["static_energy_j"] / base if mt else 0)
+        x = [i + (j - (len(present) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(x, dyn, width, color=colors[j], label=f"{name} dynamic")
+        ax.bar(x, sta, width, bottom=dyn, color=colors[j], alpha=0.45, hatch="//",
+               label=f"{name} static")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("energy at the max-throughput plan / Megatron-LM's")
+    ax.set_title(title + " — solid: dynamic, hatched: static", fontsize=10)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)

@@ -1,0 +1,363 @@
+"""The real-GPU backend: :class:`GPUBackend` implements the :class:`~kareus.backends.base.Backend`
+protocol by running the torch model (:mod:`kareus.backends.gpu.runner`) and measuring it with
+NVML's energy counter through zeus.
+
+- ``evaluate_plan``: a whole training iteration under the plan, one process per GPU (in this
+  process for one GPU, under ``torchrun`` otherwise); time = max over ranks, energy = sum over
+  GPUs, both per iteration over a measurement window.
+- ``evaluate_instruction``: one (stage, direction) instruction on the stage's TP group.
+- ``evaluate_partition``: one partition of a middle layer over a (clock, SMs, slot) grid.
+
+Energy accounting goes through :mod:`kareus.energy` only: a GPU's measured energy minus static
+power times the iteration (or op) time is its dynamic energy
+(:func:`~kareus.energy.dynamic_from_measured`); the iteration's total is
+:func:`~kareus.energy.iteration_energy`, which gives back the measured sum. Static power is the
+preset's unless given (e.g. measured with :meth:`GPUBackend.measure_static_power`).
+
+Clock control is off unless ``allow_clock_control=True`` (``--allow-clock-control``): plans then
+run at the card's current clocks and :attr:`GPUBackend.clock_note` says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
+from kareus.backends.gpu.measure import MeasureConfig
+from kareus.backends.gpu.serialize import Job, validate_plan, workload_from_graph
+from kareus.energy import dynamic_from_measured, iteration_energy
+from kareus.errors import InputError, PlanError
+from kareus.graph import Direction, Instruction, IterationGraph, Partition
+from kareus.hardware.presets import GPUPreset
+from kareus.plan import InstructionPlan, IterationPlan
+from workloads.parallel import Workload
+
+_CLOCK_OFF = ("clock control off (no --allow-clock-control): plans run at the GPU's current "
+              "clocks; plan clocks and power limits are not applied")
+_CLOCK_ON = "clock control on: SM clocks locked per instruction, restored afterwards"
+
+
+class GPUBackend:
+    """Real GPUs of one preset, measured with zeus.
+
+    Args:
+        gpu: The preset of the visible GPUs.
+        allow_clock_control: Lock SM clocks per instruction and apply power limits (needs root,
+            CAP_SYS_ADMIN or the Zeus daemon; refused with :class:`InputError` otherwise).
+        static_power_w: Blocked-on-P2P power per GPU (W) used to split measured energy into
+            dynamic and static (default: the preset's).
+        measure: Measurement durations (default: 2 s warm-up, 5 s window).
+        visible_gpus: GPUs on this node.
+        device, dtype, fake_device: ``"cuda"``/``"bfloat16"``/``False`` for real runs; tests run
+            ``"cpu"``/``"float32"`` with a fake NVML device.
+        in_process: Run single-GPU jobs in this process (otherwise always under torchrun).
+        timeout_s: Limit of one torchrun job (s).
+        seed: Seed of weights and data.
+    """
+
+    name = "gpu"
+
+    def __init__(self, gpu: GPUPreset, *, allow_clock_control: bool = False,
+                 static_power_w: float | None = None, measure: MeasureConfig | None = None,
+                 visible_gpus: int = 1, device: str = "cuda", dtype: str = "bfloat16",
+                 fake_device: bool = False, in_process: bool = True,
+                 timeout_s: float = 3600.0, seed: int = 0, gpu_name: str = "") -> None:
+        self.gpu = gpu
+        self.allow_clock_control = allow_clock_control
+        self.static_power_w = float(gpu.static_power_w if static_power_w is None
+                                    else static_power_w)
+        self.measure = measure or MeasureConfig()
+        self.visible_gpus = visible_gpus
+        self.device, self.dtype, self.fake_device = device, dtype, fake_device
+        self.in_process = in_process
+        self.timeout_s = timeout_s
+        self.seed = seed
+        self.gpu_name = gpu_name
+        self._bound: list[tuple[IterationGraph, Workload]] = []
+        #: Raw per-rank results of the last job.
+        self.last_run: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def create(cls, gpu: GPUPreset, *, allow_clock_control: bool = False, env: Any = None,
+               announce: bool = True, **kwargs: Any) -> "GPUBackend":
+        """A backend for the visible GPUs, after checking that they can run ``gpu``: raises
+        :class:`InputError` (one line naming what is missing and the fix) without CUDA, without
+        zeus/NVML, or when the visible GPU is not the preset's part."""
+        from kareus.backends.gpu.environment import check_environment, probe_environment
+
+        env = env if env is not None else probe_environment()
+        name = check_environment(env, gpu)
+        if allow_clock_control:
+            from kareus.backends.gpu.device import ClockPermissionError, open_device
+
+            ok, why = open_device(0, fake=bool(kwargs.get("fake_device"))).control_permission()
+            if not ok:
+                raise ClockPermissionError(f"--allow-clock-control: {why}")
+        backend = cls(gpu, allow_clock_control=allow_clock_control,
+                      visible_gpus=env.cuda_devices, gpu_name=name, **kwargs)
+        if announce:
+            print(f"gpu backend: {env.cuda_devices} x {name} (preset {gpu.name}); "
+                  f"{backend.clock_note}", file=sys.stderr)
+        return backend
+
+    @property
+    def clock_note(self) -> str:
+        """One line saying whether plan clocks are applied."""
+        return _CLOCK_ON if self.allow_clock_control else _CLOCK_OFF
+
+    def describe(self) -> dict[str, Any]:
+        """Settings worth reporting next to GPU results."""
+        return {"backend": self.name, "gpu": self.gpu.name, "gpu_name": self.gpu_name,
+                "clock_control": self.allow_clock_control, "clock_note": self.clock_note,
+                "static_power_w": self.static_power_w, "measure": self.measure.to_dict()}
+
+    # ------------------------------------------------------------------ workloads
+    def bind(self, workload: Workload) -> IterationGraph:
+        """Register ``workload`` so its graph (returned) and partitions can be run."""
+        from workloads.graph_builder import build_iteration_graph
+
+        graph = build_iteration_graph(workload)
+        self._bound.append((graph, workload))
+        return graph
+
+    def workload_for(self, graph: IterationGraph) -> Workload:
+        """The workload ``graph`` describes (bound, or recovered from the graph)."""
+        for g, w in self._bound:
+            if g is graph:
+                return w
+        for g, w in self._bound:
+            if g == graph:
+                return w
+        w = workload_from_graph(graph)
+        self._bound.append((graph, w))
+        return w
+
+    # ------------------------------------------------------------------ running jobs
+    def _job(self, mode: str, **kw: Any) -> Job:
+        return Job(mode=mode, measure=self.measure, allow_clock_control=self.allow_clock_control,
+                   device=self.device, dtype=self.dtype, fake_device=self.fake_device,
+                   seed=self.seed, **kw)
+
+    def run_job(self, job: Job, nprocs: int, graph: IterationGraph | None = None
+                ) -> list[dict[str, Any]]:
+        """Run ``job`` on ``nprocs`` GPUs; returns the per-rank results, sorted by rank. Nothing
+        is returned unless every rank wrote its result."""
+        if nprocs > self.visible_gpus:
+            raise InputError(f"the job needs {nprocs} GPUs but {self.visible_gpus} are "
+                             "visible; lower the parallelism (--tp/--pp/--dp)")
+        with tempfile.TemporaryDirectory(prefix="kareus-gpu-") as tmp:
+            out = Path(tmp) / "out"
+            if nprocs == 1 and self.in_process:
+                from kareus.backends.gpu.runner import execute
+
+                with _single_rank_env():
+                    execute(job, out, graph=graph)
+            else:
+                self._torchrun(job, nprocs, Path(tmp), out)
+            files = sorted(out.glob("rank*.json"), key=lambda p: int(p.stem[4:])) \
+                if out.exists() else []
+            if len(files) != nprocs:
+                raise RuntimeError(f"GPU job {job.mode}: {len(files)} of {nprocs} ranks "
+                                   "reported a result")
+            results = [json.loads(f.read_text()) for f in files]
+        self.last_run = results
+        return results
+
+    def _torchrun(self, job: Job, nprocs: int, tmp: Path, out: Path) -> None:
+        job_path = tmp / "job.json"
+        job_path.write_text(json.dumps(job.to_dict()))
+        log_path = tmp / "torchrun.log"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nprocs}", "-m", "kareus.backends.gpu.worker",
+               str(job_path), str(out)]
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=self.timeout_s)
+            except BaseException:  # timeout, KeyboardInterrupt: stop the workers (they restore)
+                _stop(proc)
+                raise
+        if rc != 0:
+            text = log_path.read_text(errors="replace")
+            errors = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("error: ")]
+            if errors:
+                raise InputError(errors[0][len("error: "):])
+            tail = "\n".join(text.splitlines()[-25:])
+            raise RuntimeError(f"GPU job {job.mode} failed (torchrun exit {rc}):\n{tail}")
+
+    # ------------------------------------------------------------------ Backend protocol
+    def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
+        """Run and measure one iteration of ``graph`` under ``plan`` (time = max over ranks,
+        energy = sum over GPUs; see :mod:`kareus.backends.gpu.backend`)."""
+        w = self.workload_for(graph)
+        validate_plan(graph, plan, self.gpu.sms)
+        ranks = self.run_job(self._job("plan", workload=w, plan=plan), graph.num_gpus, graph)
+        return aggregate_iteration(graph, ranks, self.static_power_w)
+
+    def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
+                             plan: InstructionPlan) -> InstructionCost:
+        """Measure one instruction of type ``key`` on its stage's TP group: time (s) and
+        dynamic energy per GPU (J)."""
+        if key not in graph.instruction_graphs:
+            raise PlanError(f"unknown instruction {key}; the graph has "
+                            f"{sorted(graph.instruction_graphs)}")
+        w = self.workload_for(graph)
+        ins = Instruction(key[0], 0, key[1])
+        validate_plan(graph, IterationPlan({**{i: plan for seq in graph.schedule().values()
+                                                for i in seq}, ins: plan}), self.gpu.sms)
+        job = self._job("instruction", workload=w, stage=key[0], direction=key[1],
+                        clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
+                        schedules={k: [s.comm_sms, s.launch_slot] for k, s in plan.schedules})
+        ranks = self.run_job(job, w.parallel.tp, graph)
+        t = max(r["time_s"] / r["steps"] for r in ranks)
+        e = float(np.mean([r["energy_j"] / r["steps"] for r in ranks]))
+        return InstructionCost(t, dynamic_from_measured(e, self.static_power_w, t))
+
+    def _find_partition(self, partition: Partition) -> tuple[IterationGraph, Workload, int,
+                                                             Direction, int]:
+        for g, w in self._bound:
+            for (stage, d), ig in sorted(g.instruction_graphs.items()):
+                for i, p in enumerate(ig.partitions):
+                    if p == partition:
+                        return g, w, stage, d, i
+        raise InputError(f"partition {partition.key!r} belongs to no workload this backend "
+                         "knows; call GPUBackend.bind(workload) (or evaluate a plan of it) first")
+
+    def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
+                           comm_sms: NDArray[np.int64], slots: NDArray[np.int64]
+                           ) -> PartitionGrid:
+        """Measure ``partition`` (of a middle layer, on its stage's TP group) at every
+        (clock, SMs, slot): time (s) and dynamic energy per GPU (J), arrays ``[F, K, S]``. A
+        partition without a collective is measured once per clock."""
+        graph, w, stage, d, idx = self._find_partition(partition)
+        f = np.atleast_1d(np.asarray(clocks_mhz, dtype=np.float64))
+        k = np.atleast_1d(np.asarray(comm_sms, dtype=np.int64))
+        s = np.atleast_1d(np.asarray(slots, dtype=np.int64))
+        n = len(partition.compute)
+        if np.any(s < 0) or np.any(s >= n):
+            raise PlanError(f"launch slot out of range 0..{n - 1} for partition {partition.key}")
+        if partition.comm is not None and (k.min() < 1 or k.max() >= self.gpu.sms):
+            raise PlanError(f"communication SMs must be in 1..{self.gpu.sms - 1}, got "
+                            f"{k.tolist()}")
+        has_comm = partition.comm is not None and w.parallel.tp > 1
+        grid = list(itertools.product(f.tolist(), k.tolist(), s.tolist())) if has_comm else \
+            [(c, int(k[0]), 0) for c in f.tolist()]
+        job = self._job("partition", workload=w, stage=stage, direction=d, partition_index=idx,
+                        points=[list(p) for p in grid])
+        ranks = self.run_job(job, w.parallel.tp, graph)
+        t = np.zeros((f.size, k.size, s.size))
+        e = np.zeros_like(t)
+        rows = [r["rows"] for r in ranks]
+        for j, (c, kk, ss) in enumerate(grid):
+            tt = max(rr[j]["time_s"] / rr[j]["steps"] for rr in rows)
+            ee = float(np.mean([rr[j]["energy_j"] / rr[j]["steps"] for rr in rows]))
+            dyn = dynamic_from_measured(ee, self.static_power_w, tt)
+            fi = int(np.flatnonzero(f == c)[0])
+            if has_comm:
+                ki, si = int(np.flatnonzero(k == kk)[0]), int(np.flatnonzero(s == ss)[0])
+                t[fi, ki, si], e[fi, ki, si] = tt, dyn
+            else:
+                t[fi], e[fi] = tt, dyn
+        return PartitionGrid(key=partition.key, clocks_mhz=f, comm_sms=k, slots=s, time_s=t,
+                             dynamic_energy_j=e)
+
+    def measure_partition_op(self, partition: Partition, op_index: int, clock_mhz: float
+                             ) -> tuple[float, float]:
+        """Time (s) and dynamic energy per GPU (J) of one compute op of ``partition`` alone."""
+        graph, w, stage, d, idx = self._find_partition(partition)
+        if not 0 <= op_index < len(partition.compute):
+            raise PlanError(f"op index {op_index} outside 0..{len(partition.compute) - 1}")
+        job = self._job("partition", workload=w, stage=stage, direction=d, partition_index=idx,
+                        points=[[clock_mhz, self.gpu.comm_default_sms, 0]], op_index=op_index)
+        ranks = self.run_job(job, w.parallel.tp, graph)
+        t = max(r["rows"][0]["time_s"] / r["rows"][0]["steps"] for r in ranks)
+        e = float(np.mean([r["rows"][0]["energy_j"] / r["rows"][0]["steps"] for r in ranks]))
+        return t, dynamic_from_measured(e, self.static_power_w, t)
+
+    # ------------------------------------------------------------------ static power
+    def measure_static_power(self, window_s: float = 5.0, trials: int = 3,
+                             cooldown_s: float = 2.0) -> dict[str, Any]:
+        """Blocked-on-P2P power the way the Perseus/Kareus authors measured it (two GPUs: one
+        blocked in a receive, its peer asleep; energy counter over the window). Returns
+        ``static_power_w`` (the blocked GPU), ``idle_power_w`` (the sleeping one) and the
+        trials. Does not change :attr:`static_power_w`; assign it to use the result."""
+        job = Job(mode="static_power",
+                  measure=MeasureConfig(warmup_s=0, warmup_steps=0, window_s=window_s,
+                                        min_steps=trials, cooldown_s=cooldown_s),
+                  allow_clock_control=False, device=self.device, dtype=self.dtype,
+                  fake_device=self.fake_device, seed=self.seed)
+        if self.visible_gpus < 2:
+            raise InputError("measuring static power needs 2 GPUs (one blocked in a receive, "
+                             f"one sleeping peer); {self.visible_gpus} visible")
+        r = self.run_job(job, 2)
+        return {"static_power_w": r[0]["power_w"], "idle_power_w": r[1]["power_w"],
+                "window_s": window_s, "trials": r[0]["trials"], "gpu_name": r[0]["gpu_name"]}
+
+
+def aggregate_iteration(graph: IterationGraph, ranks: Sequence[dict[str, Any]],
+                        static_power_w: float) -> IterationResult:
+    """One iteration from per-rank windows: time = max over ranks of window time / iterations;
+    each GPU's dynamic energy = its measured energy per iteration minus static power times that
+    time; totals through :func:`kareus.energy.iteration_energy` (so the total equals the
+    measured sum over GPUs)."""
+    if len(ranks) != graph.num_gpus:
+        raise RuntimeError(f"{len(ranks)} rank results for {graph.num_gpus} GPUs")
+    t = max(r["time_s"] / r["steps"] for r in ranks)
+    dyn = {r["rank"]: dynamic_from_measured(r["energy_j"] / r["steps"], static_power_w, t)
+           for r in ranks}
+    energy = iteration_energy(sum(dyn.values()), graph.num_gpus, static_power_w, t)
+    per_dyn: dict[int, float] = {}
+    per_tot: dict[int, float] = {}
+    for s in range(graph.stages):
+        rs = [r for r in ranks if r["stage"] == s]
+        per_dyn[s] = float(np.mean([dyn[r["rank"]] for r in rs]))
+        per_tot[s] = float(np.mean([r["energy_j"] / r["steps"] for r in rs]))
+    times: dict[Instruction, tuple[float, float]] = {}
+    for r in ranks:
+        if r.get("tp_rank", 0) == 0 and r.get("dp_rank", 0) == 0:
+            for m, d, a, b in r.get("instruction_times", []):
+                times[Instruction(r["stage"], int(m), d)] = (float(a), float(b))
+    return IterationResult(energy=energy, num_gpus=graph.num_gpus,
+                           gpus_per_stage=graph.gpus_per_stage, per_gpu_dynamic_j=per_dyn,
+                           per_gpu_energy_j=per_tot, instruction_times=times,
+                           model_flops=graph.model_flops)
+
+
+class _single_rank_env:
+    """Hide torchrun variables of an enclosing job while running a one-process job here."""
+
+    _KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+    def __enter__(self) -> None:
+        self._saved = {k: os.environ.pop(k) for k in self._KEYS if k in os.environ}
+
+    def __exit__(self, *exc: object) -> None:
+        os.environ.update(self._saved)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the torchrun process group (workers restore clocks on SIGTERM), then SIGKILL."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,308 @@
+"""A thin device layer over ``zeus.device`` (NVML), and a fake for tests.
+
+One :class:`Device` is one GPU as Zeus indexes it (after ``CUDA_VISIBLE_DEVICES``). Units: clocks
+in MHz, power in W, energy in J (NVML reports mW and mJ; converted here and nowhere else).
+
+Errors are typed: a missing permission to change clocks or power limits is
+:class:`ClockPermissionError` (an :class:`~kareus.errors.InputError`: the user asked for clock
+control without the rights to it); anything else NVML reports is :class:`DeviceError`.
+
+Nothing here imports torch, and ``zeus`` / ``pynvml`` are imported only when a real device is made.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from kareus.errors import InputError
+
+#: What to do when clock control is refused for lack of rights (shared by every message).
+PERMISSION_HINT = (
+    "changing SM clocks or power limits needs root / CAP_SYS_ADMIN, or a running Zeus daemon "
+    "(zeusd, with ZEUSD_SOCK_PATH set); run as such a user, or drop --allow-clock-control to "
+    "run at the GPU's current clocks"
+)
+
+
+class DeviceError(RuntimeError):
+    """NVML failed for a reason other than permissions (internal failure, exit status 1)."""
+
+
+class ClockPermissionError(InputError):
+    """Clock or power-limit control was asked for without the permission to do it."""
+
+
+@runtime_checkable
+class Device(Protocol):
+    """One GPU. Clocks in MHz, power in W, energy in J."""
+
+    index: int
+
+    def name(self) -> str:
+        """Marketing name as NVML reports it, e.g. ``"NVIDIA H200"``."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """Total device memory (bytes)."""
+        ...
+
+    def sm_clock_mhz(self) -> float:
+        """Current SM (graphics) clock (MHz)."""
+        ...
+
+    def max_sm_clock_mhz(self) -> float:
+        """Highest SM clock the card supports (MHz)."""
+        ...
+
+    def supported_sm_clocks_mhz(self) -> list[int]:
+        """SM clocks the card can be locked to (MHz), descending as NVML lists them."""
+        ...
+
+    def lock_sm_clock(self, mhz: int) -> None:
+        """Lock the SM clock to ``mhz`` (min = max = ``mhz``)."""
+        ...
+
+    def reset_sm_clock(self) -> None:
+        """Undo any SM clock lock (the driver's default boost behaviour)."""
+        ...
+
+    def power_limit_w(self) -> float:
+        """Current board power limit (W)."""
+        ...
+
+    def set_power_limit_w(self, watts: float) -> None:
+        """Set the board power limit (W)."""
+        ...
+
+    def energy_j(self) -> float:
+        """NVML's cumulative energy counter (J since driver load)."""
+        ...
+
+    def power_w(self) -> float:
+        """Instantaneous board power (W)."""
+        ...
+
+    def control_permission(self) -> tuple[bool, str]:
+        """Whether this process may change clocks and limits, and why not if it may not."""
+        ...
+
+
+# --------------------------------------------------------------------------------- real device
+
+
+def _zeus_gpus():  # noqa: ANN202 - zeus types are optional
+    """Zeus's GPU manager; raises :class:`DeviceError` if NVML cannot be initialised."""
+    try:
+        from zeus.device import get_gpus
+        from zeus.device.gpu.common import ZeusBaseGPUError
+    except ImportError as e:
+        raise DeviceError(f"zeus is not installed ({e}); pip install zeus nvidia-ml-py") from None
+    try:
+        return get_gpus()
+    except ZeusBaseGPUError as e:
+        raise DeviceError(f"NVML unavailable: {e}") from None
+
+
+class ZeusDevice:
+    """A real GPU through ``zeus.device.get_gpus()``; clock readings through ``pynvml`` on the
+    same handle (Zeus exposes setters but no current-clock getter).
+
+    Args:
+        index: GPU index in Zeus's (``CUDA_VISIBLE_DEVICES``-aware) numbering.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._gpus = _zeus_gpus()
+        if index >= len(self._gpus):
+            raise DeviceError(f"GPU {index} not visible (NVML sees {len(self._gpus)})")
+        self._gpu = self._gpus.gpus[index]
+
+    def _call(self, fn: Callable, *args: object) -> object:
+        from zeus.device.gpu.common import ZeusBaseGPUError, ZeusGPUNoPermissionError
+
+        try:
+            return fn(*args)
+        except ZeusGPUNoPermissionError as e:
+            raise ClockPermissionError(f"GPU {self.index}: NVML refused ({e}); "
+                                       f"{PERMISSION_HINT}") from None
+        except ZeusBaseGPUError as e:
+            raise DeviceError(f"GPU {self.index}: {type(e).__name__}: {e}") from None
+
+    def _nvml(self, fn_name: str, *args: object) -> object:
+        import pynvml
+
+        try:
+            return getattr(pynvml, fn_name)(self._gpu.handle, *args)
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_NO_PERMISSION:
+                raise ClockPermissionError(f"GPU {self.index}: {e}; {PERMISSION_HINT}") from None
+            raise DeviceError(f"GPU {self.index}: {fn_name}: {e}") from None
+
+    def name(self) -> str:
+        return str(self._call(self._gpu.get_name))
+
+    def memory_bytes(self) -> int:
+        return int(self._nvml("nvmlDeviceGetMemoryInfo").total)  # type: ignore[attr-defined]
+
+    def sm_clock_mhz(self) -> float:
+        import pynvml
+
+        return float(self._nvml("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM))  # type: ignore[arg-type]
+
+    def max_sm_clock_mhz(self) -> float:
+        import pynvml
+
+        return float(self._nvml("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM))  # type: ignore[arg-type]
+
+    def supported_sm_clocks_mhz(self) -> list[int]:
+        mem = self._call(self._gpu.get_supported_memory_clocks)
+        top = max(mem) if mem else None  # type: ignore[type-var, arg-type]
+        return sorted((int(c) for c in self._call(self._gpu.get_supported_graphics_clocks, top)),  # type: ignore[union-attr]
+                      reverse=True)
+
+    def lock_sm_clock(self, mhz: int) -> None:
+        self._call(self._gpu.set_gpu_locked_clocks, int(mhz), int(mhz))
+
+    def reset_sm_clock(self) -> None:
+        self._call(self._gpu.reset_gpu_locked_clocks)
+
+    def power_limit_w(self) -> float:
+        return float(self._call(self._gpu.get_power_management_limit)) / 1e3  # type: ignore[arg-type]
+
+    def set_power_limit_w(self, watts: float) -> None:
+        self._call(self._gpu.set_power_management_limit, int(round(watts * 1e3)))
+
+    def energy_j(self) -> float:
+        return float(self._call(self._gpu.get_total_energy_consumption)) / 1e3  # type: ignore[arg-type]
+
+    def power_w(self) -> float:
+        return float(self._call(self._gpu.get_instant_power_usage)) / 1e3  # type: ignore[arg-type]
+
+    def control_permission(self) -> tuple[bool, str]:
+        if os.environ.get("ZEUSD_SOCK_PATH") or getattr(self._gpu, "_disable_sys_admin_warning",
+                                                         False):
+            return True, ""
+        from zeus.device.common import has_sys_admin
+
+        if has_sys_admin():
+            return True, ""
+        return False, f"this process lacks CAP_SYS_ADMIN and no Zeus daemon is configured; " \
+                      f"{PERMISSION_HINT}"
+
+
+# --------------------------------------------------------------------------------- fake device
+
+
+class FakeDevice:
+    """An in-memory GPU for tests: records every control call, optionally refuses them, and
+    integrates a constant power into a cumulative energy counter.
+
+    Args:
+        index: GPU index.
+        gpu_name: What :meth:`name` returns.
+        memory: Total memory (bytes).
+        clocks_mhz: Supported SM clocks (any order).
+        power_w: Board power the energy counter integrates (W); settable.
+        permitted: ``False`` makes every control call raise :class:`ClockPermissionError`.
+        log_path: Also append every control call, one per line, to this file (flushed and
+            fsynced at once, so a process killed right after still leaves the record).
+        time_fn: Clock of the energy counter (s); ``time.monotonic`` by default.
+    """
+
+    def __init__(self, index: int = 0, *, gpu_name: str = "NVIDIA H200",
+                 memory: int = 141 * 10**9, clocks_mhz: list[int] | None = None,
+                 power_w: float = 300.0, permitted: bool = True,
+                 log_path: str | Path | None = None,
+                 time_fn: Callable[[], float] = time.monotonic) -> None:
+        self.index = index
+        self._name = gpu_name
+        self._memory = memory
+        self.clocks = sorted(clocks_mhz or list(range(345, 1981, 15)), reverse=True)
+        self.default_clock = float(self.clocks[0])
+        self.locked: int | None = None
+        self.default_limit_w = 700.0
+        self.limit_w = self.default_limit_w
+        self.power = power_w
+        self.permitted = permitted
+        self.calls: list[str] = []
+        self._log_path = Path(log_path) if log_path is not None else None
+        self._time = time_fn
+        self._t0 = time_fn()
+        self._energy0 = 1.0e6  # the counter runs since driver load
+        self._lock = threading.Lock()
+
+    # -- recording
+    def _record(self, call: str) -> None:
+        self.calls.append(call)
+        if self._log_path is not None:
+            with open(self._log_path, "a") as f:
+                f.write(call + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _check(self, call: str) -> None:
+        if not self.permitted:
+            self._record(f"refused {call}")
+            raise ClockPermissionError(f"GPU {self.index}: no permission for {call}; "
+                                       f"{PERMISSION_HINT}")
+
+    # -- Device protocol
+    def name(self) -> str:
+        return self._name
+
+    def memory_bytes(self) -> int:
+        return self._memory
+
+    def sm_clock_mhz(self) -> float:
+        return float(self.locked) if self.locked is not None else self.default_clock
+
+    def max_sm_clock_mhz(self) -> float:
+        return float(self.clocks[0])
+
+    def supported_sm_clocks_mhz(self) -> list[int]:
+        return list(self.clocks)
+
+    def lock_sm_clock(self, mhz: int) -> None:
+        self._check(f"lock {mhz}")
+        if int(mhz) not in self.clocks:
+            raise DeviceError(f"GPU {self.index}: {mhz} MHz is not a supported clock")
+        self.locked = int(mhz)
+        self._record(f"lock {int(mhz)}")
+
+    def reset_sm_clock(self) -> None:
+        self._check("reset_clock")
+        self.locked = None
+        self._record("reset_clock")
+
+    def power_limit_w(self) -> float:
+        return self.limit_w
+
+    def set_power_limit_w(self, watts: float) -> None:
+        self._check(f"power_limit {watts:g}")
+        self.limit_w = float(watts)
+        self._record(f"power_limit {watts:g}")
+
+    def energy_j(self) -> float:
+        with self._lock:
+            return self._energy0 + self.power * (self._time() - self._t0)
+
+    def power_w(self) -> float:
+        return self.power
+
+    def control_permission(self) -> tuple[bool, str]:
+        if self.permitted:
+            return True, ""
+        return False, f"the fake device refuses control; {PERMISSION_HINT}"
+
+
+def open_device(index: int, fake: bool = False) -> Device:
+    """The real GPU ``index`` (through Zeus/NVML), or a :class:`FakeDevice` when ``fake``."""
+    if fake:
+        return FakeDevice(index)
+    return ZeusDevice(index)

@@ -1,0 +1,123 @@
+"""What the GPU backend needs from the machine, checked before anything runs.
+
+:func:`probe_environment` looks (torch's CUDA, zeus, NVML, the visible GPUs' names) without
+failing; :func:`check_environment` turns what is missing into one :class:`InputError` line naming
+it and the fix. :func:`match_preset` maps an NVML GPU name to the preset describing that part.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kareus.errors import InputError
+from kareus.hardware.presets import PRESETS, GPUPreset
+
+_SIM_HINT = "or use --backend sim"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What :func:`probe_environment` found.
+
+    Attributes:
+        torch_version: ``torch.__version__``.
+        torch_cuda: ``torch.version.cuda`` (``None``: a CPU-only build).
+        cuda_devices: GPUs torch sees (0 when CUDA is unavailable).
+        zeus_error: Why zeus / nvidia-ml-py cannot be imported (``None``: they can).
+        nvml_error: Why NVML cannot be initialised (``None``: it can).
+        gpu_names: NVML names of the visible GPUs.
+        gpu_memory: Their memory (bytes).
+    """
+
+    torch_version: str
+    torch_cuda: str | None
+    cuda_devices: int
+    zeus_error: str | None = None
+    nvml_error: str | None = None
+    gpu_names: tuple[str, ...] = ()
+    gpu_memory: tuple[int, ...] = ()
+
+
+def probe_environment() -> Environment:
+    """Look at torch, zeus and NVML; never raises."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = dict(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cuda_devices=n)
+    try:
+        import pynvml  # noqa: F401
+        from zeus.device import get_gpus
+    except Exception as e:  # noqa: BLE001 - ImportError, or zeus refusing an unofficial pynvml
+        return Environment(**env, zeus_error=f"{type(e).__name__}: {e}")  # type: ignore[arg-type]
+    try:
+        gpus = get_gpus()
+        names = tuple(str(gpus.get_name(i)) for i in range(len(gpus)))
+        import pynvml
+
+        mem = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(g.handle).total)  # type: ignore[attr-defined]
+                    for g in gpus.gpus)
+    except Exception as e:  # noqa: BLE001 - ZeusGPUInitError and friends
+        return Environment(**env, nvml_error=str(e) or type(e).__name__)  # type: ignore[arg-type]
+    return Environment(**env, gpu_names=names, gpu_memory=mem)  # type: ignore[arg-type]
+
+
+def match_preset(name: str, memory_bytes: int | None = None) -> str | None:
+    """The preset describing the GPU NVML calls ``name`` (``None`` if none does).
+
+    SXM parts only (PCIe and NVL cards have other power limits and no NVSwitch): ``NVIDIA
+    A100-SXM4-40GB``, ``NVIDIA A100-SXM4-80GB``, ``NVIDIA A40``, ``NVIDIA H100 80GB HBM3`` /
+    ``H100 SXM``, ``NVIDIA H200``.
+    """
+    n = name.upper().replace("NVIDIA", "").strip()
+    if re.search(r"\bPCIE\b|\bNVL\b|GH200|GB200", n):
+        return None
+    if "A100" in n and "SXM" in n:
+        if "80GB" in n or (memory_bytes and memory_bytes > 60e9):
+            return "a100-sxm4-80gb"
+        return "a100-sxm4-40gb"
+    if re.fullmatch(r"A40", n):
+        return "a40"
+    if "H100" in n and ("SXM" in n or "HBM3" in n):
+        return "h100-sxm"
+    if re.fullmatch(r"H200( SXM)?( 141GB)?( HBM3E)?", n):
+        return "h200"
+    return None
+
+
+def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int = 1) -> str:
+    """Raise :class:`InputError` (one line: what is missing, how to fix it) unless the GPU
+    backend can run ``preset`` here; returns the visible GPU's name."""
+    if env.torch_cuda is None:
+        raise InputError(f"the GPU backend needs a CUDA GPU, but torch {env.torch_version} is a "
+                         "CPU-only build; install a CUDA build of torch on a machine with NVIDIA "
+                         f"GPUs, {_SIM_HINT}")
+    if env.cuda_devices == 0:
+        raise InputError(f"the GPU backend needs a CUDA GPU, but torch {env.torch_version} "
+                         f"(CUDA {env.torch_cuda}) sees none (no driver, or CUDA_VISIBLE_DEVICES "
+                         f"hides them); run on a GPU machine, {_SIM_HINT}")
+    if env.zeus_error is not None:
+        raise InputError(f"the GPU backend measures energy with zeus and NVML, which cannot be "
+                         f"imported ({env.zeus_error}); pip install 'zeus>=0.11' nvidia-ml-py "
+                         f"(the [gpu] extra), {_SIM_HINT}")
+    if env.nvml_error is not None or not env.gpu_names:
+        raise InputError(f"NVML is unavailable ({env.nvml_error or 'no GPUs listed'}); the "
+                         f"NVIDIA driver must be loaded and nvidia-ml-py installed, {_SIM_HINT}")
+    names = set(env.gpu_names)
+    if len(names) > 1:
+        raise InputError(f"the visible GPUs differ ({', '.join(sorted(names))}); set "
+                         "CUDA_VISIBLE_DEVICES to GPUs of one model")
+    name = env.gpu_names[0]
+    mem = env.gpu_memory[0] if env.gpu_memory else None
+    match = match_preset(name, mem)
+    if match != preset.name:
+        if match is not None:
+            raise InputError(f"GPU 0 is an {name}, which preset {preset.name!r} does not "
+                             f"describe; use --gpu {match}")
+        raise InputError(f"GPU 0 is an {name}, which no preset describes (presets: "
+                         f"{', '.join(PRESETS)}); add one to kareus/hardware/presets.py, "
+                         f"{_SIM_HINT}")
+    if gpus_needed > env.cuda_devices:
+        raise InputError(f"the job needs {gpus_needed} GPUs but {env.cuda_devices} are visible; "
+                         "lower the parallelism (--tp/--pp/--dp) or run on a larger node")
+    return name

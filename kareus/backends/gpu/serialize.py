@@ -1,0 +1,221 @@
+"""JSON forms of what crosses the process boundary to the GPU workers: the workload, the plan,
+the measurement settings and the job; and the inverse of :func:`build_iteration_graph` (which
+workload an iteration graph was built from), so the backend can run a graph it is handed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from kareus.backends.gpu.measure import MeasureConfig
+from kareus.errors import InputError, PlanError
+from kareus.graph import Instruction, IterationGraph
+from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
+from workloads.models import MODELS, ModelSpec
+from workloads.parallel import ParallelConfig, Workload
+
+# ------------------------------------------------------------------------------- workload
+
+
+def workload_to_dict(w: Workload) -> dict[str, Any]:
+    p = asdict(w.parallel)
+    if p["layer_split"] is not None:
+        p["layer_split"] = list(p["layer_split"])
+    return {"name": w.name, "model": asdict(w.model), "parallel": p}
+
+
+def workload_from_dict(d: dict[str, Any]) -> Workload:
+    par = dict(d["parallel"])
+    if par.get("layer_split") is not None:
+        par["layer_split"] = tuple(par["layer_split"])
+    return Workload(model=ModelSpec(**d["model"]), parallel=ParallelConfig(**par),
+                    name=d.get("name", ""))
+
+
+def reduced_workload(name: str, layers: int, **overrides: Any) -> Workload:
+    """``name``'s model with only ``layers`` transformer layers (a short GPU check), the
+    parallelism overrides of :func:`workloads.make_workload` applied; keeps the model's name."""
+    from workloads import make_workload
+
+    base = make_workload(name, **{k: v for k, v in overrides.items() if v is not None})
+    if layers < base.parallel.pp:
+        raise InputError(f"--layers {layers} is fewer than PP={base.parallel.pp} stages")
+    model = replace(base.model, layers=int(layers))
+    par = replace(base.parallel, layer_split=None)
+    return Workload(model=model, parallel=par, name=base.name)
+
+
+def workload_from_graph(graph: IterationGraph) -> Workload:
+    """The workload ``graph`` was built from, read back from its ops and verified by rebuilding.
+
+    Works for the suite's models (``graph.workload`` names one), any layer count (reduced runs)
+    and any TP/CP/PP/DP/MBS/seq/microbatch/recompute setting; raises :class:`InputError`
+    otherwise (bind the workload to the backend instead).
+    """
+    from workloads.graph_builder import build_iteration_graph
+
+    base = MODELS.get(graph.workload)
+    if base is None:
+        raise InputError(f"the GPU backend cannot tell which model graph {graph.workload!r} "
+                         "describes; pass the workload with GPUBackend.bind(workload)")
+    layer_split = tuple(graph.instruction_graphs[(s, "forward")].layers
+                        for s in range(graph.stages))
+    model = replace(base, layers=sum(layer_split))
+    ig = graph.instruction_graphs[(0, "forward")]
+    ops = [op for seg in ig.sequential for op in seg.compute]
+    h = model.hidden
+    bda = next(op for op in ops if op.name == "bda")
+    t = int(round(bda.bytes / (3 * 2 * h)))  # tokens per GPU of one microbatch
+    qkv = next(op for op in ops if op.name == "linear_qkv")
+    qkv_n = int(round(qkv.flops / (2.0 * t * h)))
+    tp = (model.heads + 2 * model.kv_heads) * model.head_dim // qkv_n
+    att = next(op for op in ops if op.name == "attention")
+    hq = model.heads // tp
+    comms = [seg.comm for seg in ig.sequential if seg.comm is not None]
+    cp = next((c.group for c in comms if c.collective == "all_gather"), 1)
+    # attention flops = 2 * hq * d * t * seq (causal half, CP share already in t)
+    seq = int(round(att.flops / (2.0 * hq * model.head_dim * t)))
+    mbs = t * cp // seq
+    dp = graph.gpus_per_stage // (tp * cp)
+    bwd = graph.instruction_graphs[(0, "backward")]
+    recompute = bwd.sequential[0].compute[0].name == "bda"
+    nanobatches = 1
+    if ig.partitions:
+        half = next(op for p in ig.partitions for op in p.compute if op.name == "bda")
+        nanobatches = int(round(bda.bytes / half.bytes))
+    for gpn in (8, 16, 4, 2, 1):  # gpus_per_node only flips intra_node flags: try, verify
+        par = ParallelConfig(tp=tp, cp=cp, pp=graph.stages, dp=dp, mbs=mbs,
+                             microbatches=graph.microbatches, seq=seq, recompute=recompute,
+                             nanobatches=nanobatches, gpus_per_node=gpn, layer_split=layer_split)
+        try:
+            w = Workload(model=model, parallel=par, name=graph.workload)
+        except Exception:  # noqa: BLE001 - an impossible candidate
+            continue
+        if build_iteration_graph(w) == graph:
+            return w
+    raise InputError(f"cannot recover the workload of graph {graph.workload!r} exactly; pass "
+                     "it with GPUBackend.bind(workload)")
+
+
+# ------------------------------------------------------------------------------- plans
+
+
+def plan_to_dict(plan: IterationPlan) -> dict[str, Any]:
+    rows = []
+    for ins, ip in sorted(plan.instructions.items(),
+                          key=lambda kv: (kv[0].stage, kv[0].microbatch, kv[0].direction)):
+        rows.append({"stage": ins.stage, "microbatch": ins.microbatch,
+                     "direction": ins.direction, "clock_mhz": ip.clock_mhz,
+                     "nanobatched": ip.nanobatched,
+                     "schedules": {k: [s.comm_sms, s.launch_slot] for k, s in ip.schedules}})
+    return {"label": plan.label, "power_limit_w": plan.power_limit_w, "instructions": rows}
+
+
+def plan_from_dict(d: dict[str, Any]) -> IterationPlan:
+    ins = {}
+    for r in d["instructions"]:
+        ins[Instruction(int(r["stage"]), int(r["microbatch"]), r["direction"])] = \
+            InstructionPlan.make(float(r["clock_mhz"]), bool(r["nanobatched"]),
+                                 {k: PartitionSchedule(int(v[0]), int(v[1]))
+                                  for k, v in r["schedules"].items()})
+    return IterationPlan(ins, power_limit_w=d.get("power_limit_w"), label=d.get("label", ""))
+
+
+def validate_plan(graph: IterationGraph, plan: IterationPlan, sms_max: int) -> None:
+    """Raise :class:`PlanError` for a plan that does not fit ``graph``: a missing instruction,
+    an unknown partition key, a launch slot or SM count out of range, a non-finite clock."""
+    for ins in (i for seq in graph.schedule().values() for i in seq):
+        if ins not in plan.instructions:
+            raise PlanError(f"plan has no entry for {ins}")
+    for ins, ip in plan.instructions.items():
+        if not math.isfinite(ip.clock_mhz) or ip.clock_mhz <= 0:
+            raise PlanError(f"{ins}: clock {ip.clock_mhz} MHz is not a positive number")
+        ig = graph.instruction_graphs.get(ins.type_key)
+        if ig is None:
+            raise PlanError(f"plan names {ins}, which the graph does not have")
+        parts = {p.key: p for p in ig.partitions}
+        for key, s in ip.schedules:
+            if key not in parts:
+                raise PlanError(f"unknown partition {key!r} for {ig.name}; valid: "
+                                f"{', '.join(parts) or 'none (not nanobatched)'}")
+            n = len(parts[key].compute)
+            if not 0 <= s.launch_slot < n:
+                raise PlanError(f"{key}: launch slot {s.launch_slot} outside 0..{n - 1}")
+            if not 1 <= s.comm_sms < sms_max:
+                raise PlanError(f"{key}: communication SMs {s.comm_sms} outside 1..{sms_max - 1}")
+
+
+def plan_sms(plan: IterationPlan) -> list[int]:
+    """Every communication SM count a plan uses (sorted): one CTA-limited communicator each."""
+    return sorted({s.comm_sms for ip in plan.instructions.values() for _, s in ip.schedules})
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of the GPU worker.
+
+    Attributes:
+        mode: ``"plan"`` (an iteration under a plan), ``"instruction"`` (one instruction type),
+            ``"partition"`` (one partition, or one of its ops, at several knob points) or
+            ``"static_power"`` (blocked-on-P2P power, two ranks).
+        workload: What to run.
+        plan: The plan (mode ``plan``).
+        measure: Measurement durations.
+        allow_clock_control: May the worker lock clocks and set power limits.
+        device: ``"cuda"`` or ``"cpu"`` (tests).
+        dtype: ``"bfloat16"`` (GPU runs) or ``"float32"``.
+        fake_device: Use :class:`~kareus.backends.gpu.device.FakeDevice` (tests, CPU).
+        seed: Seed of weights and data.
+        stage, direction: The instruction (modes ``instruction`` / ``partition``).
+        clock_mhz, nanobatched: How the instruction runs (mode ``instruction``).
+        schedules: Partition key -> [SMs, slot] (mode ``instruction``).
+        partition_index: Position of the partition in one layer's chain (mode ``partition``).
+        points: ``[clock MHz, SMs, slot]`` to measure (mode ``partition``).
+        op_index: Measure only this compute op of the partition (no collective).
+    """
+
+    mode: str
+    workload: Workload | None = None
+    plan: IterationPlan | None = None
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    allow_clock_control: bool = False
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    fake_device: bool = False
+    seed: int = 0
+    stage: int = 0
+    direction: str = "forward"
+    clock_mhz: float = 0.0
+    nanobatched: bool = False
+    schedules: dict[str, list[int]] = field(default_factory=dict)
+    partition_index: int = 0
+    points: list[list[float]] = field(default_factory=list)
+    op_index: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "workload":
+                v = workload_to_dict(v) if v is not None else None
+            elif f.name == "plan":
+                v = plan_to_dict(v) if v is not None else None
+            elif f.name == "measure":
+                v = v.to_dict()
+            d[f.name] = v
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Job":
+        d = dict(d)
+        if d.get("workload") is not None:
+            d["workload"] = workload_from_dict(d["workload"])
+        if d.get("plan") is not None:
+            d["plan"] = plan_from_dict(d["plan"])
+        d["measure"] = MeasureConfig(**d.get("measure", {}))
+        return Job(**d)
