@@ -105,9 +105,9 @@ def run_cell(workload: str, gpu: str, backend: str, names: list[str], seed: int,
 
         runs = harness.run_all(problem, names, start, plan, done)
     summary = report.summary_object(problem, runs, harness.compare(runs),
-                                    suite_version=__version__, cell_key=key,
-                                    wall_s=round(time.perf_counter() - t0, 3))
-    report.write_results(out_dir, summary, runs)
+                                    suite_version=__version__, cell_key=key)
+    report.write_results(out_dir, summary, runs,
+                         report.timings_object(runs, time.perf_counter() - t0))
     return summary, False
 
 
@@ -145,11 +145,12 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
     console = _console(stderr=True)
     for i, cfg in enumerate(configs, 1):
         cell_dir = out / cfg.label
+        t_cell = time.perf_counter()
         summary, reused = run_cell(cfg.workload, gpu, backend, names, seed, cfg.overrides,
                                    cell_dir, gpu_overrides=cfg.gpu_overrides, force=force,
                                    label=f"[{i}/{len(configs)}] {cfg.label}")
         console.print(f"[{i}/{len(configs)}] {cfg.label}: "
-                      f"{'reused' if reused else 'done'} ({summary.get('wall_s', 0):.1f} s)")
+                      f"{'reused' if reused else 'done'} ({time.perf_counter() - t_cell:.1f} s)")
         summaries[cfg.label] = summary
         import pandas as pd
 

@@ -7,7 +7,8 @@ Files written under ``results/<workload>/``:
 - ``frontiers.csv`` — tidy: optimizer, time_s, energy_j, dynamic_energy_j, static_energy_j,
   plan_id, on_frontier, spread (one row per evaluated plan);
 - ``comparison.md`` — the max-throughput table vs Megatron-LM and the frontier table vs Perseus;
-- ``frontiers.png`` and ``energy_breakdown.png``.
+- ``frontiers.png`` and ``energy_breakdown.png``;
+- ``timings.json`` — wall times (everything else is deterministic for a given input and seed).
 
 Every file is written to a temporary name and renamed into place, so a reader never sees a
 half-written file.
@@ -52,9 +53,7 @@ def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
             workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
             num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
             status=run.status, error=run.error, evaluated_plans=len(run.points),
-            spread_plan_ids=run.spread, wall_s=round(run.wall_s, 3),
-            optimize_s=round(run.optimize_s, 3),
-            choice=_choice(run),
+            spread_plan_ids=run.spread, choice=_choice(run),
         )
     p = w.parallel
     return {
@@ -65,6 +64,13 @@ def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
         "stage_layers": list(w.stage_layers()),
         "optimizers": optimizers, "comparison": dict(comparison), **meta,
     }
+
+
+def timings_object(runs: Mapping[str, OptimizerRun], wall_s: float) -> dict:
+    """Wall times (s), kept out of ``summary.json`` so that it is byte-identical across runs."""
+    return {"wall_s": round(wall_s, 3),
+            "optimizers": {n: {"wall_s": round(r.wall_s, 3), "optimize_s": round(r.optimize_s, 3)}
+                           for n, r in runs.items()}}
 
 
 def _choice(run: OptimizerRun) -> dict | None:
@@ -238,19 +244,24 @@ def _savefig(fig, path: Path) -> None:  # noqa: ANN001
         raise
 
 
-def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun]) -> list[Path]:
-    """Write every result file of one comparison; returns the paths written."""
+def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun],
+                  timings: Mapping | None = None) -> list[Path]:
+    """Write every result file of one comparison; returns the paths written. ``summary.json``
+    is written last, so its presence means the cell finished."""
     out_dir = Path(out_dir)
     frame = frontiers_frame(runs)
     title = (f"{summary['workload']}, {summary['num_gpus']} x {summary['gpu']} "
              f"({summary['backend']})")
     paths = [out_dir / "summary.json", out_dir / "frontiers.csv", out_dir / "comparison.md",
              out_dir / "frontiers.png", out_dir / "energy_breakdown.png"]
-    atomic_write_text(paths[0], json.dumps(summary, indent=2, sort_keys=False) + "\n")
     atomic_write_text(paths[1], frame.to_csv(index=False))
     atomic_write_text(paths[2], comparison_markdown(summary))
     plot_frontiers(frame, paths[3], title)
     plot_breakdown(summary, paths[4], title)
+    if timings is not None:
+        paths.append(out_dir / "timings.json")
+        atomic_write_text(paths[-1], json.dumps(timings, indent=2) + "\n")
+    atomic_write_text(paths[0], json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return paths
 
 

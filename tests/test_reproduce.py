@@ -51,3 +51,14 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, fragment):
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_summary_is_byte_identical_across_runs(tmp_path, capsys):
+    args = ["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron,perseus,kareus"]
+    assert reproduce.main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert reproduce.main([*args, "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "a" / "summary.json").read_bytes() == \
+        (tmp_path / "b" / "summary.json").read_bytes()
+    assert (tmp_path / "a" / "frontiers.csv").read_bytes() == \
+        (tmp_path / "b" / "frontiers.csv").read_bytes()

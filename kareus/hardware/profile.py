@@ -47,7 +47,11 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
     df = df[list(COLUMNS)].copy()
     if df.empty:
         raise ProfileError(f"{source}: no rows")
-    df["instruction"] = df["instruction"].astype(str).str.strip()
+    if df["instruction"].isna().any():
+        row = int(df["instruction"].isna().to_numpy().argmax())
+        raise ProfileError(f"{source}: empty instruction (data row {row + 1}); "
+                           f"valid: {', '.join(INSTRUCTIONS)}")
+    df["instruction"] = [str(v).strip() for v in df["instruction"]]
     bad = sorted(set(df["instruction"]) - set(INSTRUCTIONS))
     if bad:
         raise ProfileError(
