@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,67 +49,96 @@ def _resolve_optimizers(optimizers: str | None) -> list[str]:
     return names
 
 
-def _cell_key(workload: str, gpu: str, backend: str, names: list[str], seed: int,
-              overrides: dict, gpu_overrides: dict) -> dict:
+def _cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
+              overrides: dict, gpu_overrides: dict, options: dict | None = None) -> dict:
+    """Everything that determines one cell's result."""
     from kareus import __version__
 
     return {"suite_version": __version__, "workload": workload, "gpu": gpu, "backend": backend,
-            "optimizers": names, "seed": seed,
+            "optimizer": optimizer, "options": dict(sorted((options or {}).items())),
+            "seed": seed,
             "overrides": {k: (list(v) if isinstance(v, tuple) else v)
                           for k, v in sorted(overrides.items()) if v is not None},
             "gpu_overrides": dict(sorted(gpu_overrides.items()))}
 
 
-def run_cell(workload: str, gpu: str, backend: str, names: list[str], seed: int,
-             overrides: dict, out_dir: Path, *, gpu_overrides: dict | None = None,
-             force: bool = False, label: str | None = None) -> tuple[dict, bool]:
-    """Run (or reuse) one configuration; returns its summary and whether it was reused."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[str], seed: int,
+                *, force: bool = False, jobs: int = 1, executor: str = "local") -> dict[str, dict]:
+    """Run (or reuse) every (configuration, optimizer) cell, then write each configuration's
+    results; returns the summaries by configuration label. Interrupted runs (SIGINT/SIGTERM)
+    write summaries of what finished, marking the rest, and re-raise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kareus.executors import CellTask, execute
+    from kareus.store import ResultsStore
+
+    store = ResultsStore(root)
+    records: dict[tuple[str, str], dict] = {}
+    tasks: list[CellTask] = []
+    for cfg in configs:
+        for name in names:
+            key = _cell_key(cfg.workload, gpu, backend, name, seed, cfg.overrides,
+                            cfg.gpu_overrides)
+            old = None if force else store.load(cfg.label, name, key)
+            if old is not None:
+                records[(cfg.label, name)] = old
+            else:
+                tasks.append(CellTask(config=cfg.label, workload=cfg.workload, optimizer=name,
+                                      gpu=gpu, backend=backend, seed=seed, key=key,
+                                      store_root=str(root),
+                                      overrides={k: (list(v) if isinstance(v, tuple) else v)
+                                                 for k, v in cfg.overrides.items()},
+                                      gpu_overrides=dict(cfg.gpu_overrides)))
+    console = _console(stderr=True)
+    reused = len(records)
+    if reused:
+        console.print(f"reusing {reused} finished cell(s); computing {len(tasks)}")
+    interrupted: BaseException | None = None
+    with Progress(TextColumn("{task.description:<58}"), BarColumn(bar_width=24),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("cells (configuration x optimizer)", total=len(tasks))
+
+        def done(task: CellTask, record: dict) -> None:
+            records[(task.config, task.optimizer)] = record
+            status = "ok" if record["status"] == "ok" else "FAILED"
+            progress.update(bar, advance=1,
+                            description=f"{task.config}: {task.optimizer} {status}")
+
+        try:
+            execute(tasks, executor=executor, jobs=jobs, on_done=done)
+        except KeyboardInterrupt as e:
+            interrupted = e
+    summaries = {}
+    for cfg in configs:
+        summaries[cfg.label] = _write_config(cfg, root / cfg.label, gpu, backend, names, seed,
+                                             records, store)
+    if interrupted is not None:
+        raise interrupted
+    return summaries
+
+
+def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], seed: int,  # noqa: ANN001
+                  records: dict, store) -> dict:  # noqa: ANN001
+    """Summary, tables and figures of one configuration from its cell records."""
     from kareus import __version__, harness, report
     from kareus.problem import make_problem
+    from kareus.store import record_to_run
 
-    gpu_overrides = gpu_overrides or {}
-    key = _cell_key(workload, gpu, backend, names, seed, overrides, gpu_overrides)
-    summary_path = out_dir / "summary.json"
-    if not force and summary_path.is_file():
-        try:
-            old = json.loads(summary_path.read_text())
-        except json.JSONDecodeError:
-            old = None
-        if old and old.get("cell_key") == key and all(
-                o["status"] == "ok" for o in old["optimizers"].values()):
-            return old, True
-    problem = make_problem(workload, gpu=gpu, backend=backend, seed=seed,
-                           gpu_overrides=gpu_overrides,
-                           **{k: v for k, v in overrides.items() if v is not None})
-    t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description:<34}"), BarColumn(bar_width=24),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                  console=_console(stderr=True)) as progress:
-        tasks = {n: progress.add_task(f"{label + ': ' if label else ''}{n}", total=None,
-                                      info="waiting", start=False) for n in names}
-
-        def start(name: str) -> None:
-            progress.start_task(tasks[name])
-            progress.update(tasks[name], info="optimizing")
-
-        def plan(name: str, done: int, total: int) -> None:
-            progress.update(tasks[name], total=total, completed=done,
-                            info=f"measuring plans {done}/{total}")
-
-        def done(run: harness.OptimizerRun) -> None:
-            info = (f"{len(run.points)} plans, {len(run.frontier)} on frontier, {run.wall_s:.1f} s"
-                    if run.status == "ok" else f"[red]failed: {run.error}")
-            progress.update(tasks[run.name], total=1, completed=1, info=info)
-            progress.stop_task(tasks[run.name])
-
-        runs = harness.run_all(problem, names, start, plan, done)
+    problem = make_problem(cfg.workload, gpu=gpu, backend=backend, seed=seed,
+                           gpu_overrides=cfg.gpu_overrides,
+                           **{k: v for k, v in cfg.overrides.items() if v is not None})
+    runs = {}
+    for name in names:
+        rec = records.get((cfg.label, name))
+        runs[name] = record_to_run(rec) if rec is not None else harness.OptimizerRun(
+            name=name, status="missing", error="not run (the sweep was interrupted)")
+    complete = all(r.status != "missing" for r in runs.values())
     summary = report.summary_object(problem, runs, harness.compare(runs),
-                                    suite_version=__version__, cell_key=key)
-    report.write_results(out_dir, summary, runs,
-                         report.timings_object(runs, time.perf_counter() - t0))
-    return summary, False
+                                    suite_version=__version__, complete=complete)
+    with store.lock(cfg.label):
+        report.write_results(out_dir, summary, runs, report.timings_object(
+            runs, sum(r.wall_s for r in runs.values())))
+    return summary
 
 
 def _print_tables(summary: dict) -> None:
@@ -133,28 +163,19 @@ def _print_tables(summary: dict) -> None:
 
 
 def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, out: Path,
-              force: bool) -> Path:
+              force: bool, jobs: int = 1, executor: str = "local") -> Path:
     """Every configuration of a suite, then the suite's tables, figures and metadata."""
     from kareus import report
     from kareus.suites import PAPER_HEADLINES, get_suite
 
     configs = get_suite(suite)
     t0 = time.perf_counter()
-    summaries: dict[str, dict] = {}
-    frames = {}
+    summaries = run_configs(configs, out, gpu, backend, names, seed, force=force, jobs=jobs,
+                            executor=executor)
     console = _console(stderr=True)
-    for i, cfg in enumerate(configs, 1):
-        cell_dir = out / cfg.label
-        t_cell = time.perf_counter()
-        summary, reused = run_cell(cfg.workload, gpu, backend, names, seed, cfg.overrides,
-                                   cell_dir, gpu_overrides=cfg.gpu_overrides, force=force,
-                                   label=f"[{i}/{len(configs)}] {cfg.label}")
-        console.print(f"[{i}/{len(configs)}] {cfg.label}: "
-                      f"{'reused' if reused else 'done'} ({time.perf_counter() - t_cell:.1f} s)")
-        summaries[cfg.label] = summary
-        import pandas as pd
+    import pandas as pd
 
-        frames[cfg.label] = pd.read_csv(cell_dir / "frontiers.csv")
+    frames = {label: pd.read_csv(out / label / "frontiers.csv") for label in summaries}
     mt, fr_ = report.suite_tables(summaries)
     title = f"suite {suite}, {gpu} ({backend})"
     report.atomic_write_text(out / "max_throughput.csv", mt.to_csv(index=False))
@@ -236,13 +257,16 @@ def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: floa
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--workload", "-w", default=None, help="Workload name (see `kareus workloads`).")
-@click.option("--suite", default=None, help="paper | static-sweep | scale")
+@click.option("--suite", default=None, help="paper | static-sweep | scale | smoke")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
 @click.option("--backend", default="sim", show_default=True, help="sim | gpu")
 @click.option("--optimizers", default=None, help="Comma-separated optimizer names [all].")
 @click.option("--out", default=None, help="Output folder [results/<workload or suite>].")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--force", is_flag=True, help="Recompute configurations that already finished.")
+@click.option("--force", is_flag=True, help="Recompute cells that already finished.")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True,
+              help="Cells to run in parallel (local process pool, or Ray CPUs).")
+@click.option("--executor", default="local", show_default=True, help="local | ray")
 @click.option("--tp", type=int, default=None)
 @click.option("--cp", type=int, default=None)
 @click.option("--pp", type=int, default=None)
@@ -251,40 +275,63 @@ def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: floa
 @click.option("--seq", type=int, default=None)
 @click.option("--microbatches", type=int, default=None)
 def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimizers: str | None,
-        out: str | None, seed: int, force: bool, **overrides: int | None) -> None:
+        out: str | None, seed: int, force: bool, jobs: int, executor: str,
+        **overrides: int | None) -> None:
     """Run every built-in optimizer on a workload (or a suite) and print the comparison tables."""
     from kareus.hardware.presets import get_preset
     from kareus.suites import get_suite
 
-    get_preset(gpu)  # validate before any work
+    from kareus.backends import make_backend
+
+    from kareus.executors import EXECUTORS
+
+    make_backend(backend, get_preset(gpu))  # validate GPU and backend before any work
     names = _resolve_optimizers(optimizers)
+    if jobs < 1:
+        raise InputError(f"--jobs must be a positive integer, got {jobs}")
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     if suite is not None:
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "
                              "parallelism overrides")
         get_suite(suite)
         default = ROOT / "results" / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
-        run_suite(suite, gpu, backend, names, seed, Path(out) if out else default, force)
+        run_suite(suite, gpu, backend, names, seed, Path(out) if out else default, force,
+                  jobs, executor)
         return
     if workload is None:
         raise InputError("give --workload NAME (see `kareus workloads`) or --suite paper")
     from workloads import get_model
 
     get_model(workload)
+    from kareus.suites import SuiteConfig
+    from workloads import make_workload
+
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    make_workload(workload, **clean)  # validate before any work
     out_dir = Path(out) if out else ROOT / "results" / workload
     t0 = time.perf_counter()
-    summary, reused = run_cell(workload, gpu, backend, names, seed, overrides, out_dir,
-                               force=True)
+    cfg = SuiteConfig(label=out_dir.name, workload=workload, overrides=clean)
+    summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
+                          jobs=jobs, executor=executor)[cfg.label]
     _print_tables(summary)
     _console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
 
 
+def _sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
         cli.main(args=argv, prog_name="reproduce.py", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        return 130
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__
+        click.echo("interrupted: finished cells are kept; rerun the same command to resume",
+                   err=True)
+        return 143 if cause is not None and "SIGTERM" in str(cause) else 130
     except click.ClickException as e:
         click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
         return 2
@@ -298,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

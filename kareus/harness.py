@@ -44,6 +44,7 @@ class OptimizerRun:
         frontier: Pareto-optimal points, by time.
         spread: ``plan_id`` of the fastest plan and up to 10 frontier plans spread over time.
         plans: The plans, as returned.
+        choice: The point the optimizer itself singles out (e.g. Zeus's power-limit pick).
     """
 
     name: str
@@ -55,6 +56,7 @@ class OptimizerRun:
     frontier: list[Point] = field(default_factory=list)
     spread: list[int] = field(default_factory=list)
     plans: list[IterationPlan] = field(default_factory=list, repr=False)
+    choice: dict | None = None
 
     @property
     def max_throughput(self) -> Point | None:
@@ -125,6 +127,10 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
         run.frontier = [run.points[i] for i in keep]
         idx = fr.spread_indices([p.time_s for p in run.frontier], SPREAD)
         run.spread = sorted({run.frontier[0].plan_id, *(run.frontier[i].plan_id for i in idx)})
+        for p in run.points:
+            plan = run.plans[p.plan_id]
+            if plan.meta.get("zeus_choice"):
+                run.choice = {**p.to_dict(), "plan_id": p.plan_id, "label": plan.label}
     return run
 
 

@@ -27,20 +27,7 @@ import pandas as pd
 from kareus.harness import OptimizerRun
 from kareus.plugins import Problem
 from kareus.records import frontier_object
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from kareus.store import atomic_write_text
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
@@ -53,7 +40,7 @@ def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
             workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
             num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
             status=run.status, error=run.error, evaluated_plans=len(run.points),
-            spread_plan_ids=run.spread, choice=_choice(run),
+            spread_plan_ids=run.spread, choice=run.choice,
         )
     p = w.parallel
     return {
@@ -71,14 +58,6 @@ def timings_object(runs: Mapping[str, OptimizerRun], wall_s: float) -> dict:
     return {"wall_s": round(wall_s, 3),
             "optimizers": {n: {"wall_s": round(r.wall_s, 3), "optimize_s": round(r.optimize_s, 3)}
                            for n, r in runs.items()}}
-
-
-def _choice(run: OptimizerRun) -> dict | None:
-    """The plan an optimizer itself singles out (e.g. the Zeus power limit's pick)."""
-    for p in run.points:
-        if run.plans and run.plans[p.plan_id].meta.get("zeus_choice"):
-            return {**p.to_dict(), "plan_id": p.plan_id, "label": run.plans[p.plan_id].label}
-    return None
 
 
 def frontiers_frame(runs: Mapping[str, OptimizerRun]) -> pd.DataFrame:

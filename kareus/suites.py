@@ -6,6 +6,7 @@
 - ``static-sweep``: Llama 3.2 3B TP8 and Qwen 3 1.7B CP2+TP4 with the GPU's static power set from
   40 to 120 W, to show how the value of joint optimization grows with the static share.
 - ``scale``: the 70B model on 64, 128 and 256 GPUs with data parallelism and more stages.
+- ``smoke``: two small configurations, for tests and a quick look.
 
 Each configuration is a cell run independently (and reused on a rerun); the suite's tables are
 built from the cells' ``summary.json`` files.
@@ -90,7 +91,15 @@ def _scale() -> list[SuiteConfig]:
     return out
 
 
-SUITES = {"paper": _paper, "static-sweep": _static_sweep, "scale": _scale}
+def _smoke() -> list[SuiteConfig]:
+    """Two small configurations for tests and demos (seconds, not minutes)."""
+    small = dict(tp=4, pp=2, mbs=2, microbatches=4)
+    return [SuiteConfig(label="gpt3-xl_tp4_small", workload="gpt3-xl", overrides=small),
+            SuiteConfig(label="qwen3-1.7b_tp4_small", workload="qwen3-1.7b",
+                        overrides=dict(small, seq=1024))]
+
+
+SUITES = {"paper": _paper, "static-sweep": _static_sweep, "scale": _scale, "smoke": _smoke}
 
 
 def get_suite(name: str) -> list[SuiteConfig]:

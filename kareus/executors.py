@@ -1,0 +1,133 @@
+"""Running independent cells: serially, in a local process pool, or on a Ray cluster.
+
+A :class:`CellTask` is one (configuration, optimizer) pair; :func:`run_task` builds the problem,
+runs the optimizer through the harness and saves the cell in the results store, in whatever
+process or machine executes it. The executors only differ in where that happens; the records,
+and so the summaries, are the same as a serial run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kareus.errors import InputError
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class CellTask:
+    """One optimizer on one configuration, and where its record goes."""
+
+    config: str
+    workload: str
+    optimizer: str
+    gpu: str
+    backend: str
+    seed: int
+    key: dict
+    store_root: str
+    overrides: dict = field(default_factory=dict)
+    gpu_overrides: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+
+def run_task(task: CellTask) -> dict:
+    """Run one cell and save its record (also returned). Plugin failures are recorded, not
+    raised; a problem that cannot be built raises InputError."""
+    from kareus.harness import OptimizerRun, run_optimizer
+    from kareus.plugins import load_optimizer
+    from kareus.problem import make_problem
+    from kareus.store import ResultsStore, run_to_record
+
+    problem = make_problem(task.workload, gpu=task.gpu, backend=task.backend, seed=task.seed,
+                           options=dict(task.options), gpu_overrides=dict(task.gpu_overrides),
+                           **{k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in task.overrides.items() if v is not None})
+    try:
+        opt = load_optimizer(task.optimizer)
+    except InputError:
+        raise
+    except Exception as e:  # a plugin that cannot even be imported fails alone
+        run = OptimizerRun(name=task.optimizer, status="failed",
+                           error=f"{type(e).__name__}: {e}".splitlines()[0])
+    else:
+        run = run_optimizer(task.optimizer, opt, problem)
+    record = run_to_record(run, task.key)
+    ResultsStore(task.store_root).save(task.config, task.optimizer, record)
+    return record
+
+
+def execute(tasks: Sequence[CellTask], *, executor: str = "local", jobs: int = 1,
+            on_done: Callable[[CellTask, dict], None] | None = None) -> None:
+    """Run ``tasks``; ``on_done(task, record)`` is called as each finishes. ``jobs`` > 1 runs a
+    local process pool; ``executor="ray"`` submits to Ray (a running cluster if ``ray.init`` can
+    find one, else a local instance with ``jobs`` CPUs). KeyboardInterrupt (SIGINT, or SIGTERM
+    mapped to it by the caller) cancels what has not finished; finished cells are already saved."""
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise InputError(f"--jobs must be a positive integer, got {jobs!r}")
+    if executor == "ray":
+        _execute_ray(tasks, jobs, on_done)
+    elif jobs == 1 or len(tasks) <= 1:
+        for task in tasks:
+            record = run_task(task)
+            if on_done is not None:
+                on_done(task, record)
+    else:
+        _execute_pool(tasks, jobs, on_done)
+
+
+def _execute_pool(tasks: Sequence[CellTask], jobs: int,
+                  on_done: Callable[[CellTask, dict], None] | None) -> None:
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    futures = {pool.submit(run_task, t): t for t in tasks}
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                record = fut.result()
+                if on_done is not None:
+                    on_done(futures[fut], record)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        raise
+    pool.shutdown(wait=True)
+
+
+def _execute_ray(tasks: Sequence[CellTask], jobs: int,
+                 on_done: Callable[[CellTask, dict], None] | None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--executor ray needs Ray: pip install 'kareus-suite[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False,
+                 ignore_reinit_error=True)
+        started = True
+    remote = ray.remote(num_cpus=1)(run_task)
+    refs = {remote.remote(t): t for t in tasks}
+    try:
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                record = ray.get(ref)
+                if on_done is not None:
+                    on_done(refs[ref], record)
+    except BaseException:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,108 @@
+"""Crash-safe, resumable, parallel sweeps: SIGTERM halfway, rerun, and executors giving the same
+summaries as a serial run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OPTS = "megatron,perseus,nanobatch,kareus"
+CONFIGS = ("gpt3-xl_tp4_small", "qwen3-1.7b_tp4_small")
+
+
+def _cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "reproduce.py"), "--suite", "smoke", "--optimizers", OPTS,
+            "--out", str(out), *extra]
+
+
+def _env():
+    return {**os.environ, "MPLBACKEND": "Agg", "COLUMNS": "200"}
+
+
+def _cells(out: Path) -> list[Path]:
+    return sorted(out.glob("*/cells/*.json"))
+
+
+def _summaries(out: Path) -> dict[str, bytes]:
+    return {c: (out / c / "summary.json").read_bytes() for c in CONFIGS}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    proc = subprocess.run(_cmd(out), env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_sigterm_halfway_then_resume(tmp_path, reference):
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen(_cmd(out), env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while len(_cells(out)) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "rerun the same command to resume" in err
+    finished = _cells(out)
+    total = len(CONFIGS) * len(OPTS.split(","))
+    assert 3 <= len(finished) < total
+    for cell in finished:  # every finished cell is intact
+        assert json.loads(cell.read_text())["status"] == "ok"
+    # the summaries say what finished and what did not
+    s = json.loads((out / CONFIGS[0] / "summary.json").read_text())
+    statuses = {n: o["status"] for n, o in s["optimizers"].items()}
+    assert s["complete"] is False or all(v == "ok" for v in statuses.values())
+    assert "missing" in json.dumps([json.loads((out / c / "summary.json").read_text())
+                                    for c in CONFIGS if (out / c / "summary.json").exists()])
+
+    rerun = subprocess.run(_cmd(out), env=_env(), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"reusing {len(finished)} finished cell(s); computing {total - len(finished)}" \
+        in rerun.stderr
+    assert _summaries(out) == _summaries(reference)
+
+
+def test_parallel_jobs_give_the_serial_summaries(tmp_path, reference):
+    out = tmp_path / "jobs2"
+    proc = subprocess.run(_cmd(out, "--jobs", "2"), env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _summaries(out) == _summaries(reference)
+
+
+def _ray_or_skip():
+    try:
+        import ray  # noqa: F401
+    except Exception as e:  # ImportError, or a broken optional dependency of Ray
+        pytest.skip(f"ray unavailable: {type(e).__name__}: {e}".splitlines()[0])
+
+
+def test_ray_executor_gives_the_serial_summaries(tmp_path, reference):
+    _ray_or_skip()
+    out = tmp_path / "ray"
+    proc = subprocess.run(_cmd(out, "--executor", "ray", "--jobs", "2"), env=_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _summaries(out) == _summaries(reference)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--jobs", "0"], "--jobs must be a positive integer"),
+    (["--executor", "spark"], "choose one of: local, ray"),
+])
+def test_bad_executor_settings(tmp_path, args, fragment):
+    out = tmp_path / "bad"
+    proc = subprocess.run(_cmd(out, *args), env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and fragment in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
