@@ -63,7 +63,8 @@ def _cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
 
 
 def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[str], seed: int,
-                *, force: bool = False, jobs: int = 1, executor: str = "local") -> dict[str, dict]:
+                *, force: bool = False, jobs: int = 1, executor: str = "local",
+                backend_options: dict | None = None) -> dict[str, dict]:
     """Run (or reuse) every (configuration, optimizer) cell, then write each configuration's
     results; returns the summaries by configuration label. Interrupted runs (SIGINT/SIGTERM)
     write summaries of what finished, marking the rest, and re-raise."""
@@ -88,7 +89,8 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
                                       store_root=str(root),
                                       overrides={k: (list(v) if isinstance(v, tuple) else v)
                                                  for k, v in cfg.overrides.items()},
-                                      gpu_overrides=dict(cfg.gpu_overrides)))
+                                      gpu_overrides=dict(cfg.gpu_overrides),
+                                      backend_options=dict(backend_options or {})))
     console = _console(stderr=True)
     reused = len(records)
     if reused:
@@ -163,7 +165,8 @@ def _print_tables(summary: dict) -> None:
 
 
 def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, out: Path,
-              force: bool, jobs: int = 1, executor: str = "local") -> Path:
+              force: bool, jobs: int = 1, executor: str = "local",
+              backend_options: dict | None = None) -> Path:
     """Every configuration of a suite, then the suite's tables, figures and metadata."""
     from kareus import report
     from kareus.suites import PAPER_HEADLINES, get_suite
@@ -171,7 +174,7 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
     configs = get_suite(suite)
     t0 = time.perf_counter()
     summaries = run_configs(configs, out, gpu, backend, names, seed, force=force, jobs=jobs,
-                            executor=executor)
+                            executor=executor, backend_options=backend_options)
     console = _console(stderr=True)
     import pandas as pd
 
@@ -267,6 +270,9 @@ def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: floa
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
               help="Cells to run in parallel (local process pool, or Ray CPUs).")
 @click.option("--executor", default="local", show_default=True, help="local | ray")
+@click.option("--allow-clock-control", is_flag=True,
+              help="GPU backend: lock SM clocks per instruction (needs admin rights; restored "
+                   "on exit). Without it, plans run at the card's current clocks.")
 @click.option("--tp", type=int, default=None)
 @click.option("--cp", type=int, default=None)
 @click.option("--pp", type=int, default=None)
@@ -276,7 +282,7 @@ def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: floa
 @click.option("--microbatches", type=int, default=None)
 def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimizers: str | None,
         out: str | None, seed: int, force: bool, jobs: int, executor: str,
-        **overrides: int | None) -> None:
+        allow_clock_control: bool, **overrides: int | None) -> None:
     """Run every built-in optimizer on a workload (or a suite) and print the comparison tables."""
     from kareus.hardware.presets import get_preset
     from kareus.suites import get_suite
@@ -285,7 +291,8 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
 
     from kareus.executors import EXECUTORS
 
-    make_backend(backend, get_preset(gpu))  # validate GPU and backend before any work
+    backend_options = {"allow_clock_control": True} if allow_clock_control else {}
+    make_backend(backend, get_preset(gpu), **backend_options)  # validate before any work
     names = _resolve_optimizers(optimizers)
     if jobs < 1:
         raise InputError(f"--jobs must be a positive integer, got {jobs}")
@@ -298,7 +305,7 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
         get_suite(suite)
         default = ROOT / "results" / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
         run_suite(suite, gpu, backend, names, seed, Path(out) if out else default, force,
-                  jobs, executor)
+                  jobs, executor, backend_options)
         return
     if workload is None:
         raise InputError("give --workload NAME (see `kareus workloads`) or --suite paper")
@@ -314,7 +321,8 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=workload, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
-                          jobs=jobs, executor=executor)[cfg.label]
+                          jobs=jobs, executor=executor,
+                          backend_options=backend_options)[cfg.label]
     _print_tables(summary)
     _console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
 

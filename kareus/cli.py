@@ -181,10 +181,12 @@ def optimizers(as_json: bool) -> None:
               help="Return the least-energy plan finishing within this iteration time (s).")
 @click.option("--energy-budget-j", type=float, default=None,
               help="Return the fastest plan within this energy per iteration (J).")
+@click.option("--allow-clock-control", is_flag=True,
+              help="GPU backend: lock SM clocks per instruction (admin rights; restored on exit).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
-             time_budget_s: float | None, energy_budget_j: float | None, as_json: bool,
-             **overrides: int | None) -> None:
+             time_budget_s: float | None, energy_budget_j: float | None,
+             allow_clock_control: bool, as_json: bool, **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
@@ -197,6 +199,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
     problem = make_problem(workload, gpu=gpu, backend=backend, seed=seed,
+                           backend_options={"allow_clock_control": True}
+                           if allow_clock_control else None,
                            **{k: v for k, v in overrides.items() if v is not None})
     opt = load_optimizer(optimizer_name)
     run = run_optimizer(optimizer_name, opt, problem)
@@ -209,6 +213,9 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": plan_record(run.plans[chosen.plan_id])}
+    describe = getattr(problem.backend, "describe", None)
+    if callable(describe):  # the GPU backend says which clocks the plans really ran at
+        extra["backend_info"] = describe()
     obj = frontier_object(workload=problem.workload.name, optimizer=optimizer_name,
                           backend=problem.backend.name, gpu=problem.gpu.name,
                           num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage,
@@ -291,17 +298,32 @@ def perseus(profile_path: str, stages: int, microbatches: int, p_static: float, 
 
 
 @cli.command()
-@click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
               help="Zeus-format CSV: stage,instruction,frequency,time,energy.")
 @click.option("--gpu", required=True, help="Preset whose curves are fitted.")
 @click.option("--static-power", type=float, default=None,
               help="Static (blocked-on-P2P) power of the measured GPUs, W [preset's].")
 @click.option("--power-limit", type=float, default=None,
               help="Power limit of the measured GPUs, W [preset's].")
+@click.option("--gpu-measure", is_flag=True,
+              help="Measure a profile on this machine's GPU first (GPU backend), then fit.")
+@click.option("--workload", "-w", default="qwen3-1.7b", show_default=True,
+              help="--gpu-measure: workload to profile.")
+@click.option("--layers", type=int, default=None, help="--gpu-measure: layers to run per stage.")
+@click.option("--clocks", default=None, help="--gpu-measure: comma-separated clocks, MHz.")
+@click.option("--out", "out_dir", default="results/calibration", show_default=True,
+              help="--gpu-measure: output folder (profile.csv, report.json, fitted_preset.json).")
+@click.option("--partitions/--no-partitions", default=False,
+              help="--gpu-measure: also profile partition configurations.")
+@click.option("--allow-clock-control", is_flag=True,
+              help="--gpu-measure: lock each clock (admin rights; restored on exit).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate(profile_path: str, gpu: str, static_power: float | None,
-              power_limit: float | None, as_json: bool) -> None:
-    """Fit a preset's clock->time and clock->power curves to a measured profile."""
+def calibrate(profile_path: str | None, gpu: str, static_power: float | None,
+              power_limit: float | None, gpu_measure: bool, workload: str, layers: int | None,
+              clocks: str | None, out_dir: str, partitions: bool, allow_clock_control: bool,
+              as_json: bool) -> None:
+    """Fit a preset's clock->time and clock->power curves to a measured profile (or measure one
+    on this machine's GPU with --gpu-measure)."""
     from dataclasses import asdict
 
     from kareus.errors import InputError
@@ -312,6 +334,13 @@ def calibrate(profile_path: str, gpu: str, static_power: float | None,
         if v is not None and not (v > 0 and v < 1e5):
             raise InputError(f"{label} must be a positive number of watts, got {v}")
     preset = get_preset(gpu)
+    if gpu_measure:
+        report = _gpu_measure(preset, workload, layers, clocks, out_dir, partitions,
+                              allow_clock_control, static_power)
+        _emit(report, as_json, lambda: json.dumps(report, indent=2))
+        return
+    if profile_path is None:
+        raise InputError("give --profile CSV, or --gpu-measure to measure one on this GPU")
     df = load_profile(profile_path)
     res = fit(df, preset, static_power_w=static_power, power_limit_w=power_limit)
     fitted = res.fitted_preset(preset)
@@ -339,6 +368,32 @@ def calibrate(profile_path: str, gpu: str, static_power: float | None,
         ])
 
     _emit(obj, as_json, text)
+
+
+def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | None,
+                 out_dir: str, partitions: bool, allow: bool, static_power: float | None
+                 ) -> dict:
+    """``kareus calibrate --gpu-measure``: profile on the GPU backend, fit, report the error."""
+    from kareus.errors import InputError
+
+    clock_list: list[float] | None = None
+    if clocks:
+        try:
+            clock_list = [float(c) for c in clocks.split(",") if c.strip()]
+        except ValueError:
+            raise InputError(f"--clocks must be comma-separated numbers, got {clocks!r}") from None
+    if layers is not None and layers < 1:
+        raise InputError(f"--layers must be a positive integer, got {layers}")
+    from kareus.backends.gpu import GPUBackend
+    from kareus.backends.gpu.calibrate import gpu_measure
+    from kareus.backends.gpu.measure import MeasureConfig
+    from kareus.backends.gpu.serialize import reduced_workload
+
+    backend = GPUBackend.create(preset, allow_clock_control=allow, static_power_w=static_power,
+                                measure=MeasureConfig(window_s=5, cooldown_s=5))
+    w = reduced_workload(workload, layers) if layers else build_workload(workload)
+    return gpu_measure(backend, w, out_dir, clocks_mhz=clock_list, nanobatched=False, ops=True,
+                       partitions=partitions)
 
 
 def main(argv: list[str] | None = None) -> int:

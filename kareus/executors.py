@@ -31,6 +31,7 @@ class CellTask:
     overrides: dict = field(default_factory=dict)
     gpu_overrides: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
+    backend_options: dict = field(default_factory=dict)
 
 
 def run_task(task: CellTask) -> dict:
@@ -43,6 +44,7 @@ def run_task(task: CellTask) -> dict:
 
     problem = make_problem(task.workload, gpu=task.gpu, backend=task.backend, seed=task.seed,
                            options=dict(task.options), gpu_overrides=dict(task.gpu_overrides),
+                           backend_options=dict(task.backend_options),
                            **{k: (tuple(v) if isinstance(v, list) else v)
                               for k, v in task.overrides.items() if v is not None})
     try:

@@ -72,11 +72,19 @@ def energy_reduction_pct(reference_energy_j: float, energy_j: float) -> float:
 
 
 def fastest(times: ArrayLike, energies: ArrayLike) -> int:
-    """Index of the fastest point (ties: lower energy)."""
+    """Index of the fastest point; among points as fast within floating-point slack, the one
+    with the least energy."""
     t, e = np.asarray(times, float), np.asarray(energies, float)
     if t.size == 0:
         raise ValueError("no points")
-    return int(np.lexsort((e, t))[0])
+    tied = np.flatnonzero(t <= t.min() * (1 + _TOL))
+    return int(tied[np.lexsort((t[tied], e[tied]))[0]])
+
+
+def most_frugal(times: ArrayLike, energies: ArrayLike) -> int:
+    """Index of the lowest-energy point; among points as frugal within floating-point slack,
+    the fastest."""
+    return fastest(energies, times)
 
 
 def iso_time_energy_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
@@ -96,10 +104,8 @@ def iso_energy_time_reduction(ref_times: Sequence[float], ref_energies: Sequence
                               times: Sequence[float], energies: Sequence[float]) -> float | None:
     """Iso-energy time reduction (%) of a method vs a reference frontier (see module docstring);
     ``None`` when no point of the method uses as little energy as the reference's lowest."""
-    e_ref_all = np.asarray(ref_energies, float)
-    t_ref_all = np.asarray(ref_times, float)
-    j = int(np.lexsort((t_ref_all, e_ref_all))[0])
-    t_ref, e_ref = float(t_ref_all[j]), float(e_ref_all[j])
+    j = most_frugal(ref_times, ref_energies)
+    t_ref, e_ref = float(ref_times[j]), float(ref_energies[j])
     t, e = np.asarray(times, float), np.asarray(energies, float)
     ok = e <= e_ref * (1 + _TOL)
     if not ok.any():

@@ -11,7 +11,8 @@ from workloads.graph_builder import build_iteration_graph
 
 def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0,
                  options: dict[str, object] | None = None,
-                 gpu_overrides: dict[str, float] | None = None, **overrides: object) -> Problem:
+                 gpu_overrides: dict[str, float] | None = None,
+                 backend_options: dict[str, object] | None = None, **overrides: object) -> Problem:
     """Validated problem: workload with parallelism overrides, its graph, the backend, the
     default knob space of the GPU (whose parameters ``gpu_overrides`` may change, e.g. the static
     power of a what-if study). Raises InputError / WorkloadError on bad input."""
@@ -21,5 +22,6 @@ def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0
     w = make_workload(workload, **overrides)  # type: ignore[arg-type]
     knobs = KnobSpace.default(preset)
     knobs.validate(preset)
-    return Problem(workload=w, graph=build_iteration_graph(w), backend=make_backend(backend, preset),
+    return Problem(workload=w, graph=build_iteration_graph(w),
+                   backend=make_backend(backend, preset, **(backend_options or {})),
                    gpu=preset, knobs=knobs, seed=seed, options=dict(options or {}))

@@ -82,7 +82,7 @@ def _static_sweep() -> list[SuiteConfig]:
 
 def _scale() -> list[SuiteConfig]:
     out = []
-    for pp, dp, micro in ((4, 2, 16), (8, 2, 16), (8, 4, 32)):
+    for pp, dp, micro in ((4, 2, 16), (8, 2, 16), (8, 4, 16)):
         gpus = 8 * pp * dp
         out.append(SuiteConfig(
             label=f"llama3.3-70b_{gpus}gpus_tp8pp{pp}dp{dp}", workload="llama3.3-70b",

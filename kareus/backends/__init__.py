@@ -9,12 +9,15 @@ from kareus.hardware.presets import GPUPreset
 BACKENDS = ("sim", "gpu")
 
 
-def make_backend(name: str, gpu: GPUPreset) -> Backend:
+def make_backend(name: str, gpu: GPUPreset, **options: object) -> Backend:
     """The backend called ``name`` for ``gpu``; raises :class:`InputError` for unknown names or a
-    GPU backend that cannot run here."""
+    GPU backend that cannot run here. ``options`` go to the GPU backend (e.g.
+    ``allow_clock_control=True``)."""
     if name == "sim":
         from kareus.backends.sim import SimulatorBackend
 
+        if options.get("allow_clock_control"):
+            raise InputError("--allow-clock-control applies to --backend gpu only")
         return SimulatorBackend(gpu)
     if name == "gpu":
         try:
@@ -22,5 +25,5 @@ def make_backend(name: str, gpu: GPUPreset) -> Backend:
         except ImportError:
             raise InputError("the GPU backend is not available in this installation; "
                              "use --backend sim") from None
-        return GPUBackend.create(gpu)
+        return GPUBackend.create(gpu, **options)
     raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -2,20 +2,35 @@
 of every configuration not yet measured, and each round measures a small batch picked by
 hypervolume improvement (HVI) of the predicted points, speed and model uncertainty.
 
-Per round (default 8 configurations, shares 40/20/20/20 %):
+Model. Features are the knob values (clock MHz, communication SM count, launch-slot index);
+targets are log time and log dynamic energy (both span several-fold, and logs make the clock's
+roughly multiplicative effect additive), standardised. A least-squares trend in
+(1, log clock, log SMs) is fitted first and an ``ExtraTreesRegressor`` (no bootstrap) on the
+residuals: the trees then pool what they learn about the (SMs, slot) overlap valley across clocks
+instead of re-learning it per clock, which with a 10–15 % budget is what finds the right valley
+(on the benchmark partitions it raises the reached fraction of the exact total-energy
+hypervolume by ~2 points over plain trees). Total energy of a member is its dynamic energy plus
+static power × its time.
+
+Acquisition, per round (default 8 configurations, shares 40/20/20/20 %):
 
 - **total-energy HVI**: largest predicted improvement of the measured time vs total-energy
   (dynamic + static · time) hypervolume — the front of partitions on the critical path;
 - **dynamic-energy HVI**: the same on the time vs dynamic-energy front (partitions off it);
-- **fastest**: the lowest predicted times (the high-clock end, where the fronts are steep and the
-  model is least accurate);
-- **most uncertain**: the largest spread of the ensemble's members (exploration).
+- **fastest**: the lowest predicted times (the high-clock end, where the fronts are steep);
+- **most uncertain**: the largest spread of the ensemble's members (exploration), among the
+  candidates that could still improve a front — whose optimistic estimate (members' log mean minus
+  one standard deviation) no measured point dominates — before any other. Unrestricted
+  exploration spends this share on the slow, low-SM corner, where the spread is largest but
+  nothing is Pareto-optimal; the restriction lifts the worst partition of the benchmark from ~0.94
+  to ~0.97 of the exact total-energy hypervolume at a 15 % budget.
 
 HVI picks are greedy within a round: each chosen point joins the front with its predicted value
-before the next is scored ("believer" batching), so a batch does not pile onto one spot. The
-reference points are 1.1 × the maxima of the initial design; HVs come from
-:func:`kareus.frontier.hypervolume`. The initial design is a Latin hypercube on the integer grid
-(every clock stratum covered). All measurements go through :meth:`Evaluator.measure`.
+before the next is scored ("believer" batching), so a batch does not pile onto one spot; HVI is
+only computed (with :func:`kareus.frontier.hypervolume`) for candidates no measured front point
+dominates, the others having none. The reference points are 1.1 × the maxima of the initial design.
+The initial design is a Latin hypercube on the integer grid (every clock stratum covered). All
+measurements go through :meth:`Evaluator.measure`, so the budget is exact on real GPUs too.
 """
 
 from __future__ import annotations
@@ -36,12 +51,17 @@ MIN_INITIAL = 8
 #: Acquisition shares of one round: total HVI, dynamic HVI, fastest, most uncertain.
 SHARES = (0.4, 0.2, 0.2, 0.2)
 
+#: Standard deviations (of the members' log predictions) subtracted for the optimistic estimate
+#: that decides whether an uncertain candidate could still improve a front.
+OPTIMISM = 1.0
+
 
 def _split(n: int, shares: tuple[float, ...]) -> list[int]:
     """``n`` picks divided by ``shares`` (largest remainder; ties to the earlier share)."""
-    raw = np.asarray(shares) * n
+    raw = np.asarray(shares, dtype=float) / float(np.sum(shares)) * n
     out = np.floor(raw).astype(int)
-    for i in sorted(range(len(raw)), key=lambda i: (-(raw[i] - out[i]), i))[: n - out.sum()]:
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - out[i]), i))
+    for i in order[: n - int(out.sum())]:
         out[i] += 1
     return [int(x) for x in out]
 
@@ -56,38 +76,45 @@ def _latin_grid(shape: tuple[int, ...], n: int, rng: np.random.Generator) -> NDA
     return np.stack(cols, axis=1)
 
 
+def _undominated(front_t: NDArray[np.float64], front_e: NDArray[np.float64],
+                 t: NDArray[np.float64], e: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Which points (t, e) no front point weakly dominates."""
+    return ~((front_t[None, :] <= t[:, None]) & (front_e[None, :] <= e[:, None])).any(axis=1)
+
+
+def _trend(features: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Design matrix of the linear trend: 1, log clock, log SMs."""
+    return np.column_stack([np.ones(len(features)), np.log(features[:, 0]),
+                            np.log(np.maximum(features[:, 1], 1.0))])
+
+
 class SurrogateSearch:
     """Tree-ensemble surrogate with hypervolume-improvement batch acquisition.
 
     Args:
         batch: Configurations measured per round.
-        n_estimators: Trees in the ensemble (``ExtraTreesRegressor``, bootstrapped, so the
-            members disagree away from the data).
+        n_estimators: Trees in the ensemble.
         initial_fraction: Initial design as a fraction of the space (at least 8 configurations,
             at most a third of the budget).
+        shares: Acquisition shares (total HVI, dynamic HVI, fastest, most uncertain).
     """
 
     name = "surrogate"
 
-    def __init__(self, batch: int = 8, n_estimators: int = 24,
-                 initial_fraction: float = 0.03, kappa: float = 0.0, bootstrap: bool = True,
-                 shares: tuple[float, ...] = SHARES, model='et', members=5, gb_trees=50, depth=3) -> None:
-        self.kappa = kappa
-        self.model = model
-        self.members = members
-        self.gb_trees = gb_trees
-        self.depth = depth
-        self.bootstrap = bootstrap
-        self.shares = shares
-        if batch < 1 or n_estimators < 2:
-            raise InputError("surrogate search: batch must be >= 1 and n_estimators >= 2")
+    def __init__(self, batch: int = 8, n_estimators: int = 24, initial_fraction: float = 0.03,
+                 shares: tuple[float, float, float, float] = SHARES) -> None:
+        if batch < 1 or n_estimators < 2 or len(shares) != 4 or min(shares) < 0 \
+                or sum(shares) <= 0:
+            raise InputError("surrogate search: batch must be >= 1, n_estimators >= 2 and "
+                             "shares four non-negative numbers")
         self.batch = batch
         self.n_estimators = n_estimators
         self.initial_fraction = initial_fraction
+        self.shares = tuple(shares)
 
     def _initial_size(self, space: PartitionSpace, budget: int) -> int:
         want = max(MIN_INITIAL, math.ceil(self.initial_fraction * space.size))
-        return max(MIN_INITIAL, min(want, budget // 3))
+        return min(budget, max(MIN_INITIAL, min(want, budget // 3)))
 
     def search(self, evaluator: Evaluator, budget: int | None,
                rng: np.random.Generator) -> SearchResult:
@@ -98,87 +125,76 @@ class SurrogateSearch:
         static_w = evaluator.backend.gpu.static_power_w
         all_idx = space.all_indices()
         features = np.column_stack([space.clocks_mhz[all_idx[:, 0]],
-                                    space.comm_sms[all_idx[:, 1]].astype(float),
-                                    space.slots[all_idx[:, 2]].astype(float)])
+                                    space.comm_sms[all_idx[:, 1]],
+                                    space.slots[all_idx[:, 2]]]).astype(np.float64)
+        trend = _trend(features)
         measured = np.zeros(space.size, dtype=bool)
         t_meas = np.zeros(space.size)
         e_meas = np.zeros(space.size)
 
         def measure(flat: NDArray[np.int64]) -> None:
-            flat = np.asarray(flat, dtype=np.int64)
             t, e = evaluator.measure(all_idx[flat])
             measured[flat] = True
             t_meas[flat] = t
             e_meas[flat] = e
 
         # ---- initial design: Latin hypercube on the grid, topped up at random if it collides
-        n0 = min(self._initial_size(space, budget), budget)
+        n0 = self._initial_size(space, budget)
         init = np.unique(space.flat(_latin_grid(space.shape, n0, rng)))
         if init.size < n0:
             rest = np.setdiff1d(np.arange(space.size), init)
             init = np.concatenate([init, rng.choice(rest, n0 - init.size, replace=False)])
         measure(init)
-        tot0 = e_meas[init] + static_w * t_meas[init]
-        ref_total = (1.1 * t_meas[init].max(), 1.1 * tot0.max())
-        ref_dyn = (1.1 * t_meas[init].max(), 1.1 * e_meas[init].max())
+        t0, tot0 = t_meas[init], e_meas[init] + static_w * t_meas[init]
+        ref_total = (1.1 * float(t0.max()), 1.1 * float(tot0.max()))
+        ref_dyn = (1.1 * float(t0.max()), 1.1 * float(e_meas[init].max()))
 
-        seed = int(rng.integers(2**31 - 1))
-        model = ExtraTreesRegressor(n_estimators=self.n_estimators, bootstrap=self.bootstrap,
+        model = ExtraTreesRegressor(n_estimators=self.n_estimators, bootstrap=False,
                                     min_samples_leaf=1, n_jobs=1,
-                                    random_state=seed)
-        mrng = np.random.default_rng(seed)
+                                    random_state=int(rng.integers(2**31 - 1)))
         while evaluator.evaluations < budget and not measured.all():
             n = min(self.batch, budget - evaluator.evaluations, int((~measured).sum()))
-            done = np.flatnonzero(measured)
-            cand = np.flatnonzero(~measured)
-            # log targets: both span several-fold; trees fit relative differences evenly
-            y = np.column_stack([np.log(t_meas[done]), np.log(e_meas[done])])
-            mu, sd = y.mean(axis=0), y.std(axis=0) + 1e-12
-            if self.model == "et":
-                model.fit(features[done], (y - mu) / sd)
-                per_tree = np.stack([m.predict(features[cand]) for m in model.estimators_])
-            else:
-                from sklearn.ensemble import GradientBoostingRegressor
-                mem = []
-                for b in range(self.members):
-                    bs = mrng.integers(0, done.size, done.size)
-                    cols = []
-                    for j in range(2):
-                        g = GradientBoostingRegressor(n_estimators=self.gb_trees, max_depth=self.depth, learning_rate=0.15, subsample=1.0, random_state=b)
-                        g.fit(features[done][bs], ((y - mu) / sd)[bs, j])
-                        cols.append(g.predict(features[cand]))
-                    mem.append(np.column_stack(cols))
-                per_tree = np.stack(mem)
-            per_tree = np.exp(per_tree * sd + mu)  # (trees, cand, 2): time, dynamic energy
-            tt, ee = per_tree[..., 0], per_tree[..., 1]
-            tot = ee + static_w * tt
-            lt, le, ltot = np.log(tt), np.log(ee), np.log(tot)
-            k = self.kappa
-            t_hat = np.exp(lt.mean(0) - k * lt.std(0))
-            e_hat = np.exp(le.mean(0) - k * le.std(0))
-            tot_hat = np.exp(ltot.mean(0) - k * ltot.std(0))
-            spread = lt.std(0) + ltot.std(0)
+            done, cand = np.flatnonzero(measured), np.flatnonzero(~measured)
+            t_done, e_done = t_meas[done], e_meas[done]
+            tot_done = e_done + static_w * t_done
 
-            picks: list[int] = []  # positions in cand
+            # ---- model: standardised logs = linear trend + extra-trees on the residuals
+            y = np.log(np.maximum(np.column_stack([t_done, e_done]), 1e-30))
+            mu, sd = y.mean(axis=0), y.std(axis=0) + 1e-12
+            z = (y - mu) / sd
+            coef, *_ = np.linalg.lstsq(trend[done], z, rcond=None)
+            model.fit(features[done], z - trend[done] @ coef)
+            resid = np.stack([m.predict(features[cand]) for m in model.estimators_])
+            members = np.exp((resid + (trend[cand] @ coef)[None]) * sd + mu)  # (trees, cand, 2)
+            tt, ee = members[..., 0], members[..., 1]
+            tot = ee + static_w * tt
+            t_hat, e_hat, tot_hat = tt.mean(axis=0), ee.mean(axis=0), tot.mean(axis=0)
+            lt, le, ltot = np.log(tt), np.log(ee), np.log(tot)
+            spread = lt.std(axis=0) + ltot.std(axis=0)
+            # optimistic estimates (mean - OPTIMISM sd of the members' logs)
+            t_opt, e_opt, tot_opt = (np.exp(v.mean(axis=0) - OPTIMISM * v.std(axis=0))
+                                     for v in (lt, le, ltot))
+            ft, fd = pareto_indices(t_done, tot_done), pareto_indices(t_done, e_done)
+            plausible = (_undominated(t_done[ft], tot_done[ft], t_opt, tot_opt)
+                         | _undominated(t_done[fd], e_done[fd], t_opt, e_opt))
+
+            # ---- acquisition
             free = np.ones(cand.size, dtype=bool)
-            q_total, q_dyn, q_fast, q_unc = _split(n, self.shares)
-            t_done = t_meas[done]
-            picks += self._hvi_picks(q_total, t_hat, tot_hat, free, t_done,
-                                     e_meas[done] + static_w * t_done, ref_total)
-            picks += self._hvi_picks(q_dyn, t_hat, e_hat, free, t_done, e_meas[done], ref_dyn)
-            for _ in range(q_fast):
-                picks.append(self._take(np.where(free, t_hat, np.inf), free))
-            for _ in range(q_unc):
-                picks.append(self._take(np.where(free, -spread, np.inf), free))
-            # HVI may run out of improving candidates: fill with the most uncertain
-            while len(picks) < n:
-                picks.append(self._take(np.where(free, -spread, np.inf), free))
-            measure(cand[np.asarray(picks)])
+            q_total, q_dyn, q_fast, _ = _split(n, self.shares)
+            picks = self._hvi_picks(q_total, t_hat, tot_hat, free, t_done, tot_done, ref_total)
+            picks += self._hvi_picks(q_dyn, t_hat, e_hat, free, t_done, e_done, ref_dyn)
+            picks += [self._take(t_hat, free) for _ in range(q_fast)]
+            # most uncertain among the plausibly improving (optimistic estimate undominated),
+            # then among all; this share also takes what HVI left (nothing predicted to improve)
+            unc = np.where(plausible, -spread, 1e6 - spread)
+            picks += [self._take(unc, free) for _ in range(n - len(picks))]
+            measure(cand[np.asarray(picks, dtype=np.int64)])
         return evaluator.result()
 
     @staticmethod
     def _take(score: NDArray[np.float64], free: NDArray[np.bool_]) -> int:
-        i = int(np.argmin(score))
+        """The free candidate with the lowest score, marked taken."""
+        i = int(np.argmin(np.where(free, score, np.inf)))
         free[i] = False
         return i
 
@@ -191,12 +207,11 @@ class SurrogateSearch:
         keep = pareto_indices(t_done, e_done)
         ft, fe = t_done[keep], e_done[keep]
         for _ in range(count):
-            base = hypervolume(ft, fe, ref)
-            # candidates no front point weakly dominates, inside the reference box
-            dom = ((ft[None, :] <= t_hat[:, None]) & (fe[None, :] <= e_hat[:, None])).any(axis=1)
-            ok = np.flatnonzero(free & ~dom & (t_hat < ref[0]) & (e_hat < ref[1]))
+            ok = np.flatnonzero(free & _undominated(ft, fe, t_hat, e_hat)
+                                & (t_hat < ref[0]) & (e_hat < ref[1]))
             if ok.size == 0:
                 break
+            base = hypervolume(ft, fe, ref)
             gain = np.array([hypervolume(np.append(ft, t_hat[i]), np.append(fe, e_hat[i]), ref)
                              for i in ok]) - base
             i = int(ok[int(np.argmax(gain))])

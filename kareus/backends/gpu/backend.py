@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,13 @@ from numpy.typing import NDArray
 
 from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
 from kareus.backends.gpu.measure import MeasureConfig
-from kareus.backends.gpu.serialize import Job, validate_plan, workload_from_graph
+from kareus.backends.gpu.serialize import (
+    Job,
+    check_supported,
+    validate_instruction_plan,
+    validate_plan,
+    workload_from_graph,
+)
 from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError, PlanError
 from kareus.graph import Direction, Instruction, IterationGraph, Partition
@@ -134,15 +141,14 @@ class GPUBackend:
         return graph
 
     def workload_for(self, graph: IterationGraph) -> Workload:
-        """The workload ``graph`` describes (bound, or recovered from the graph)."""
-        for g, w in self._bound:
-            if g is graph:
-                return w
-        for g, w in self._bound:
-            if g == graph:
-                return w
-        w = workload_from_graph(graph)
-        self._bound.append((graph, w))
+        """The workload ``graph`` describes (bound, or recovered from the graph); raises
+        :class:`InputError` for what the GPU backend cannot run (context parallelism)."""
+        w = next((w for g, w in self._bound if g is graph), None) or \
+            next((w for g, w in self._bound if g == graph), None)
+        if w is None:
+            w = workload_from_graph(graph)
+            self._bound.append((graph, w))
+        check_supported(w)
         return w
 
     # ------------------------------------------------------------------ running jobs
@@ -176,13 +182,17 @@ class GPUBackend:
         self.last_run = results
         return results
 
+    def launch_command(self, nprocs: int, job_path: Path, out: Path) -> list[str]:
+        """The command that runs a job file on ``nprocs`` GPUs of this node."""
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={nprocs}", "-m", "kareus.backends.gpu.worker",
+                str(job_path), str(out)]
+
     def _torchrun(self, job: Job, nprocs: int, tmp: Path, out: Path) -> None:
         job_path = tmp / "job.json"
         job_path.write_text(json.dumps(job.to_dict()))
         log_path = tmp / "torchrun.log"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nprocs}", "-m", "kareus.backends.gpu.worker",
-               str(job_path), str(out)]
+        cmd = self.launch_command(nprocs, job_path, out)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         with open(log_path, "w") as log:
@@ -195,9 +205,10 @@ class GPUBackend:
                 raise
         if rc != 0:
             text = log_path.read_text(errors="replace")
-            errors = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("error: ")]
-            if errors:
-                raise InputError(errors[0][len("error: "):])
+            errors = [m.group(1) for ln in text.splitlines()
+                      if (m := re.match(r"\s*(?:\[[^\]]*\]:?\s*)?error: (.*)", ln))]
+            if errors:  # a worker's one-line InputError (torchrun may prefix "[rankN]:")
+                raise InputError(errors[0].strip())
             tail = "\n".join(text.splitlines()[-25:])
             raise RuntimeError(f"GPU job {job.mode} failed (torchrun exit {rc}):\n{tail}")
 
@@ -218,9 +229,7 @@ class GPUBackend:
             raise PlanError(f"unknown instruction {key}; the graph has "
                             f"{sorted(graph.instruction_graphs)}")
         w = self.workload_for(graph)
-        ins = Instruction(key[0], 0, key[1])
-        validate_plan(graph, IterationPlan({**{i: plan for seq in graph.schedule().values()
-                                                for i in seq}, ins: plan}), self.gpu.sms)
+        validate_instruction_plan(graph, key, plan, self.gpu.sms)
         job = self._job("instruction", workload=w, stage=key[0], direction=key[1],
                         clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
                         schedules={k: [s.comm_sms, s.launch_slot] for k, s in plan.schedules})
@@ -246,6 +255,7 @@ class GPUBackend:
         (clock, SMs, slot): time (s) and dynamic energy per GPU (J), arrays ``[F, K, S]``. A
         partition without a collective is measured once per clock."""
         graph, w, stage, d, idx = self._find_partition(partition)
+        check_supported(w)
         f = np.atleast_1d(np.asarray(clocks_mhz, dtype=np.float64))
         k = np.atleast_1d(np.asarray(comm_sms, dtype=np.int64))
         s = np.atleast_1d(np.asarray(slots, dtype=np.int64))

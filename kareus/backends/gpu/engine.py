@@ -295,13 +295,6 @@ class Segment:
     after: Callable[[NanoCtx], None] | None = None
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A collective waiting to be launched in the next partition."""
-
-    tensor: Tensor
-
-
 def _auto(ctx: NanoCtx, label: tuple, fn: Callable[..., Any], ins: Sequence[str],
           outs: Sequence[str], params: Sequence[Tensor | None] = ()) -> None:
     """Run ``fn`` on ``st[ins]`` into ``st[outs]``; when recording, as its own autograd graph."""
@@ -550,8 +543,9 @@ class StageEngine:
     def __init__(self, stage: GPTStage, comm: Comm | None, *, nanobatches: int = 2,
                  partition_keys: dict[str, list[str]] | None = None) -> None:
         self.stage = stage
+        # A one-rank comm still cuts the layers at the collectives and runs them on the side
+        # stream (single-GPU side-stream checks); only a real group shards the model's extras.
         self.comm = comm if comm is not None and comm.size > 1 else None
-        self.force_comm = comm is not None and comm.size == 1  # cut anyway (side-stream tests)
         self._comm_any = comm
         self.tp = comm is not None
         self.nanobatches = nanobatches
@@ -565,8 +559,6 @@ class StageEngine:
         self.last = stage.out is not None
         reduce = _sync_reduce(self.comm)
         self._ar_fwd, self._ar_bwd = tensor_parallel_ops(reduce) if self.comm else (None, None)
-        #: (segment prefix, name, op names) of the last instruction, per layer 0 (for checks)
-        self.trace: list[tuple[str, str, tuple[str, ...]]] = []
 
     # ------------------------------------------------------------------ op lists
     def segments(self, direction: str, layer: int) -> list[Segment]:
@@ -609,9 +601,8 @@ class StageEngine:
         return g
 
     def _all_reduce(self, t: Tensor, sms: int | None) -> Work:
-        comm = self.comm if self.comm is not None else self._comm_any
-        assert comm is not None
-        return comm.all_reduce(t, sms)
+        assert self._comm_any is not None
+        return self._comm_any.all_reduce(t, sms)
 
     def run_segment(self, seg: Segment, ctx: NanoCtx, pending: Tensor | None,
                     sms: int | None, slot: int) -> None:
@@ -676,6 +667,24 @@ class StageEngine:
         if not nanobatched or self.nanobatches == 1:
             return [x]
         return list(x.chunk(self.nanobatches, dim=0))
+
+    def sync_replicated_grads(self) -> None:
+        """All-reduce over the TP group the gradients of replicated parameters that each rank
+        sees only part of: the per-head QK-norm scales (each rank holds a subset of the heads),
+        as Megatron-LM does for QK layernorm. One flat all-reduce; no-op without TP."""
+        if self.comm is None:
+            return
+        grads = [p.grad for prog in self.programs for m in (prog.layer.attn.q_norm,
+                                                              prog.layer.attn.k_norm)
+                 if m is not None for p in m.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.comm.all_reduce(flat).wait()
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
 
     # ------------------------------------------------------------------ extras
     def embed(self, tokens: Tensor) -> Tensor:

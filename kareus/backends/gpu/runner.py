@@ -46,7 +46,7 @@ from kareus.backends.gpu.measure import (
     measure_window,
     write_json_atomic,
 )
-from kareus.backends.gpu.serialize import Job, plan_sms
+from kareus.backends.gpu.serialize import Job, check_supported, plan_sms
 from kareus.errors import InputError
 from kareus.graph import Instruction, IterationGraph, one_f_one_b
 from kareus.plan import InstructionPlan
@@ -170,15 +170,6 @@ def make_groups(r: Rank, sms_list: list[int], nccl: bool) -> tuple[GroupComm | N
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-def check_supported(w: Workload) -> None:
-    """Raise :class:`InputError` for what the GPU backend does not run."""
-    if w.parallel.cp > 1:
-        raise InputError(
-            f"context parallelism (CP={w.parallel.cp}) is not implemented in the GPU backend: "
-            "workloads/torch_model.py has no distributed (ring / all-gather) attention; use "
-            "--cp 1 or --backend sim")
-
-
 def build_stage(w: Workload, stage: int, tp_rank: int, device: torch.device, dtype: torch.dtype,
                 seed: int, layers: int | None = None, first: bool | None = None,
                 last: bool | None = None) -> GPTStage:
@@ -237,6 +228,35 @@ class Data:
 # ================================================================================ the pipeline
 
 
+class ForeachAdamW:
+    """AdamW (decoupled weight decay) with ``torch._foreach_*`` ops; for CPU runs."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float = 1e-6, betas: tuple = (0.9, 0.95),
+                 eps: float = 1e-8, weight_decay: float = 0.1) -> None:
+        self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        idx = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not idx:
+            return
+        self.t += 1
+        b1, b2 = self.betas
+        ps = [self.params[i] for i in idx]
+        gs = [self.params[i].grad for i in idx]
+        ms, vs = [self.m[i] for i in idx], [self.v[i] for i in idx]
+        torch._foreach_mul_(ps, 1 - self.lr * self.wd)
+        torch._foreach_lerp_(ms, gs, 1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
+        denom = torch._foreach_add(torch._foreach_sqrt(
+            torch._foreach_div(vs, 1 - b2 ** self.t)), self.eps)
+        torch._foreach_addcdiv_(ps, ms, denom, -self.lr / (1 - b1 ** self.t))
+
+
 class PipelineRunner:
     """One rank's iterations: 1F1B over its stage with P2P to the neighbours, per-instruction
     clocks, DP gradient all-reduce and an AdamW step."""
@@ -258,9 +278,12 @@ class PipelineRunner:
         self.has_parts = {d: bool(graph.instruction_graphs[(r.stage, d)].partitions)
                           for d in ("forward", "backward")}
         params = [q for q in engine.stage.parameters() if q.requires_grad]
-        self.optim = torch.optim.AdamW(params, lr=1e-6, fused=True) if (
-            optimizer_step and self.cuda) else (
-            torch.optim.AdamW(params, lr=1e-6) if optimizer_step else None)
+        self.optim: Any = None
+        if optimizer_step:
+            # CUDA: torch's fused AdamW. CPU (tests): the same update with foreach ops, since
+            # importing torch.optim loads torch._dynamo (seconds per process).
+            self.optim = torch.optim.AdamW(params, lr=1e-6, fused=True) if self.cuda \
+                else ForeachAdamW(params, lr=1e-6)
         self._clock: float | None = None
         self.executed: list[Instruction] = []
         self._marks: list[tuple[Instruction, Any, Any]] = []
@@ -391,8 +414,9 @@ class PipelineRunner:
             bm += 1
             if not first:
                 self._p2p(send_prev=gin)
-        # stage tail at the maximum clock: DP gradient sync and the optimizer step
+        # stage tail at the maximum clock: TP sync of QK-norm grads, DP gradient sync, step
         self._lock(self.max_clock_mhz)
+        self.engine.sync_replicated_grads()
         if self.dp_group is not None:
             works = [dist.all_reduce(q.grad, group=self.dp_group, async_op=True)
                      for q in self.engine.stage.parameters() if q.grad is not None]

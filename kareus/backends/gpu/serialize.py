@@ -34,6 +34,15 @@ def workload_from_dict(d: dict[str, Any]) -> Workload:
                     name=d.get("name", ""))
 
 
+def check_supported(w: Workload) -> None:
+    """Raise :class:`InputError` for what the GPU backend does not run."""
+    if w.parallel.cp > 1:
+        raise InputError(
+            f"context parallelism (CP={w.parallel.cp}) is not implemented in the GPU backend: "
+            "workloads/torch_model.py has no distributed (ring / all-gather) attention; use "
+            "--cp 1 or --backend sim")
+
+
 def reduced_workload(name: str, layers: int, **overrides: Any) -> Workload:
     """``name``'s model with only ``layers`` transformer layers (a short GPU check), the
     parallelism overrides of :func:`workloads.make_workload` applied; keeps the model's name."""
@@ -94,6 +103,9 @@ def workload_from_graph(graph: IterationGraph) -> Workload:
         except Exception:  # noqa: BLE001 - an impossible candidate
             continue
         if build_iteration_graph(w) == graph:
+            auto = replace(par, layer_split=None)
+            if Workload(model=model, parallel=auto).stage_layers() == layer_split:
+                w = Workload(model=model, parallel=auto, name=graph.workload)
             return w
     raise InputError(f"cannot recover the workload of graph {graph.workload!r} exactly; pass "
                      "it with GPUBackend.bind(workload)")
@@ -130,21 +142,29 @@ def validate_plan(graph: IterationGraph, plan: IterationPlan, sms_max: int) -> N
         if ins not in plan.instructions:
             raise PlanError(f"plan has no entry for {ins}")
     for ins, ip in plan.instructions.items():
-        if not math.isfinite(ip.clock_mhz) or ip.clock_mhz <= 0:
-            raise PlanError(f"{ins}: clock {ip.clock_mhz} MHz is not a positive number")
-        ig = graph.instruction_graphs.get(ins.type_key)
-        if ig is None:
-            raise PlanError(f"plan names {ins}, which the graph does not have")
-        parts = {p.key: p for p in ig.partitions}
-        for key, s in ip.schedules:
-            if key not in parts:
-                raise PlanError(f"unknown partition {key!r} for {ig.name}; valid: "
-                                f"{', '.join(parts) or 'none (not nanobatched)'}")
-            n = len(parts[key].compute)
-            if not 0 <= s.launch_slot < n:
-                raise PlanError(f"{key}: launch slot {s.launch_slot} outside 0..{n - 1}")
-            if not 1 <= s.comm_sms < sms_max:
-                raise PlanError(f"{key}: communication SMs {s.comm_sms} outside 1..{sms_max - 1}")
+        validate_instruction_plan(graph, ins.type_key, ip, sms_max, str(ins))
+
+
+def validate_instruction_plan(graph: IterationGraph, key: tuple[int, str], ip: InstructionPlan,
+                              sms_max: int, where: str = "") -> None:
+    """Raise :class:`PlanError` unless ``ip`` fits instructions of type ``key``."""
+    where = where or f"{key}"
+    if not math.isfinite(ip.clock_mhz) or ip.clock_mhz <= 0:
+        raise PlanError(f"{where}: clock {ip.clock_mhz} MHz is not a positive number")
+    ig = graph.instruction_graphs.get(key)  # type: ignore[arg-type]
+    if ig is None:
+        raise PlanError(f"plan names {where}, which the graph does not have; valid: "
+                        f"{sorted(graph.instruction_graphs)}")
+    parts = {p.key: p for p in ig.partitions}
+    for pkey, s in ip.schedules:
+        if pkey not in parts:
+            raise PlanError(f"unknown partition {pkey!r} for {ig.name}; valid: "
+                            f"{', '.join(parts) or 'none (not nanobatched)'}")
+        n = len(parts[pkey].compute)
+        if not 0 <= s.launch_slot < n:
+            raise PlanError(f"{pkey}: launch slot {s.launch_slot} outside 0..{n - 1}")
+        if not 1 <= s.comm_sms < sms_max:
+            raise PlanError(f"{pkey}: communication SMs {s.comm_sms} outside 1..{sms_max - 1}")
 
 
 def plan_sms(plan: IterationPlan) -> list[int]:

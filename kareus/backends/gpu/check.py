@@ -1,0 +1,161 @@
+"""The shared-machine GPU check (run by ``benchmarks/gpu_check.sh``): measure the default
+(Megatron-LM: maximum clock, no overlap) plan and a nanobatched plan of a small workload on one
+GPU, next to the simulator's prediction for the same run, and write everything to a folder.
+
+    python -m kareus.backends.gpu.check --out OUTDIR [--workload qwen3-1.7b --layers 2 ...]
+
+Never changes clocks or power limits (clock control stays off): the simulator is therefore
+evaluated "calibrated at the card's current clock" -- its plan clock is the mean SM clock NVML
+reported during the measured window, snapped to the preset's grid -- and also at the preset's
+maximum clock, for reference. The preset is the one matching the visible GPU.
+
+Exit status: 0 when every measurement is positive and finite, 1 otherwise, 2 for bad input (no
+GPU, no NVML, a GPU no preset describes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kareus.errors import USER_ERRORS, InputError
+
+
+def _log(lines: list[str], msg: str) -> None:
+    lines.append(msg)
+    print(msg, flush=True)
+
+
+def _pct(pred: float, meas: float) -> float:
+    return 100.0 * (pred / meas - 1.0)
+
+
+def run_check(args: argparse.Namespace) -> dict[str, Any]:
+    """The check itself; returns the JSON record (also written to ``--out``)."""
+    from kareus.backends.gpu import GPUBackend
+    from kareus.backends.gpu.calibrate import snap_to_grid
+    from kareus.backends.gpu.device import ZeusDevice
+    from kareus.backends.gpu.environment import match_preset, probe_environment
+    from kareus.backends.gpu.measure import MeasureConfig
+    from kareus.backends.gpu.serialize import reduced_workload
+    from kareus.backends.sim import SimulatorBackend
+    from kareus.hardware.presets import get_preset
+    from kareus.plan import IterationPlan
+    from kareus.records import Point
+
+    lines: list[str] = []
+    env = probe_environment()
+    if not env.gpu_names:  # let check_environment name what is missing
+        from kareus.backends.gpu.environment import check_environment
+
+        check_environment(env, get_preset("h200"))
+    name = env.gpu_names[0]
+    preset_name = args.gpu or match_preset(name, env.gpu_memory[0] if env.gpu_memory else None)
+    if preset_name is None:
+        raise InputError(f"GPU 0 is an {name}, which no preset describes; pass --gpu PRESET")
+    preset = get_preset(preset_name)
+    dev = ZeusDevice(0)
+    before = {"sm_clock_mhz": dev.sm_clock_mhz(), "max_sm_clock_mhz": dev.max_sm_clock_mhz(),
+              "power_limit_w": dev.power_limit_w(), "power_w": dev.power_w()}
+    _log(lines, f"GPU 0: {name} -> preset {preset.name}; idle SM clock "
+                f"{before['sm_clock_mhz']:.0f} MHz (max {before['max_sm_clock_mhz']:.0f}), "
+                f"power limit {before['power_limit_w']:.0f} W")
+    measure = MeasureConfig(warmup_s=args.warmup, warmup_steps=2, window_s=args.window,
+                            min_steps=3, cooldown_s=args.cooldown)
+    backend = GPUBackend.create(preset, allow_clock_control=False, measure=measure,
+                                announce=False)
+    _log(lines, backend.clock_note)
+    w = reduced_workload(args.workload, args.layers, tp=1, pp=1, dp=1, mbs=args.mbs,
+                         seq=args.seq, microbatches=args.microbatches)
+    graph = backend.bind(w)
+    _log(lines, f"workload {w.name}, {w.model.layers} layers, TP1 PP1, MBS {w.parallel.mbs}, "
+                f"seq {w.parallel.seq}, {w.parallel.microbatches} microbatches, bf16, full "
+                "recomputation")
+    sim = SimulatorBackend(preset)
+    runs = []
+    for label, nano in (("megatron", False), ("nanobatched", True)):
+        if nano and not args.nanobatched:
+            continue
+        plan = IterationPlan.uniform(graph, preset.clock_max_mhz, nanobatched=nano, label=label)
+        t0 = time.monotonic()
+        res = backend.evaluate_plan(graph, plan)
+        wall = time.monotonic() - t0
+        rank = backend.last_run[0]
+        clock = rank.get("sm_clock_mhz") or before["max_sm_clock_mhz"]
+        f_sim = snap_to_grid(float(clock), preset)
+        pred = sim.evaluate_plan(graph, IterationPlan.uniform(graph, f_sim, nanobatched=nano))
+        pred_max = sim.evaluate_plan(graph, plan)
+        m, p = res.energy, pred.energy
+        run = {
+            "plan": label, "wall_s": wall,
+            "measured": {**Point.from_result(res).to_dict(),
+                         "avg_power_w": m.total_j / m.time_s / res.num_gpus,
+                         "steps": rank["steps"], "window_s": rank["time_s"],
+                         "mean_sm_clock_mhz": clock, "losses": rank.get("losses")},
+            "simulated_at_current_clock": {**Point.from_result(pred).to_dict(),
+                                           "clock_mhz": f_sim,
+                                           "avg_power_w": p.total_j / p.time_s / pred.num_gpus},
+            "simulated_at_max_clock": {**Point.from_result(pred_max).to_dict(),
+                                       "clock_mhz": preset.clock_max_mhz},
+            "error_pct": {"time": _pct(p.time_s, m.time_s),
+                          "energy": _pct(p.total_j, m.total_j),
+                          "dynamic_energy": _pct(p.dynamic_j, m.dynamic_j),
+                          "avg_power": _pct(p.total_j / p.time_s, m.total_j / m.time_s)},
+        }
+        runs.append(run)
+        _log(lines, f"[{label}] measured {m.time_s * 1e3:.1f} ms/iter, {m.total_j:.1f} J/iter "
+                    f"({m.total_j / m.time_s:.0f} W avg, SM clock {clock:.0f} MHz, "
+                    f"{rank['steps']} iters in {rank['time_s']:.1f} s); simulator at "
+                    f"{f_sim:.0f} MHz: {p.time_s * 1e3:.1f} ms, {p.total_j:.1f} J -> error time "
+                    f"{run['error_pct']['time']:+.1f} %, energy {run['error_pct']['energy']:+.1f} %")
+    ok = all(math.isfinite(r["measured"][k]) and r["measured"][k] > 0
+             for r in runs for k in ("time_s", "energy_j"))
+    after = {"sm_clock_mhz": dev.sm_clock_mhz(), "power_limit_w": dev.power_limit_w()}
+    record = {"ok": ok, "gpu_name": name, "preset": preset.name, "host": platform.node(),
+              "backend": backend.describe(), "gpu_before": before, "gpu_after": after,
+              "workload": {"name": w.name, "layers": w.model.layers, "mbs": w.parallel.mbs,
+                           "seq": w.parallel.seq, "microbatches": w.parallel.microbatches},
+              "static_power_w_assumed": backend.static_power_w, "runs": runs, "log": lines}
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="Folder for gpu_check.json and gpu_check.log.")
+    ap.add_argument("--workload", default="qwen3-1.7b")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--mbs", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--warmup", type=float, default=3.0, help="Warm-up seconds.")
+    ap.add_argument("--window", type=float, default=5.0, help="Measurement window seconds.")
+    ap.add_argument("--cooldown", type=float, default=2.0, help="Idle seconds before warm-up.")
+    ap.add_argument("--gpu", default=None, help="Preset (default: the one matching GPU 0).")
+    ap.add_argument("--no-nanobatched", dest="nanobatched", action="store_false",
+                    help="Measure the default plan only.")
+    args = ap.parse_args(argv)
+    from kareus.backends.gpu.measure import write_json_atomic, write_text_atomic
+
+    out = Path(args.out)
+    try:
+        record = run_check(args)
+    except USER_ERRORS as e:
+        msg = f"error: {e}".splitlines()[0]
+        print(msg, file=sys.stderr)
+        write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg})
+        return 2
+    write_json_atomic(out / "gpu_check.json", record)
+    write_text_atomic(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
+    print(json.dumps({"ok": record["ok"], "runs": [
+        {"plan": r["plan"], "error_pct": r["error_pct"]} for r in record["runs"]]}, indent=1))
+    return 0 if record["ok"] else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Measurement windows over a fake energy counter, the clock sampler and atomic result files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kareus.backends.gpu.device import FakeDevice
+from kareus.backends.gpu.measure import (
+    ClockSampler,
+    CounterMeter,
+    MeasureConfig,
+    measure_window,
+    write_json_atomic,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_window_counts_steps_and_energy():
+    clock = FakeClock()
+    dev = FakeDevice(power_w=400.0, time_fn=clock)
+    meter = CounterMeter([dev], time_fn=clock)
+    calls = []
+
+    def step():  # one step takes 0.25 s of fake time
+        calls.append(clock.t)
+        clock.t += 0.25
+
+    cfg = MeasureConfig(warmup_s=1.0, warmup_steps=2, window_s=3.0, min_steps=3, cooldown_s=5.0)
+    res = measure_window(step, meter, cfg, time_fn=clock, sleep_fn=clock.sleep)
+    assert calls[0] == pytest.approx(105.0)  # after the cooldown
+    assert res.steps == 12  # ceil(3.0 / 0.25)
+    assert len(calls) == 4 + 12  # warm-up ran >= 1 s (4 steps), then the window
+    assert res.time_s == pytest.approx(3.0)
+    assert res.energy_j == pytest.approx(400.0 * 3.0)
+    assert res.time_per_step_s == pytest.approx(0.25)
+    assert res.energy_per_step_j == pytest.approx(100.0)
+
+
+def test_window_agrees_on_step_count_and_uses_barriers():
+    clock = FakeClock()
+    dev = FakeDevice(time_fn=clock)
+    seen = []
+
+    def step():
+        clock.t += 1.0
+
+    res = measure_window(step, CounterMeter([dev], time_fn=clock),
+                         MeasureConfig(warmup_s=0, warmup_steps=1, window_s=0.5, min_steps=1),
+                         agree=lambda n: (seen.append(n), 7)[1],
+                         barrier=lambda: seen.append("barrier"), time_fn=clock,
+                         sleep_fn=clock.sleep)
+    assert seen == ["barrier", 1, "barrier"] and res.steps == 7
+
+
+def test_clock_sampler_reads_the_device():
+    dev = FakeDevice()
+    dev.locked = 1410
+    s = ClockSampler(dev, period_s=0.001).start()
+    import time
+
+    time.sleep(0.02)
+    assert s.stop() == pytest.approx(1410.0)
+    assert ClockSampler(None).start().stop() is None
+
+
+def test_atomic_json_write(tmp_path, monkeypatch):
+    path = tmp_path / "res" / "rank0.json"
+    write_json_atomic(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+    def dies(*a, **k):  # the process dies between writing the data and the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", dies)
+    with pytest.raises(KeyboardInterrupt):
+        write_json_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 1}  # old result intact, no half file
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rank0.json"]
+    with pytest.raises(TypeError):  # unserialisable: nothing written either
+        write_json_atomic(tmp_path / "x.json", {"a": object()})
+    assert not (tmp_path / "x.json").exists()
