@@ -142,8 +142,8 @@ def test_15_percent_budget_reaches_the_exact_fronts(problem, part, space, exact)
         runs = [run(name, problem, part, space, budget, seed=s)[0] for s in seeds]
         tot = [_hv_fraction(r, exact, total=True) for r in runs]
         dyn = [_hv_fraction(r, exact, total=False) for r in runs]
-        # measured (8 seeds): nsga2 0.992-0.999, surrogate 0.980-0.999; random 0.939-0.978
+        # measured (8 seeds): nsga2 0.992-0.999, surrogate 0.975-0.999; random 0.939-0.978
         assert np.mean(tot) >= 0.985, (name, tot)
         assert min(tot) >= 0.975, (name, tot)
-        # dynamic front (8 seeds): nsga2 0.978-0.99 (it optimises total energy), surrogate 0.999
+        # dynamic front (8 seeds): nsga2 0.978-0.99 (it optimises total energy), surrogate >= 0.998
         assert min(dyn) >= 0.97, (name, dyn)

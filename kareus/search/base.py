@@ -10,6 +10,7 @@ included (on it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -46,6 +47,24 @@ class PartitionSpace:
     def flat(self, idx: NDArray[np.int64]) -> NDArray[np.int64]:
         """Flat index of (clock, sms, slot) grid indices, shape (n,)."""
         return np.ravel_multi_index(tuple(np.asarray(idx).T), self.shape)
+
+
+#: Default budget as a fraction of the space (at least :data:`MIN_DEFAULT_BUDGET` configurations).
+DEFAULT_BUDGET_FRACTION = 0.15
+MIN_DEFAULT_BUDGET = 20
+
+
+def resolve_budget(space: PartitionSpace, budget: int | None, minimum: int, strategy: str) -> int:
+    """The number of distinct configurations a sampling strategy may measure: ``budget`` (``None``:
+    15 % of the space, at least 20), capped at the space size. Raises :class:`InputError` when it
+    is below ``minimum`` (and the space is larger than that)."""
+    if budget is None:
+        budget = max(MIN_DEFAULT_BUDGET, math.ceil(DEFAULT_BUDGET_FRACTION * space.size))
+    budget = int(budget)
+    if budget < min(minimum, space.size):
+        raise InputError(f"{strategy} search needs a budget of at least {minimum} configurations "
+                         f"(got {budget})")
+    return min(budget, space.size)
 
 
 @dataclass(frozen=True)
@@ -118,19 +137,18 @@ class Evaluator:
         flat = self.space.flat(idx)
         todo = sorted({int(f) for f in flat} - set(self._time))
         if todo:
+            # measure exactly the requested points: one backend call per (clock, SM count) with
+            # the slots wanted there (a real GPU measures every configuration it is asked for)
             t_idx = np.stack(np.unravel_index(np.asarray(todo), self.space.shape), axis=1)
-            for fi in np.unique(t_idx[:, 0]):
-                rows = t_idx[t_idx[:, 0] == fi]
-                ks = np.unique(rows[:, 1])
-                ss = np.unique(rows[:, 2])
+            for fi, ki in {(int(a), int(b)) for a, b, _ in t_idx}:
+                ss = np.unique(t_idx[(t_idx[:, 0] == fi) & (t_idx[:, 1] == ki), 2])
                 grid = self.backend.evaluate_partition(
-                    self.partition, self.space.clocks_mhz[[fi]], self.space.comm_sms[ks],
+                    self.partition, self.space.clocks_mhz[[fi]], self.space.comm_sms[[ki]],
                     self.space.slots[ss])
-                for _, ki, si in rows:
-                    a, b = int(np.searchsorted(ks, ki)), int(np.searchsorted(ss, si))
+                for b, si in enumerate(ss):
                     f = int(self.space.flat(np.array([[fi, ki, si]]))[0])
-                    self._time[f] = float(grid.time_s[0, a, b])
-                    self._dyn[f] = float(grid.dynamic_energy_j[0, a, b])
+                    self._time[f] = float(grid.time_s[0, 0, b])
+                    self._dyn[f] = float(grid.dynamic_energy_j[0, 0, b])
         return (np.array([self._time[int(f)] for f in flat]),
                 np.array([self._dyn[int(f)] for f in flat]))
 

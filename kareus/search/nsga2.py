@@ -23,35 +23,18 @@ the budget is never exceeded.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kareus.errors import InputError
-from kareus.search.base import Evaluator, PartitionSpace, SearchResult
+from kareus.search.base import Evaluator, SearchResult, resolve_budget
 
 #: Smallest budget any sampling strategy accepts (fewer points give no front to speak of).
 MIN_BUDGET = 4
 
-#: Default budget as a fraction of the space (at least :data:`MIN_DEFAULT_BUDGET` configurations).
-DEFAULT_BUDGET_FRACTION = 0.15
-MIN_DEFAULT_BUDGET = 20
 
 OBJECTIVES = ("total", "dynamic", "both")
-
-
-def resolve_budget(space: PartitionSpace, budget: int | None, minimum: int, strategy: str) -> int:
-    """The number of distinct configurations a sampling strategy may measure: ``budget`` (``None``:
-    15 % of the space, at least 20), capped at the space size. Raises :class:`InputError` when it
-    is below ``minimum`` (and the space is larger than that)."""
-    if budget is None:
-        budget = max(MIN_DEFAULT_BUDGET, math.ceil(DEFAULT_BUDGET_FRACTION * space.size))
-    budget = int(budget)
-    if budget < min(minimum, space.size):
-        raise InputError(f"{strategy} search needs a budget of at least {minimum} configurations "
-                         f"(got {budget})")
-    return min(budget, space.size)
 
 
 class NSGA2Search:

@@ -29,7 +29,8 @@ HVI picks are greedy within a round: each chosen point joins the front with its 
 before the next is scored ("believer" batching), so a batch does not pile onto one spot; HVI is
 only computed (with :func:`kareus.frontier.hypervolume`) for candidates no measured front point
 dominates, the others having none. The reference points are 1.1 × the maxima of the initial design.
-The initial design is a Latin hypercube on the integer grid (every clock stratum covered). All
+The initial design (2 % of the space, at least 8, at most a fifth of the budget) is a Latin
+hypercube on the integer grid (every clock stratum covered). All
 measurements go through :meth:`Evaluator.measure`, so the budget is exact on real GPUs too.
 """
 
@@ -43,7 +44,7 @@ from numpy.typing import NDArray
 from kareus.errors import InputError
 from kareus.frontier import hypervolume, pareto_indices
 from kareus.search.base import Evaluator, PartitionSpace, SearchResult
-from kareus.search.nsga2 import resolve_budget
+from kareus.search.base import resolve_budget
 
 #: Smallest initial design (and so the smallest budget) the surrogate accepts.
 MIN_INITIAL = 8
@@ -95,13 +96,15 @@ class SurrogateSearch:
         batch: Configurations measured per round.
         n_estimators: Trees in the ensemble.
         initial_fraction: Initial design as a fraction of the space (at least 8 configurations,
-            at most a third of the budget).
+            at most a fifth of the budget). On the benchmark, 2 % of the space / a fifth of the
+            budget beat 3 % / a third by ~0.5-3 points of hypervolume at 5-15 % budgets: the model
+            learns more from guided picks than from a larger space-filling start.
         shares: Acquisition shares (total HVI, dynamic HVI, fastest, most uncertain).
     """
 
     name = "surrogate"
 
-    def __init__(self, batch: int = 8, n_estimators: int = 24, initial_fraction: float = 0.03,
+    def __init__(self, batch: int = 8, n_estimators: int = 24, initial_fraction: float = 0.02,
                  shares: tuple[float, float, float, float] = SHARES) -> None:
         if batch < 1 or n_estimators < 2 or len(shares) != 4 or min(shares) < 0 \
                 or sum(shares) <= 0:
@@ -114,7 +117,7 @@ class SurrogateSearch:
 
     def _initial_size(self, space: PartitionSpace, budget: int) -> int:
         want = max(MIN_INITIAL, math.ceil(self.initial_fraction * space.size))
-        return min(budget, max(MIN_INITIAL, min(want, budget // 3)))
+        return min(budget, max(MIN_INITIAL, min(want, budget // 5)))
 
     def search(self, evaluator: Evaluator, budget: int | None,
                rng: np.random.Generator) -> SearchResult:
