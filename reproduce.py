@@ -16,7 +16,6 @@ internal failure.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from kareus.errors import USER_ERRORS, InputError
+from kareus.errors import InputError
 from kareus.hardware.presets import DEFAULT_GPU
 
 ROOT = Path(__file__).resolve().parent
@@ -331,31 +330,19 @@ def _sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+def _interrupted(cause: BaseException | None) -> int:
+    click.echo("interrupted: finished cells are kept; rerun the same command to resume", err=True)
+    return 143 if cause is not None and "SIGTERM" in str(cause) else 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    from kareus.exit_status import run_command
+
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        cli.main(args=argv, prog_name="reproduce.py", standalone_mode=False)
-    except (click.exceptions.Abort, KeyboardInterrupt) as e:
-        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__
-        click.echo("interrupted: finished cells are kept; rerun the same command to resume",
-                   err=True)
-        return 143 if cause is not None and "SIGTERM" in str(cause) else 130
-    except click.ClickException as e:
-        click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
-        return 2
-    except USER_ERRORS as e:
-        click.echo(f"error: {e}".splitlines()[0], err=True)
-        return 2
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except Exception as e:  # internal failure: one line (KAREUS_DEBUG=1 for the traceback)
-        if os.environ.get("KAREUS_DEBUG"):
-            raise
-        click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
-        return 1
+        return run_command(cli, argv, "reproduce.py", _interrupted)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 0
 
 
 if __name__ == "__main__":

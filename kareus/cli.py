@@ -7,14 +7,12 @@ Exit status: 0 success; 2 bad input (one line naming the problem and the valid c
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from kareus.errors import USER_ERRORS
 from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
 
 
@@ -397,26 +395,10 @@ def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI, mapping user errors to exit status 2 with one line."""
-    try:
-        cli.main(args=argv, prog_name="kareus", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
-    except click.ClickException as e:
-        click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
-        return 2
-    except USER_ERRORS as e:
-        click.echo(f"error: {e}".splitlines()[0], err=True)
-        return 2
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except Exception as e:  # internal failure: one line (KAREUS_DEBUG=1 for the traceback)
-        if os.environ.get("KAREUS_DEBUG"):
-            raise
-        click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
-        return 1
-    return 0
+    """Entry point: run the CLI; user errors exit 2 with one line (kareus.exit_status)."""
+    from kareus.exit_status import run_command
+
+    return run_command(cli, argv, "kareus")
 
 
 if __name__ == "__main__":  # pragma: no cover

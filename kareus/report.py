@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from kareus.atomic import atomic_write_text
 from kareus.harness import OptimizerRun
 from kareus.plugins import Problem
 from kareus.records import frontier_object
-from kareus.store import atomic_write_text
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kareus.atomic import atomic_write_text
 from kareus.backends.gpu.device import Device
 
 
@@ -214,37 +213,9 @@ def measure_window(step: Callable[[], None], meter: Meter, cfg: MeasureConfig, *
 def write_json_atomic(path: str | Path, obj: object) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file in the same folder and an atomic
     rename: readers see the whole file or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False))
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_text(path, text)

@@ -1,0 +1,43 @@
+"""The outside contract's exit statuses, applied to a click command: 0 success; 2 bad input (one
+line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
+traceback); 130 / 143 interrupted by SIGINT / SIGTERM."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import click
+
+from kareus.errors import USER_ERRORS
+
+
+def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
+                interrupted: Callable[[BaseException | None], int] | None = None) -> int:
+    """Run ``command`` with ``argv`` and map what happens to an exit status.
+
+    ``interrupted(cause)`` handles Ctrl-C / a SIGTERM raised as KeyboardInterrupt and returns the
+    status (default: print "aborted", 130).
+    """
+    try:
+        command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__
+        if interrupted is not None:
+            return interrupted(cause)
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
+        return 2
+    except USER_ERRORS as e:
+        click.echo(f"error: {e}".splitlines()[0], err=True)
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except Exception as e:
+        if os.environ.get("KAREUS_DEBUG"):
+            raise
+        click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
+        return 1
+    return 0
