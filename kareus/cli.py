@@ -181,10 +181,14 @@ def optimizers(as_json: bool) -> None:
               help="Return the fastest plan within this energy per iteration (J).")
 @click.option("--allow-clock-control", is_flag=True,
               help="GPU backend: lock SM clocks per instruction (admin rights; restored on exit).")
+@click.option("--export", "export_dir", default=None, type=click.Path(file_okay=False),
+              help="Write the chosen (or fastest) plan for deployment: freqs_pipeline.py (Zeus "
+                   "pipeline-frequency PointSolution) and schedules.json (per-partition SMs/slot).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
-             allow_clock_control: bool, as_json: bool, **overrides: int | None) -> None:
+             allow_clock_control: bool, export_dir: str | None, as_json: bool,
+             **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
@@ -211,6 +215,18 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": plan_record(run.plans[chosen.plan_id])}
+    if export_dir is not None:
+        from pathlib import Path
+
+        from kareus.atomic import atomic_write_text
+        from kareus.export import partition_schedules, zeus_solution_text
+
+        pick = chosen if chosen is not None else run.frontier[0]
+        plan = run.plans[pick.plan_id]
+        atomic_write_text(Path(export_dir) / "freqs_pipeline.py", zeus_solution_text(g, plan))
+        atomic_write_text(Path(export_dir) / "schedules.json",
+                          json.dumps(partition_schedules(g, plan), indent=2) + "\n")
+        extra["exported"] = {"dir": export_dir, "plan_id": pick.plan_id}
     describe = getattr(problem.backend, "describe", None)
     if callable(describe):  # the GPU backend says which clocks the plans really ran at
         extra["backend_info"] = describe()

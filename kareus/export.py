@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kareus.graph import IterationGraph
 from kareus.plan import IterationPlan
 
@@ -44,8 +42,7 @@ def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
     return {"workload": graph.workload, "label": plan.label, "stages": stages}
 
 
-def write_zeus_solution(path: Path, graph: IterationGraph, plan: IterationPlan) -> None:
-    """Write the Python file Zeus's ``PointSolution`` scheduler evaluates."""
+def zeus_solution_text(graph: IterationGraph, plan: IterationPlan) -> str:
+    """The Python file Zeus's ``PointSolution`` scheduler evaluates (one list per stage)."""
     sched = zeus_frequency_schedule(graph, plan)
-    lines = ["["] + [f"    {stage!r}," for stage in sched] + ["]"]
-    Path(path).write_text("\n".join(lines) + "\n")
+    return "\n".join(["["] + [f"    {stage!r}," for stage in sched] + ["]"]) + "\n"

@@ -42,13 +42,6 @@ def pareto_indices(times: ArrayLike, energies: ArrayLike) -> NDArray[np.int64]:
     return np.asarray(keep, dtype=np.int64)
 
 
-def pareto_mask_2d(times: NDArray[np.float64], energies: NDArray[np.float64]) -> NDArray[np.bool_]:
-    """Boolean mask version of :func:`pareto_indices` (same points)."""
-    mask = np.zeros(np.asarray(times).shape, dtype=bool)
-    mask[pareto_indices(times, energies)] = True
-    return mask
-
-
 def hypervolume(times: ArrayLike, energies: ArrayLike, ref_point: tuple[float, float]) -> float:
     """Area dominated by the points and bounded by ``ref_point`` (both objectives minimised),
     computed with pymoo's HV indicator."""

@@ -37,14 +37,6 @@ def profile_instructions(backend: Backend, graph: IterationGraph, knobs: Sequenc
     return out
 
 
-def options_to_profile(options: dict[tuple[int, Direction], list[Option]]) -> pd.DataFrame:
-    """Options with clock knobs as a Zeus-format profile frame
-    (``stage,instruction,frequency,time,energy``)."""
-    rows = [dict(stage=s, instruction=d, frequency=int(o.knob), time=o.time_s, energy=o.energy_j)
-            for (s, d), opts in sorted(options.items()) for o in opts]
-    return pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
-
-
 def profile_to_options(profile: pd.DataFrame) -> dict[tuple[int, Direction], list[Option]]:
     """A validated Zeus-format profile as options keyed by (stage, direction), clock knobs."""
     out: dict[tuple[int, Direction], list[Option]] = {}

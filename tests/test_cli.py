@@ -75,3 +75,18 @@ def test_calibrate_rejects_a_profile_from_another_gpu(capsys):
     path = profile_or_skip("gpt3-175b+a40_bf16.csv")  # clocks up to 1740 MHz
     code, _, err = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a100-sxm4-40gb")
     assert code == 2 and "outside" in err
+
+
+def test_frontier_exports_a_deployable_plan(capsys, tmp_path):
+    import ast
+    out = tmp_path / "plan"
+    code, text, _ = run(capsys, "frontier", "-w", "gpt3-xl", "--tp", "4", "--mbs", "2",
+                        "--microbatches", "4", "-o", "perseus", "--time-budget-s", "10",
+                        "--export", str(out), "--json")
+    obj = json.loads(text)
+    assert code == 0 and obj["exported"]["plan_id"] == obj["choice"]["plan_id"]
+    sched = ast.literal_eval((out / "freqs_pipeline.py").read_text())
+    assert len(sched) == 2 and all(len(stage) == 8 for stage in sched)
+    assert all(d in ("forward", "backward") and 900 <= f <= 1410 for st in sched for d, f in st)
+    js = json.loads((out / "schedules.json").read_text())
+    assert js["stages"][0]["instructions"][0]["clock_mhz"] == sched[0][0][1]

@@ -13,7 +13,6 @@ def test_pareto_filter():
     e = [1, 5, 3, 4, 0.5, 5]
     idx = fr.pareto_indices(t, e)
     assert [(t[i], e[i]) for i in idx] == [(1, 5), (2, 3), (3, 1), (4, 0.5)]
-    assert fr.pareto_mask_2d(np.array(t), np.array(e)).sum() == 4
 
 
 def test_iso_time_energy_reduction():

@@ -7,7 +7,7 @@ import pytest
 
 from kareus.compose import merge_fronts
 from kareus.exact import min_energy_within
-from kareus.export import partition_schedules, write_zeus_solution, zeus_frequency_schedule
+from kareus.export import partition_schedules, zeus_frequency_schedule, zeus_solution_text
 from kareus.frontier import pareto_indices, spread_indices
 from kareus.optimizer import Kareus, kareus_options, partition_space
 from kareus.problem import make_problem
@@ -107,9 +107,7 @@ def test_zeus_solution_file_is_what_pointsolution_evaluates(tmp_path, small, opt
     steps = list(solve(options, 2, 2, small.gpu.static_power_w))
     from kareus.tradeoff import plans_from_steps
     plan = plans_from_steps(steps[:1], lambda k: k, "kareus")[0]
-    path = tmp_path / "freqs_pipeline.py"
-    write_zeus_solution(path, small.graph, plan)
-    value = ast.literal_eval(path.read_text())
+    value = ast.literal_eval(zeus_solution_text(small.graph, plan))
     assert value == [[tuple(x) for x in s] for s in zeus_frequency_schedule(small.graph, plan)]
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from kareus.cli import main
 from kareus.graph import one_f_one_b
-from kareus.hardware.profile import load_profile
 from kareus.tradeoff import Option, build_1f1b_dag, lowtime_dag_shape, solve
 from tests.conftest import profile_or_skip
 
@@ -112,11 +111,9 @@ def test_perseus_command_names_the_bad_line(capsys, tmp_path):
     assert code == 2 and "p.csv" in err and "row 2" in err
 
 
-def test_profile_roundtrip():
-    from kareus.profiling import options_to_profile, profile_to_options
-    opts = _synthetic_options(2)
-    df = options_to_profile(opts)
-    assert list(df.columns) == ["stage", "instruction", "frequency", "time", "energy"]
-    back = profile_to_options(df)
-    assert back[(1, "backward")][0] == opts[(1, "backward")][0]
-    assert len(load_profile.__doc__) > 0
+def test_profile_to_options():
+    from kareus.profiling import profile_to_options
+    df = pd.DataFrame({"stage": [0, 0], "instruction": ["forward", "backward"],
+                       "frequency": [1410, 1410], "time": [0.1, 0.2], "energy": [30.0, 60.0]})
+    opts = profile_to_options(df)
+    assert opts[(0, "backward")] == [Option(0.2, 60.0, 1410)]
