@@ -54,14 +54,19 @@ def hypervolume(times: ArrayLike, energies: ArrayLike, ref_point: tuple[float, f
     return float(HV(ref_point=np.asarray(ref_point, dtype=float))(pts))
 
 
+def reduction_pct(reference: float, value: float) -> float:
+    """``100·(reference − value)/reference`` (%): positive when ``value`` is smaller."""
+    return 100.0 * (reference - value) / reference
+
+
 def time_reduction_pct(reference_time_s: float, time_s: float) -> float:
     """``100·(T_ref − T)/T_ref`` (%)."""
-    return 100.0 * (reference_time_s - time_s) / reference_time_s
+    return reduction_pct(reference_time_s, time_s)
 
 
 def energy_reduction_pct(reference_energy_j: float, energy_j: float) -> float:
     """``100·(E_ref − E)/E_ref`` (%)."""
-    return 100.0 * (reference_energy_j - energy_j) / reference_energy_j
+    return reduction_pct(reference_energy_j, energy_j)
 
 
 def fastest(times: ArrayLike, energies: ArrayLike) -> int:
@@ -74,36 +79,32 @@ def fastest(times: ArrayLike, energies: ArrayLike) -> int:
     return int(tied[np.lexsort((t[tied], e[tied]))[0]])
 
 
-def most_frugal(times: ArrayLike, energies: ArrayLike) -> int:
-    """Index of the lowest-energy point; among points as frugal within floating-point slack,
-    the fastest."""
-    return fastest(energies, times)
+def _iso_reduction(ref_x: Sequence[float], ref_y: Sequence[float], x: Sequence[float],
+                   y: Sequence[float]) -> float | None:
+    """At the reference point with the least ``x`` (ties: least ``y``), the reduction (%) of the
+    least ``y`` among the method's points with ``x`` no larger; ``None`` if there is none. With
+    (x, y) = (time, energy) this is the iso-time energy reduction; swapped, iso-energy time."""
+    i = fastest(ref_x, ref_y)
+    x_ref, y_ref = float(ref_x[i]), float(ref_y[i])
+    xs, ys = np.asarray(x, float), np.asarray(y, float)
+    ok = xs <= x_ref * (1 + _TOL)
+    if not ok.any():
+        return None
+    return reduction_pct(y_ref, float(ys[ok].min()))
 
 
 def iso_time_energy_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
                               times: Sequence[float], energies: Sequence[float]) -> float | None:
     """Iso-time energy reduction (%) of a method vs a reference frontier (see module docstring);
     ``None`` when no point of the method is as fast as the reference's fastest point."""
-    i = fastest(ref_times, ref_energies)
-    t_ref, e_ref = float(ref_times[i]), float(ref_energies[i])
-    t, e = np.asarray(times, float), np.asarray(energies, float)
-    ok = t <= t_ref * (1 + _TOL)
-    if not ok.any():
-        return None
-    return energy_reduction_pct(e_ref, float(e[ok].min()))
+    return _iso_reduction(ref_times, ref_energies, times, energies)
 
 
 def iso_energy_time_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
                               times: Sequence[float], energies: Sequence[float]) -> float | None:
     """Iso-energy time reduction (%) of a method vs a reference frontier (see module docstring);
     ``None`` when no point of the method uses as little energy as the reference's lowest."""
-    j = most_frugal(ref_times, ref_energies)
-    t_ref, e_ref = float(ref_times[j]), float(ref_energies[j])
-    t, e = np.asarray(times, float), np.asarray(energies, float)
-    ok = e <= e_ref * (1 + _TOL)
-    if not ok.any():
-        return None
-    return time_reduction_pct(t_ref, float(t[ok].min()))
+    return _iso_reduction(ref_energies, ref_times, energies, times)
 
 
 def spread_indices(times: ArrayLike, count: int) -> NDArray[np.int64]:

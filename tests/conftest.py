@@ -37,3 +37,15 @@ def profile_or_skip(name: str):
     if path is None:
         pytest.skip(f"shared/perseus_sosp24/stage_profile/{name} not available")
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny CPU tensors: one intra-op thread (spinning OpenMP workers on a busy machine cost
+    milliseconds per op)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -46,16 +46,7 @@ TINY = ModelSpec("tiny", hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, l
 QUICK = MeasureConfig(warmup_s=0, warmup_steps=1, window_s=0, min_steps=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny CPU tensors: one intra-op thread (spinning OpenMP workers on a busy machine cost
-    milliseconds per op)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cpu_backend(**kw) -> GPUBackend:

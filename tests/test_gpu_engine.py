@@ -37,16 +37,7 @@ SPECS = {
 MBS, SEQ = 4, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny CPU tensors: one intra-op thread (spinning OpenMP workers on a busy machine cost
-    milliseconds per op)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _reference(spec: ModelSpec, seed: int = 0):
