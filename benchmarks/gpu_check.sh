@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # GPU check for a shared machine: installs nothing, never changes clocks or power limits.
 #
-#   benchmarks/gpu_check.sh OUTDIR [extra args for python -m kareus.backends.gpu.check]
+#   benchmarks/gpu_check.sh OUTDIR [extra args for python3 -m kareus.backends.gpu.check]
 #
-# 1. python -m pytest -m gpu -q          (the CUDA tests; clocks untouched unless
+# 1. python3 -m pytest -m gpu -q         (the CUDA tests; clocks untouched unless
 #                                         KAREUS_ALLOW_CLOCK_CONTROL=1, which this script unsets)
-# 2. python -m kareus.backends.gpu.check (one GPU: measure the default Megatron-LM plan and a
+# 2. python3 -m kareus.backends.gpu.check (one GPU: measure the default Megatron-LM plan and a
 #                                         nanobatched plan of qwen3-1.7b cut to 4 layers, TP1 PP1,
 #                                         MBS 8, seq 2048, 4 microbatches; print the simulator's
 #                                         prediction for the same run at the card's current SM
 #                                         clock and the error)
 # Writes OUTDIR/pytest_gpu.log, OUTDIR/gpu_check.json, OUTDIR/gpu_check.log, OUTDIR/summary.txt.
-# Exit status: non-zero if either step fails. Expected runtime on one H200: 2-4 minutes.
+# Exit status: 0 if both steps pass; 2 if this machine cannot run the check (no CUDA GPU, no
+# NVML, a card no preset describes: the one-line message says what is missing); 1 otherwise.
+# Expected runtime on one H200: 2-4 minutes.
 set -u -o pipefail
 
 if [ $# -lt 1 ]; then
@@ -24,20 +26,24 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 unset KAREUS_ALLOW_CLOCK_CONTROL
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
+PY="${PYTHON:-python3}"   # the interpreter that holds the CUDA build of torch
 
 start=$(date +%s)
 echo "== pytest -m gpu" | tee "$OUT/summary.txt"
-python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+"$PY" -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
 pytest_rc=${PIPESTATUS[0]}
 echo "pytest -m gpu exit status: $pytest_rc" | tee -a "$OUT/summary.txt"
 
 echo "== measured vs simulated (python -m kareus.backends.gpu.check)" | tee -a "$OUT/summary.txt"
-python -m kareus.backends.gpu.check --out "$OUT" "$@" 2>&1 | tee -a "$OUT/summary.txt"
+"$PY" -m kareus.backends.gpu.check --out "$OUT" "$@" 2>&1 | tee -a "$OUT/summary.txt"
 check_rc=${PIPESTATUS[0]}
 echo "check exit status: $check_rc" | tee -a "$OUT/summary.txt"
 echo "elapsed: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 
-if [ "$pytest_rc" -ne 0 ] || [ "$check_rc" -ne 0 ]; then
+if [ "$check_rc" -ne 0 ]; then
+    exit "$check_rc"    # 2: no GPU / NVML / preset for this card (the message says what to fix)
+fi
+if [ "$pytest_rc" -ne 0 ]; then
     exit 1
 fi
 exit 0
