@@ -20,6 +20,7 @@ from kareus.backends.gpu.backend import aggregate_iteration
 from kareus.backends.gpu.device import FakeDevice
 from kareus.backends.gpu.measure import MeasureConfig
 from kareus.backends.gpu.serialize import (
+    NCCL_MAX_CTAS,
     Job,
     plan_from_dict,
     plan_to_dict,
@@ -144,9 +145,18 @@ def test_unsupported_and_invalid_plans(tiny):
                       H200.sms)
     with pytest.raises(PlanError, match="no entry"):
         validate_plan(g, IterationPlan({}), H200.sms)
+    # more SMs than NCCL gives a communicator: refused before anything runs (NCCL would cap it)
+    assert b.comm_sms_limit == NCCL_MAX_CTAS + 1 < H200.sms
+    with pytest.raises(PlanError, match=f"outside 1..{NCCL_MAX_CTAS}"):
+        b.evaluate_plan(g, IterationPlan.uniform(g, 1980.0, True,
+                                                 {key: PartitionSchedule(NCCL_MAX_CTAS + 1, 0)}))
     big = b.bind(Workload(TINY, ParallelConfig(tp=2, pp=2, mbs=4, seq=32, microbatches=2)))
     with pytest.raises(InputError, match="needs 4 GPUs but 1"):
         b.evaluate_plan(big, IterationPlan.uniform(big, 1980.0))
+    part = next(p for p in big.instruction_graphs[(0, "forward")].partitions
+                if p.comm is not None)
+    with pytest.raises(PlanError, match="NCCL runs at most"):
+        b.evaluate_partition(part, np.array([1980.0]), np.array([40]), np.array([0]))
 
 
 def test_aggregate_iteration_time_max_energy_sum():

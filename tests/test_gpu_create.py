@@ -80,6 +80,17 @@ def test_no_preset_matches():
     assert "no preset describes" in msg and "presets.py" in msg
 
 
+def test_unlisted_gpu_runs_with_an_explicit_preset():
+    nvl = env(gpu_names=("NVIDIA H200 NVL",))
+    assert "no preset describes" in one_line_error(H200, nvl)
+    assert check_environment(nvl, H200, accept_unlisted_gpu=True) == "NVIDIA H200 NVL"
+    b = GPUBackend.create(H200, env=nvl, announce=False, accept_unlisted_gpu=True)
+    assert b.gpu_name == "NVIDIA H200 NVL"
+    # a GPU another preset describes is still refused
+    with pytest.raises(InputError, match="--gpu h200"):
+        check_environment(env(), A100, accept_unlisted_gpu=True)
+
+
 def test_mixed_gpus():
     msg = one_line_error(H200, env(cuda_devices=2, gpu_names=("NVIDIA H200", "NVIDIA A40")))
     assert "CUDA_VISIBLE_DEVICES" in msg

@@ -4,6 +4,7 @@ H200 in this workplace); each takes seconds."""
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import pytest
@@ -49,9 +50,10 @@ def one_rank_nccl(tmp_path):
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1, device_id=torch.device("cuda", 0))
-    limited = dist.new_group([0], pg_options=nccl_options(8))
+                            world_size=1, device_id=torch.device("cuda", 0),
+                            timeout=datetime.timedelta(seconds=120))
     try:
+        limited = dist.new_group([0], pg_options=nccl_options(8))
         yield dist.group.WORLD, limited
     finally:
         dist.destroy_process_group()
@@ -98,6 +100,46 @@ def test_nanobatched_side_stream_equals_sequential(one_rank_nccl):
         torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-4, atol=1e-5)
         for n, g in ref_grads.items():
             torch.testing.assert_close(grads[n], g, rtol=2e-3, atol=2e-5, msg=n)
+
+
+def test_side_stream_collectives_are_joined_before_use():
+    """A slow collective that changes its tensor (an all-reduce over two identical ranks: x2,
+    after ~1 ms of GPU sleep on the stream it is issued on): the nanobatched schedule, whose
+    collectives run on the side stream, must equal the sequential one -- it would read
+    unreduced values if the main stream did not wait for the side stream."""
+    import copy
+
+    from kareus.backends.gpu.engine import LocalComm, Schedule, StageEngine
+    from workloads.torch_model import GPTStage
+
+    class SlowTwoRanks(LocalComm):
+        def all_reduce(self, t, sms=None, op="sum"):
+            torch.cuda._sleep(2_000_000)  # GPU cycles on the current (side) stream
+            return super().all_reduce(t, sms, op)
+
+    torch.manual_seed(0)
+    spec = _small_spec()
+    base = GPTStage(spec, 2, first=True, last=True, dtype=torch.float32, device="cuda")
+    tok = torch.randint(0, spec.vocab, (4, 512), device="cuda")
+    tgt = torch.randint(0, spec.vocab, (4, 512), device="cuda")
+    results = []
+    for nano in (False, True):
+        m = copy.deepcopy(base)
+        eng = StageEngine(m, SlowTwoRanks(2))
+        keys = {d: [f"{d}{i}" for i in range(len(eng.op_names(d, True)))]
+                for d in ("forward", "backward")}
+        eng.partition_keys = keys
+        parts = tuple((k, (None, i % 3)) for d in keys for i, k in enumerate(keys[d])) \
+            if nano else ()
+        sched = Schedule(nano, parts)
+        st = eng.forward(tok, sched, tgt)
+        eng.backward(st, sched)
+        torch.cuda.synchronize()
+        results.append((st.loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (loss_seq, g_seq), (loss_nano, g_nano) = results
+    torch.testing.assert_close(loss_nano, loss_seq, rtol=1e-4, atol=1e-5)
+    for n, g in g_seq.items():
+        torch.testing.assert_close(g_nano[n], g, rtol=2e-3, atol=2e-5, msg=n)
 
 
 def test_zeus_window_positive_energy_and_time():

@@ -92,3 +92,50 @@ def test_atomic_json_write(tmp_path, monkeypatch):
     with pytest.raises(TypeError):  # unserialisable: nothing written either
         write_json_atomic(tmp_path / "x.json", {"a": object()})
     assert not (tmp_path / "x.json").exists()
+
+
+def test_meter_falls_back_to_nvml_counter_when_zeus_monitor_fails(monkeypatch, capsys):
+    """ZeusMonitor also probes CPUs (RAPL), which can fail in VMs: the runner then reads the
+    same NVML energy counter through its device."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kareus.backends.gpu import runner
+    from kareus.backends.gpu.measure import CounterMeter
+
+    def broken(indices):
+        raise OSError("powercap: permission denied")
+
+    monkeypatch.setattr(runner, "ZeusMeter", broken)
+    dev = FakeDevice(power_w=200.0)
+    s = SimpleNamespace(job=SimpleNamespace(fake_device=False), r=SimpleNamespace(local_rank=0),
+                        dev=dev, device=torch.device("cpu"))
+    meter = runner._meter(s)
+    assert isinstance(meter, CounterMeter) and meter.devices == [dev]
+    assert "reading NVML's energy counter directly" in capsys.readouterr().err
+
+
+def test_check_readings_tolerate_refused_nvml_queries():
+    from kareus.backends.gpu.check import _fmt, _readings
+
+    class Partial(FakeDevice):
+        def power_limit_w(self):
+            raise RuntimeError("NVML: Not Supported")
+
+    r = _readings(Partial(power_w=100.0), power_w="power_w", power_limit_w="power_limit_w")
+    assert r == {"power_w": 100.0, "power_limit_w": None}
+    assert _fmt(None) == "n/a" and _fmt(412.4) == "412"
+
+
+def test_check_failure_on_the_gpu_leaves_a_record(monkeypatch, tmp_path, capsys):
+    from kareus.backends.gpu import check
+
+    def boom(args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(check, "run_check", boom)
+    assert check.main(["--out", str(tmp_path)]) == 1
+    rec = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rec["ok"] is False and rec["error"].startswith("failed: RuntimeError: CUDA error")
+    assert "Traceback" in rec["traceback"] and "Traceback" in capsys.readouterr().err

@@ -6,6 +6,9 @@ import io
 import numpy as np
 import pandas as pd
 import pytest
+
+pytest.importorskip("hypothesis")  # the [test] extra; absent on some GPU images (pytest -m gpu)
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

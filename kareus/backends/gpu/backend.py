@@ -38,6 +38,7 @@ from numpy.typing import NDArray
 from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
 from kareus.backends.gpu.measure import MeasureConfig
 from kareus.backends.gpu.serialize import (
+    NCCL_MAX_CTAS,
     Job,
     check_supported,
     validate_instruction_plan,
@@ -99,14 +100,16 @@ class GPUBackend:
     # ------------------------------------------------------------------ creation
     @classmethod
     def create(cls, gpu: GPUPreset, *, allow_clock_control: bool = False, env: Any = None,
-               announce: bool = True, **kwargs: Any) -> "GPUBackend":
+               announce: bool = True, accept_unlisted_gpu: bool = False,
+               **kwargs: Any) -> "GPUBackend":
         """A backend for the visible GPUs, after checking that they can run ``gpu``: raises
         :class:`InputError` (one line naming what is missing and the fix) without CUDA, without
-        zeus/NVML, or when the visible GPU is not the preset's part."""
+        zeus/NVML, or when the visible GPU is not the preset's part (``accept_unlisted_gpu``: a
+        GPU no preset describes runs with ``gpu``; see ``check_environment``)."""
         from kareus.backends.gpu.environment import check_environment, probe_environment
 
         env = env if env is not None else probe_environment()
-        name = check_environment(env, gpu)
+        name = check_environment(env, gpu, accept_unlisted_gpu=accept_unlisted_gpu)
         if allow_clock_control:
             from kareus.backends.gpu.device import ClockPermissionError, open_device
 
@@ -119,6 +122,13 @@ class GPUBackend:
             print(f"gpu backend: {env.cuda_devices} x {name} (preset {gpu.name}); "
                   f"{backend.clock_note}", file=sys.stderr)
         return backend
+
+    @property
+    def comm_sms_limit(self) -> int:
+        """One past the largest communication SM count a plan may ask for: NCCL gives a
+        communicator at most :data:`NCCL_MAX_CTAS` CTAs (one SM each) and caps larger limits
+        with only a log line, so the run would silently differ from the plan."""
+        return min(self.gpu.sms, NCCL_MAX_CTAS + 1)
 
     @property
     def clock_note(self) -> str:
@@ -217,7 +227,7 @@ class GPUBackend:
         """Run and measure one iteration of ``graph`` under ``plan`` (time = max over ranks,
         energy = sum over GPUs; see :mod:`kareus.backends.gpu.backend`)."""
         w = self.workload_for(graph)
-        validate_plan(graph, plan, self.gpu.sms)
+        validate_plan(graph, plan, self.comm_sms_limit)
         ranks = self.run_job(self._job("plan", workload=w, plan=plan), graph.num_gpus, graph)
         return aggregate_iteration(graph, ranks, self.static_power_w)
 
@@ -229,7 +239,7 @@ class GPUBackend:
             raise PlanError(f"unknown instruction {key}; the graph has "
                             f"{sorted(graph.instruction_graphs)}")
         w = self.workload_for(graph)
-        validate_instruction_plan(graph, key, plan, self.gpu.sms)
+        validate_instruction_plan(graph, key, plan, self.comm_sms_limit)
         job = self._job("instruction", workload=w, stage=key[0], direction=key[1],
                         clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
                         schedules={k: [s.comm_sms, s.launch_slot] for k, s in plan.schedules})
@@ -262,8 +272,9 @@ class GPUBackend:
         n = len(partition.compute)
         if np.any(s < 0) or np.any(s >= n):
             raise PlanError(f"launch slot out of range 0..{n - 1} for partition {partition.key}")
-        if partition.comm is not None and (k.min() < 1 or k.max() >= self.gpu.sms):
-            raise PlanError(f"communication SMs must be in 1..{self.gpu.sms - 1}, got "
+        if partition.comm is not None and (k.min() < 1 or k.max() >= self.comm_sms_limit):
+            raise PlanError(f"communication SMs must be in 1..{self.comm_sms_limit - 1} "
+                            f"(NCCL runs at most {NCCL_MAX_CTAS} CTAs per communicator), got "
                             f"{k.tolist()}")
         has_comm = partition.comm is not None and w.parallel.tp > 1
         grid = list(itertools.product(f.tolist(), k.tolist(), s.tolist())) if has_comm else \

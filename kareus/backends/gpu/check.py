@@ -7,10 +7,11 @@ GPU, next to the simulator's prediction for the same run, and write everything t
 Never changes clocks or power limits (clock control stays off): the simulator is therefore
 evaluated "calibrated at the card's current clock" -- its plan clock is the mean SM clock NVML
 reported during the measured window, snapped to the preset's grid -- and also at the preset's
-maximum clock, for reference. The preset is the one matching the visible GPU.
+maximum clock, for reference. The preset is the one matching the visible GPU, or ``--gpu``.
 
-Exit status: 0 when every measurement is positive and finite, 1 otherwise, 2 for bad input (no
-GPU, no NVML, a GPU no preset describes).
+Exit status: 0 when every measurement is positive and finite, 1 otherwise (a failure on the GPU
+leaves its traceback in gpu_check.json), 2 for bad input (no GPU, no NVML, a GPU no preset
+describes and no ``--gpu``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,22 @@ def _log(lines: list[str], msg: str) -> None:
 
 def _pct(pred: float, meas: float) -> float:
     return 100.0 * (pred / meas - 1.0)
+
+
+def _readings(dev: Any, **methods: str) -> dict[str, float | None]:
+    """Informational NVML readings (``key=device method name``); ``None`` where the driver
+    refuses one (e.g. NOT_SUPPORTED in a VM), so a reading never stops the check."""
+    out: dict[str, float | None] = {}
+    for key, method in methods.items():
+        try:
+            out[key] = float(getattr(dev, method)())
+        except Exception:  # noqa: BLE001 -- DeviceError or an NVML error type
+            out[key] = None
+    return out
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
 
 
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,15 +79,15 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"GPU 0 is an {name}, which no preset describes; pass --gpu PRESET")
     preset = get_preset(preset_name)
     dev = ZeusDevice(0)
-    before = {"sm_clock_mhz": dev.sm_clock_mhz(), "max_sm_clock_mhz": dev.max_sm_clock_mhz(),
-              "power_limit_w": dev.power_limit_w(), "power_w": dev.power_w()}
+    before = _readings(dev, sm_clock_mhz="sm_clock_mhz", max_sm_clock_mhz="max_sm_clock_mhz",
+                       power_limit_w="power_limit_w", power_w="power_w")
     _log(lines, f"GPU 0: {name} -> preset {preset.name}; idle SM clock "
-                f"{before['sm_clock_mhz']:.0f} MHz (max {before['max_sm_clock_mhz']:.0f}), "
-                f"power limit {before['power_limit_w']:.0f} W")
+                f"{_fmt(before['sm_clock_mhz'])} MHz (max {_fmt(before['max_sm_clock_mhz'])}), "
+                f"power limit {_fmt(before['power_limit_w'])} W")
     measure = MeasureConfig(warmup_s=args.warmup, warmup_steps=2, window_s=args.window,
                             min_steps=3, cooldown_s=args.cooldown)
     backend = GPUBackend.create(preset, allow_clock_control=False, measure=measure,
-                                announce=False)
+                                announce=False, accept_unlisted_gpu=args.gpu is not None)
     _log(lines, backend.clock_note)
     w = reduced_workload(args.workload, args.layers, tp=1, pp=1, dp=1, mbs=args.mbs,
                          seq=args.seq, microbatches=args.microbatches)
@@ -87,7 +105,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         res = backend.evaluate_plan(graph, plan)
         wall = time.monotonic() - t0
         rank = backend.last_run[0]
-        clock = rank.get("sm_clock_mhz") or before["max_sm_clock_mhz"]
+        clock = rank.get("sm_clock_mhz") or before["max_sm_clock_mhz"] or preset.clock_max_mhz
         f_sim = snap_to_grid(float(clock), preset)
         pred = sim.evaluate_plan(graph, IterationPlan.uniform(graph, f_sim, nanobatched=nano))
         pred_max = sim.evaluate_plan(graph, plan)
@@ -116,7 +134,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
                     f"{run['error_pct']['time']:+.1f} %, energy {run['error_pct']['energy']:+.1f} %")
     ok = all(math.isfinite(r["measured"][k]) and r["measured"][k] > 0
              for r in runs for k in ("time_s", "energy_j"))
-    after = {"sm_clock_mhz": dev.sm_clock_mhz(), "power_limit_w": dev.power_limit_w()}
+    after = _readings(dev, sm_clock_mhz="sm_clock_mhz", power_limit_w="power_limit_w")
     record = {"ok": ok, "gpu_name": name, "preset": preset.name, "host": platform.node(),
               "backend": backend.describe(), "gpu_before": before, "gpu_after": after,
               "workload": {"name": w.name, "layers": w.model.layers, "mbs": w.parallel.mbs,
@@ -130,13 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="Folder for gpu_check.json and gpu_check.log.")
     ap.add_argument("--workload", default="qwen3-1.7b")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--mbs", type=int, default=8)
+    ap.add_argument("--mbs", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--warmup", type=float, default=3.0, help="Warm-up seconds.")
     ap.add_argument("--window", type=float, default=5.0, help="Measurement window seconds.")
     ap.add_argument("--cooldown", type=float, default=2.0, help="Idle seconds before warm-up.")
-    ap.add_argument("--gpu", default=None, help="Preset (default: the one matching GPU 0).")
+    ap.add_argument("--gpu", default=None,
+                    help="Preset (default: the one matching GPU 0); also runs a GPU no preset "
+                         "describes (e.g. an H200 NVL) with this preset.")
     ap.add_argument("--no-nanobatched", dest="nanobatched", action="store_false",
                     help="Measure the default plan only.")
     args = ap.parse_args(argv)
@@ -150,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr)
         write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg})
         return 2
+    except Exception as e:  # a failure on the GPU itself: keep the traceback, leave a record
+        traceback.print_exc()
+        msg = f"failed: {type(e).__name__}: {e}".splitlines()[0]
+        write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg,
+                                                   "traceback": traceback.format_exc()})
+        return 1
     write_json_atomic(out / "gpu_check.json", record)
     write_text_atomic(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
     print(json.dumps({"ok": record["ok"], "runs": [

@@ -85,9 +85,14 @@ def match_preset(name: str, memory_bytes: int | None = None) -> str | None:
     return None
 
 
-def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int = 1) -> str:
+def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int = 1,
+                      accept_unlisted_gpu: bool = False) -> str:
     """Raise :class:`InputError` (one line: what is missing, how to fix it) unless the GPU
-    backend can run ``preset`` here; returns the visible GPU's name."""
+    backend can run ``preset`` here; returns the visible GPU's name.
+
+    ``accept_unlisted_gpu``: a GPU that no preset describes (e.g. an H200 NVL) runs with the
+    given preset instead of being refused -- for a preset the user named explicitly. A GPU that
+    another preset describes is still refused."""
     if env.torch_cuda is None:
         raise InputError(f"the GPU backend needs a CUDA GPU, but torch {env.torch_version} is a "
                          "CPU-only build; install a CUDA build of torch on a machine with NVIDIA "
@@ -114,9 +119,10 @@ def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int =
         if match is not None:
             raise InputError(f"GPU 0 is an {name}, which preset {preset.name!r} does not "
                              f"describe; use --gpu {match}")
-        raise InputError(f"GPU 0 is an {name}, which no preset describes (presets: "
-                         f"{', '.join(PRESETS)}); add one to kareus/hardware/presets.py, "
-                         f"{_SIM_HINT}")
+        if not accept_unlisted_gpu:
+            raise InputError(f"GPU 0 is an {name}, which no preset describes (presets: "
+                             f"{', '.join(PRESETS)}); add one to kareus/hardware/presets.py, "
+                             f"{_SIM_HINT}")
     if gpus_needed > env.cuda_devices:
         raise InputError(f"the job needs {gpus_needed} GPUs but {env.cuda_devices} are visible; "
                          "lower the parallelism (--tp/--pp/--dp) or run on a larger node")

@@ -25,6 +25,7 @@ distributed attention), more GPUs than one node shows.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -440,9 +441,17 @@ class _Setup:
 
 
 def _meter(s: _Setup) -> Meter:
+    """Zeus's monitor over this rank's GPU; the same NVML energy counter read directly through
+    ``s.dev`` if the monitor cannot start (its CPU/RAPL probing can fail in VMs and containers
+    with a partial powercap tree, which says nothing about the GPU)."""
     if s.job.fake_device:
         return CounterMeter([s.dev], sync=lambda: _sync(s.device))
-    return ZeusMeter([s.r.local_rank])
+    try:
+        return ZeusMeter([s.r.local_rank])
+    except Exception as e:  # noqa: BLE001 -- any zeus init failure; the fallback is equivalent
+        print(f"kareus: zeus.monitor.ZeusMonitor failed ({type(e).__name__}: {e}); reading "
+              "NVML's energy counter directly", file=sys.stderr)
+        return CounterMeter([s.dev], sync=lambda: _sync(s.device))
 
 
 def _sync(device: torch.device) -> None:

@@ -135,6 +135,13 @@ def plan_from_dict(d: dict[str, Any]) -> IterationPlan:
     return IterationPlan(ins, power_limit_w=d.get("power_limit_w"), label=d.get("label", ""))
 
 
+#: The most CTAs (channels, one SM each) NCCL gives one communicator: its compile-time
+#: ``MAXCHANNELS`` (32 or 64 depending on the release); larger ``min_ctas``/``max_ctas`` are
+#: capped with only a log line. The smaller value, so that no plan runs with fewer SMs than it
+#: names. (Kareus's knob space uses at most 30.)
+NCCL_MAX_CTAS = 32
+
+
 def validate_plan(graph: IterationGraph, plan: IterationPlan, sms_max: int) -> None:
     """Raise :class:`PlanError` for a plan that does not fit ``graph``: a missing instruction,
     an unknown partition key, a launch slot or SM count out of range, a non-finite clock."""
