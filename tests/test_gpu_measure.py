@@ -123,7 +123,7 @@ def test_check_readings_tolerate_refused_nvml_queries():
         def power_limit_w(self):
             raise RuntimeError("NVML: Not Supported")
 
-    r = _readings(Partial(power_w=100.0), power_w="power_w", power_limit_w="power_limit_w")
+    r = _readings(Partial(power_w=100.0), "power_w", "power_limit_w")
     assert r == {"power_w": 100.0, "power_limit_w": None}
     assert _fmt(None) == "n/a" and _fmt(412.4) == "412"
 

@@ -38,15 +38,15 @@ def _pct(pred: float, meas: float) -> float:
     return 100.0 * (pred / meas - 1.0)
 
 
-def _readings(dev: Any, **methods: str) -> dict[str, float | None]:
-    """Informational NVML readings (``key=device method name``); ``None`` where the driver
+def _readings(dev: Any, *methods: str) -> dict[str, float | None]:
+    """Informational NVML readings, keyed by device method name; ``None`` where the driver
     refuses one (e.g. NOT_SUPPORTED in a VM), so a reading never stops the check."""
     out: dict[str, float | None] = {}
-    for key, method in methods.items():
+    for method in methods:
         try:
-            out[key] = float(getattr(dev, method)())
+            out[method] = float(getattr(dev, method)())
         except Exception:  # noqa: BLE001 -- DeviceError or an NVML error type
-            out[key] = None
+            out[method] = None
     return out
 
 
@@ -79,8 +79,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"GPU 0 is an {name}, which no preset describes; pass --gpu PRESET")
     preset = get_preset(preset_name)
     dev = ZeusDevice(0)
-    before = _readings(dev, sm_clock_mhz="sm_clock_mhz", max_sm_clock_mhz="max_sm_clock_mhz",
-                       power_limit_w="power_limit_w", power_w="power_w")
+    before = _readings(dev, "sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w", "power_w")
     _log(lines, f"GPU 0: {name} -> preset {preset.name}; idle SM clock "
                 f"{_fmt(before['sm_clock_mhz'])} MHz (max {_fmt(before['max_sm_clock_mhz'])}), "
                 f"power limit {_fmt(before['power_limit_w'])} W")
@@ -134,7 +133,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
                     f"{run['error_pct']['time']:+.1f} %, energy {run['error_pct']['energy']:+.1f} %")
     ok = all(math.isfinite(r["measured"][k]) and r["measured"][k] > 0
              for r in runs for k in ("time_s", "energy_j"))
-    after = _readings(dev, sm_clock_mhz="sm_clock_mhz", power_limit_w="power_limit_w")
+    after = _readings(dev, "sm_clock_mhz", "power_limit_w")
     record = {"ok": ok, "gpu_name": name, "preset": preset.name, "host": platform.node(),
               "backend": backend.describe(), "gpu_before": before, "gpu_after": after,
               "workload": {"name": w.name, "layers": w.model.layers, "mbs": w.parallel.mbs,

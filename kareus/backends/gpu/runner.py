@@ -444,14 +444,13 @@ def _meter(s: _Setup) -> Meter:
     """Zeus's monitor over this rank's GPU; the same NVML energy counter read directly through
     ``s.dev`` if the monitor cannot start (its CPU/RAPL probing can fail in VMs and containers
     with a partial powercap tree, which says nothing about the GPU)."""
-    if s.job.fake_device:
-        return CounterMeter([s.dev], sync=lambda: _sync(s.device))
-    try:
-        return ZeusMeter([s.r.local_rank])
-    except Exception as e:  # noqa: BLE001 -- any zeus init failure; the fallback is equivalent
-        print(f"kareus: zeus.monitor.ZeusMonitor failed ({type(e).__name__}: {e}); reading "
-              "NVML's energy counter directly", file=sys.stderr)
-        return CounterMeter([s.dev], sync=lambda: _sync(s.device))
+    if not s.job.fake_device:
+        try:
+            return ZeusMeter([s.r.local_rank])
+        except Exception as e:  # noqa: BLE001 -- any zeus init failure; the fallback is equivalent
+            print(f"kareus: zeus.monitor.ZeusMonitor failed ({type(e).__name__}: {e}); reading "
+                  "NVML's energy counter directly", file=sys.stderr)
+    return CounterMeter([s.dev], sync=lambda: _sync(s.device))
 
 
 def _sync(device: torch.device) -> None:
