@@ -35,13 +35,15 @@ LOW_MHZ, HIGH_MHZ = 1110.0, 1290.0
 
 
 def schedule_table(problem, run) -> list[dict]:  # noqa: ANN001
-    """Per partition key: mean SMs and mean slot at clocks <= LOW vs >= HIGH over frontier plans."""
+    """Per partition key: mean SMs (the library's kernel counted as its default channels) and mean
+    launch slot at clocks <= LOW vs >= HIGH over frontier plans."""
     seen: dict[tuple, tuple] = {}
     for p in run.frontier:
         for ins, ip in run.plans[p.plan_id].instructions.items():
             if ip.nanobatched:
                 for key, s in ip.schedules:
-                    seen[(ins.type_key, ip.clock_mhz, key)] = (s.comm_sms, s.launch_slot)
+                    sms = problem.gpu.comm_default_sms if s.comm_sms is None else s.comm_sms
+                    seen[(ins.type_key, ip.clock_mhz, key)] = (sms, s.launch_slot)
     agg: dict[str, dict[str, list]] = defaultdict(lambda: {"low": [], "high": []})
     for (_, clock, key), (sms, slot) in seen.items():
         if clock <= LOW_MHZ:

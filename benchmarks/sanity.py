@@ -29,7 +29,8 @@ def main(workload: str, gpu: str) -> None:
     g = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
     fmax = preset.clock_max_mhz
-    res = sim.evaluate_plan(g, IterationPlan.uniform(g, fmax))
+    plan_at_max = IterationPlan.uniform(g, fmax)
+    res = sim.evaluate_plan(g, plan_at_max)
     d = iteration_details(res, preset)
     e = res.energy
     p = w.parallel
@@ -52,12 +53,10 @@ def main(workload: str, gpu: str) -> None:
             for reps, segs in ((ig.layers, ig.sequential), (1, ig.extra)):
                 for seg in segs:
                     for op in seg.compute:
-                        cls[op.kind] += reps * sim.kernel_time(
-                            op, sim.kernel_power(op, fmax)[0], preset.sms)
+                        cls[op.kind] += reps * sim.kernel_time(op, fmax, preset.sms)
                         flops += reps * op.flops
                     if seg.comm is not None and seg.comm.group > 1:
-                        cls["comm"] += reps * sim.collective_time(seg.comm, fmax,
-                                                                  preset.comm_default_sms)
+                        cls["comm"] += reps * sim.collective_time(seg.comm, fmax, None)
         busy = sum(cls.values())
         stage_busy[s] = busy
         click.echo(
@@ -77,8 +76,14 @@ def main(workload: str, gpu: str) -> None:
         op = next(op for seg in g.instruction_graphs[(0, "forward")].sequential
                   for op in seg.compute if op.name == name)
         f_eff, watts = sim.kernel_power(op, fmax)
-        click.echo(f"{name} asked for {fmax:.0f} MHz runs at {f_eff:.0f} MHz, {watts:.0f} W "
-                   f"(cap {preset.power_limit_w:.0f} W)")
+        click.echo(f"{name} alone, back to back, asked for {fmax:.0f} MHz runs at {f_eff:.0f} "
+                   f"MHz, {watts:.0f} W (cap {preset.power_limit_w:.0f} W); inside an "
+                   "instruction the cap acts on the instruction's average power")
+    for key in sorted(g.instruction_graphs):
+        c = sim.evaluate_instruction(g, key, plan_at_max.instructions[next(
+            i for i in plan_at_max.instructions if i.type_key == key)])
+        click.echo(f"instruction {key}: {c.time_s * 1e3:.1f} ms at "
+                   f"{preset.static_power_w + c.dynamic_energy_j / c.time_s:.0f} W average")
     click.echo(f"static: {preset.static_power_w} W x {p.num_gpus} GPUs x {e.time_s:.3f} s = "
                f"{e.static_j / 1e3:.2f} kJ = {e.static_j / e.total_j:.1%} of energy")
 

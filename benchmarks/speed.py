@@ -2,8 +2,8 @@
 
     python benchmarks/speed.py [--repeats 20]
 
-Targets (issue: foundation): a ~1,000-configuration partition grid in <= 10 ms; a whole iteration
-plan of a paper configuration in <= 100 ms. "Cold" builds a fresh simulator (empty caches) for each
+Targets: one partition's grid (the Kareus knob space: 18 clocks x 11 SM counts x every
+(launch, wait) window) in <= 10 ms; a whole iteration plan of a paper configuration in <= 100 ms. "Cold" builds a fresh simulator (empty caches) for each
 repeat; "warm" reuses one. Medians over the repeats, wall clock (time.perf_counter).
 """
 
@@ -17,7 +17,8 @@ import numpy as np
 
 from kareus.backends.sim import SimulatorBackend
 from kareus.hardware.presets import get_preset
-from kareus.plan import IterationPlan, PartitionSchedule
+from kareus.optimizer import partition_windows
+from kareus.plan import LIBRARY_DEFAULT, IterationPlan, PartitionSchedule
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 
@@ -38,17 +39,18 @@ def main(repeats: int) -> None:
     for label, kw in (("llama3.2-3b TP8", {}), ("llama3.2-3b CP2+TP4", dict(tp=4, cp=2))):
         g = build_iteration_graph(make_workload("llama3.2-3b", **kw))
         part = g.instruction_graphs[(0, "backward")].partitions[-1]
-        clocks = gpu.clock_grid(900, 1410)  # the paper's 30 MHz search uses half of these
-        ks = np.arange(3, 31, 3)
-        slots = np.arange(len(part.compute))
-        n = clocks.size * ks.size * slots.size
+        clocks = gpu.clock_grid(900, 1410)[::2]  # the paper's 30 MHz steps
+        ks = np.array([LIBRARY_DEFAULT, *range(3, 31, 3)])
+        windows = partition_windows(len(part.compute))  # every (launch, wait) window
+        n = clocks.size * ks.size * windows.shape[0]
         cold = _median_ms(lambda: SimulatorBackend(gpu).evaluate_partition(
-            part, clocks, ks, slots), repeats)
+            part, clocks, ks, windows), repeats)
         warm_sim = SimulatorBackend(gpu)
-        warm = _median_ms(lambda: warm_sim.evaluate_partition(part, clocks, ks, slots), repeats)
+        warm = _median_ms(lambda: warm_sim.evaluate_partition(part, clocks, ks, windows),
+                          repeats)
         click.echo(f"{label}: partition {part.key}, {n} configurations: cold {cold:.2f} ms, "
                    f"warm {warm:.2f} ms ({warm / n * 1e3:.2f} us/config)")
-        sched = {p.key: PartitionSchedule(12, 1) for p in
+        sched = {p.key: PartitionSchedule(12, 1, None) for p in
                  g.instruction_graphs[(0, "forward")].partitions}
         rng = np.random.default_rng(0)
         grid = gpu.clock_grid(900, 1410)

@@ -249,6 +249,12 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     _emit(obj, as_json, text)
 
 
+def schedule_record(s: Any) -> dict:
+    """A partition schedule as JSON (``comm_sms`` null: the collective library's kernel)."""
+    return {"comm_sms": s.comm_sms, "launch_slot": s.launch_slot, "wait_after": s.wait_after,
+            "block_size": s.block_size}
+
+
 def plan_record(plan: Any) -> dict:
     """A plan as JSON: clock per instruction (per stage, in 1F1B order) and schedules."""
     per_stage: dict[int, list] = {}
@@ -257,8 +263,7 @@ def plan_record(plan: Any) -> dict:
         per_stage.setdefault(ins.stage, []).append({
             "microbatch": ins.microbatch, "instruction": ins.direction,
             "clock_mhz": ip.clock_mhz, "nanobatched": ip.nanobatched,
-            "schedules": {k: {"comm_sms": s.comm_sms, "launch_slot": s.launch_slot}
-                          for k, s in ip.schedules}})
+            "schedules": {k: schedule_record(s) for k, s in ip.schedules}})
     return {"label": plan.label, "power_limit_w": plan.power_limit_w,
             "stages": {str(s): v for s, v in per_stage.items()}}
 
@@ -314,6 +319,10 @@ def perseus(profile_path: str, stages: int, microbatches: int, p_static: float, 
 @cli.command()
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
               help="Zeus-format CSV: stage,instruction,frequency,time,energy.")
+@click.option("--partition-sweep", "sweep_path", default=None, type=click.Path(dir_okay=False),
+              help="Measured partition sweep (the Kareus artifact's format); needs --spec, --out.")
+@click.option("--spec", "spec_path", default=None, type=click.Path(dir_okay=False),
+              help="--partition-sweep: the partition's spec.json.")
 @click.option("--gpu", required=True, help="Preset whose curves are fitted.")
 @click.option("--static-power", type=float, default=None,
               help="Static (blocked-on-P2P) power of the measured GPUs, W [preset's].")
@@ -325,19 +334,24 @@ def perseus(profile_path: str, stages: int, microbatches: int, p_static: float, 
               help="--gpu-measure: workload to profile.")
 @click.option("--layers", type=int, default=None, help="--gpu-measure: layers to run per stage.")
 @click.option("--clocks", default=None, help="--gpu-measure: comma-separated clocks, MHz.")
-@click.option("--out", "out_dir", default="results/calibration", show_default=True,
-              help="--gpu-measure: output folder (profile.csv, report.json, fitted_preset.json).")
+@click.option("--out", "out_path", default=None,
+              help="--gpu-measure: output folder [results/calibration]; --partition-sweep: the "
+                   "calibration JSON to write.")
 @click.option("--partitions/--no-partitions", default=False,
               help="--gpu-measure: also profile partition configurations.")
+@click.option("--figure", "figure_path", default=None, type=click.Path(dir_okay=False),
+              help="--partition-sweep: also plot measured against predicted time (PNG).")
 @click.option("--allow-clock-control", is_flag=True,
               help="--gpu-measure: lock each clock (admin rights; restored on exit).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate(profile_path: str | None, gpu: str, static_power: float | None,
-              power_limit: float | None, gpu_measure: bool, workload: str, layers: int | None,
-              clocks: str | None, out_dir: str, partitions: bool, allow_clock_control: bool,
+def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str | None, gpu: str,
+              static_power: float | None, power_limit: float | None, gpu_measure: bool,
+              workload: str, layers: int | None, clocks: str | None, out_path: str | None,
+              partitions: bool, figure_path: str | None, allow_clock_control: bool,
               as_json: bool) -> None:
     """Fit a preset's clock->time and clock->power curves to a measured profile (or measure one
-    on this machine's GPU with --gpu-measure)."""
+    on this machine's GPU with --gpu-measure), or fit the partition law to a measured partition
+    sweep (--partition-sweep)."""
     from dataclasses import asdict
 
     from kareus.errors import InputError
@@ -347,17 +361,30 @@ def calibrate(profile_path: str | None, gpu: str, static_power: float | None,
     for label, v in (("--static-power", static_power), ("--power-limit", power_limit)):
         if v is not None and not (v > 0 and v < 1e5):
             raise InputError(f"{label} must be a positive number of watts, got {v}")
+    modes = [m for m, on in (("--profile", profile_path), ("--partition-sweep", sweep_path),
+                             ("--gpu-measure", gpu_measure)) if on]
+    if len(modes) > 1:
+        raise InputError(f"give one of --profile, --partition-sweep, --gpu-measure, not "
+                         f"{' and '.join(modes)}")
     preset = get_preset(gpu)
+    if static_power is not None:
+        preset = preset.with_overrides(static_power_w=static_power)
+    if power_limit is not None:
+        preset = preset.with_overrides(power_limit_w=power_limit)
+    if sweep_path is not None:
+        _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json)
+        return
     if gpu_measure:
-        report = _gpu_measure(preset, workload, layers, clocks, out_dir, partitions,
+        report = _gpu_measure(get_preset(gpu), workload, layers, clocks,
+                              out_path or "results/calibration", partitions,
                               allow_clock_control, static_power)
         _emit(report, as_json, lambda: json.dumps(report, indent=2))
         return
     if profile_path is None:
-        raise InputError("give --profile CSV, or --gpu-measure to measure one on this GPU")
+        raise InputError("give --profile CSV, --partition-sweep CSV, or --gpu-measure")
     df = load_profile(profile_path)
-    res = fit(df, preset, static_power_w=static_power, power_limit_w=power_limit)
-    fitted = res.fitted_preset(preset)
+    res = fit(df, get_preset(gpu), static_power_w=static_power, power_limit_w=power_limit)
+    fitted = res.fitted_preset(get_preset(gpu))
     obj = {
         "gpu": preset.name, "profile": profile_path, "points": res.points,
         "static_power_w": res.static_power_w, "power_limit_w": res.power_limit_w,
@@ -380,6 +407,129 @@ def calibrate(profile_path: str | None, gpu: str, static_power: float | None,
             f"  fit error: time MAPE {res.time_mape_pct:.2f} %, energy MAPE "
             f"{res.energy_mape_pct:.2f} %",
         ])
+
+    _emit(obj, as_json, text)
+
+
+def _load_spec(spec_path: str | None, option: str):  # noqa: ANN202
+    from kareus.errors import InputError
+    from workloads.partition_spec import PartitionSpec
+
+    if spec_path is None:
+        raise InputError(f"{option} needs --spec SPEC (the partition's spec.json)")
+    return PartitionSpec.load(spec_path)
+
+
+def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
+                         out_path: str | None, figure_path: str | None, as_json: bool) -> None:
+    """``kareus calibrate --partition-sweep``: fit, report, write the calibration atomically."""
+    from pathlib import Path
+
+    from kareus.atomic import atomic_write_text
+    from kareus.backends.partition_calibration import fit_partition
+    from kareus.errors import InputError
+    from kareus.hardware.partition_sweep import load_sweep
+
+    spec = _load_spec(spec_path, "--partition-sweep")
+    if out_path is None:
+        raise InputError("--partition-sweep needs --out CALIB.json (where the fit is written)")
+    if Path(out_path).is_dir():
+        raise InputError(f"--out {out_path} is a folder; give the calibration file's path")
+    part = spec.partition()
+    sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
+    cal = fit_partition(part, sweep, preset, spec.sha256)
+    obj = {**cal.to_dict(), "sweep": sweep_path, "spec": spec_path, "out": out_path}
+    atomic_write_text(Path(out_path), json.dumps(cal.to_dict(), indent=2) + "\n")
+    if figure_path is not None:
+        import numpy as np
+        import pandas as pd
+
+        from kareus.backends.partition_calibration import predict
+        from kareus.report import plot_partition_fit
+
+        t, _ = predict(part, sweep.configs, cal.apply(preset), cal.clock_mhz,
+                       np.array(cal.op_work), np.array(cal.op_host))
+        c = sweep.configs
+        frame = pd.DataFrame({"overlap_start": c.start, "overlap_end": c.end,
+                              "comm_sm_number": c.sms, "comm_block_size": c.threads,
+                              "measured_s": sweep.time_s, "predicted_s": t})
+        plot_partition_fit(frame, Path(figure_path),
+                           f"{Path(sweep_path).name} on {preset.name}: time MAPE "
+                           f"{cal.fit['time_mape_pct']:.2f} %")
+        obj["figure"] = figure_path
+
+    def text() -> str:
+        f = cal.fit
+        h = f["holdout"]
+        best = f["measured_best"]
+        return "\n".join([
+            f"{preset.name}: partition law fitted to {f['rows']} configurations of {sweep_path} "
+            f"(mean of {f['repeats']} repeats); written to {out_path}",
+            f"  fit: time MAPE {f['time_mape_pct']:.2f} % (max {f['time_max_ape_pct']:.2f} %), "
+            f"energy MAPE {f['energy_mape_pct']:.2f} %",
+            f"  hold-out ({h['method']}): time MAPE {h['time_mape_pct']:.2f} %, energy MAPE "
+            f"{h['energy_mape_pct']:.2f} %",
+            f"  measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
+            f"{best['comm_sm_number']} SMs x {best['comm_block_size']} threads, "
+            f"{best['time_s'] * 1e3:.3f} ms; predicted rank {f['measured_best_predicted_rank']}",
+            "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
+        ])
+
+    _emit(obj, as_json, text)
+
+
+@cli.command()
+@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False),
+              help="The partition's spec.json.")
+@click.option("--configs", "configs_path", required=True, type=click.Path(dir_okay=False),
+              help="CSV with overlap_start, overlap_end, comm_sm_number, comm_block_size.")
+@click.option("--clock", type=float, default=None,
+              help="Locked SM clock, MHz [the default, unlocked clock].")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="A fit from `kareus calibrate --partition-sweep` [the preset's parameters].")
+@click.option("--gpu", required=True, help="GPU preset.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def partition(spec_path: str, configs_path: str, clock: float | None,
+              calibration_path: str | None, gpu: str, as_json: bool) -> None:
+    """Predict the time and energy of a spec partition's configurations."""
+    import numpy as np
+
+    from kareus.backends.partition_calibration import PartitionCalibration, predict
+    from kareus.errors import InputError
+    from kareus.hardware.partition_sweep import CONFIG_COLUMNS, load_configs
+
+    preset = get_preset(gpu)
+    spec = _load_spec(spec_path, "kareus partition")
+    part = spec.partition()
+    n = len(part.compute)
+    if clock is not None and not (np.isfinite(clock) and preset.clock_min_mhz <= clock
+                                  <= preset.clock_max_mhz):
+        raise InputError(f"--clock {clock} MHz outside {preset.name}'s "
+                         f"{preset.clock_min_mhz:.0f}-{preset.clock_max_mhz:.0f} MHz")
+    work = host = None
+    if calibration_path is not None:
+        cal = PartitionCalibration.load(calibration_path, preset.name, spec.sha256, n)
+        preset = cal.apply(preset)
+        work, host = np.array(cal.op_work), np.array(cal.op_host)
+    configs = load_configs(configs_path, n, preset.comm_max_sms)
+    t, e = predict(part, configs, preset, clock, work, host)
+    points = [{CONFIG_COLUMNS[0]: int(s), CONFIG_COLUMNS[1]: int(e_), CONFIG_COLUMNS[2]: int(k),
+               CONFIG_COLUMNS[3]: int(b), "time_s": float(ti), "energy_j": float(ei)}
+              for s, e_, k, b, ti, ei in zip(configs.start, configs.end, configs.sms,
+                                              configs.threads, t, e)]
+    obj = {"gpu": gpu, "spec": spec_path, "clock_mhz": clock,
+           "calibration": calibration_path, "points": points}
+
+    def text() -> str:
+        lines = [f"{len(points)} configurations of {spec_path} on {gpu} at "
+                 f"{'the default clock' if clock is None else f'{clock:.0f} MHz'}",
+                 f"{'start':>5s} {'end':>4s} {'SMs':>4s} {'block':>5s} {'time ms':>8s} "
+                 f"{'energy J':>9s}"]
+        lines += [f"{p['overlap_start']:5d} {p['overlap_end']:4d} {p['comm_sm_number']:4d} "
+                  f"{p['comm_block_size']:5d} {p['time_s'] * 1e3:8.3f} {p['energy_j']:9.4f}"
+                  for p in points]
+        return "\n".join(lines)
 
     _emit(obj, as_json, text)
 

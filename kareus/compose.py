@@ -2,7 +2,7 @@
 
 At one clock per instruction (the clock is locked per instruction), an instruction's time and
 dynamic energy are the sums over its partitions (times its layers, plus non-partitioned ops): the
-partitions run back to back and each one's (SMs, slot) only affects itself. The Pareto set of such
+partitions run back to back and each one's (SMs, window) only affects itself. The Pareto set of such
 a sum is contained in the sums of each partition's own Pareto points, so the instruction front is
 built by merging partition fronts pairwise (a Minkowski sum), pruning to the Pareto set after each
 merge. Every surviving combination is then measured as a whole instruction on the backend (which
@@ -21,7 +21,7 @@ from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.frontier import pareto_indices, spread_indices
 from kareus.graph import Direction, IterationGraph, Partition
-from kareus.plan import InstructionPlan, PartitionSchedule
+from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, PartitionSchedule
 from kareus.search.base import SearchResult
 from kareus.tradeoff import Option
 
@@ -46,6 +46,12 @@ def merge_fronts(a: tuple[NDArray, NDArray, NDArray], b: tuple[NDArray, NDArray,
         keep = keep[spread_indices(t[keep], MAX_COMBINATIONS)]
     ia, ib = np.divmod(keep, tb.size)
     return t[keep], e[keep], np.concatenate([ca[ia], cb[ib]], axis=1)
+
+
+def schedule_of(comm_sms: int, window: NDArray[np.int64]) -> PartitionSchedule:
+    """The plan's schedule for a grid point: SM count (0: the library's kernel) and window."""
+    return PartitionSchedule(None if comm_sms == LIBRARY_DEFAULT else comm_sms,
+                             int(window[0]), int(window[1]))
 
 
 def partition_front(result: SearchResult, clock_index: int) -> tuple[NDArray, NDArray, NDArray]:
@@ -84,9 +90,9 @@ def instruction_options(backend: Backend, graph: IterationGraph, key: tuple[int,
             scheds = {}
             for part, row in zip(ig.partitions, choice):
                 res = results[part]
-                _, ki, si = res.idx[row]
-                scheds[part.key] = PartitionSchedule(int(res.space.comm_sms[ki]),
-                                                     int(res.space.slots[si]))
+                _, ki, wi = res.idx[row]
+                scheds[part.key] = schedule_of(int(res.space.comm_sms[ki]),
+                                               res.space.windows[wi])
             plans.append(InstructionPlan.make(clock, True, scheds))
     options, dynamic = [], []
     for plan in plans:

@@ -1,7 +1,8 @@
 """Where the project's shared measurement data lives (never copied into the repository).
 
-The Perseus SOSP '24 profiles sit in ``shared/perseus_sosp24/`` beside the repository; a user's
-clone may not have them, so every caller must handle ``None``.
+The Perseus SOSP '24 profiles sit in ``shared/perseus_sosp24/`` and the Kareus artifact's
+measurements in ``shared/kareus_artifact/`` beside the repository; a user's clone may not have
+them, so every caller must handle ``None``.
 """
 
 from __future__ import annotations
@@ -30,3 +31,13 @@ def perseus_profile(name: str) -> Path | None:
         return None
     p = base / "perseus_sosp24" / "stage_profile" / name
     return p if p.is_file() else None
+
+
+def kareus_artifact(name: str) -> Path | None:
+    """Path of ``kareus_artifact/<name>`` (e.g. ``calibration_frontiers.csv``,
+    ``attention_partition/spec.json``)."""
+    base = shared_dir()
+    if base is None:
+        return None
+    p = base / "kareus_artifact" / name
+    return p if p.exists() else None

@@ -5,13 +5,14 @@
   reads a Python file holding ``list[list[tuple[str, int]]]``, one list per stage, each in 1F1B
   program order).
 - :func:`partition_schedules`: the per-partition communication schedule of every instruction
-  (SMs and launch slot), as JSON, for the runtime that launches the collectives.
+  (SMs, threads per block and the launch/wait window), as JSON, for the runtime that launches
+  the collectives.
 """
 
 from __future__ import annotations
 
-from kareus.graph import IterationGraph
-from kareus.plan import IterationPlan
+from kareus.graph import IterationGraph, Partition
+from kareus.plan import IterationPlan, PartitionSchedule
 
 
 def zeus_frequency_schedule(graph: IterationGraph, plan: IterationPlan
@@ -23,7 +24,9 @@ def zeus_frequency_schedule(graph: IterationGraph, plan: IterationPlan
 
 def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
     """JSON-ready per-instruction schedules: clock, nanobatched, and per partition key the
-    communication SMs, launch slot index and the slot's label (e.g. ``linear_0``)."""
+    communication SMs (``null``: the collective library's kernel), threads per block, the window
+    (launch before op ``launch_slot``, wait after op ``wait_after``; -1, -1: sequential) and the
+    labels of those ops (e.g. ``linear_0``)."""
     stages = []
     for stage, seq in sorted(graph.schedule().items()):
         rows = []
@@ -33,13 +36,18 @@ def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
             rows.append({
                 "instruction": ins.direction, "microbatch": ins.microbatch,
                 "clock_mhz": ip.clock_mhz, "nanobatched": ip.nanobatched,
-                "partitions": {k: {"comm_sms": s.comm_sms, "launch_slot": s.launch_slot,
-                                   "launch_with": parts[k].slots[s.launch_slot]
-                                   if k in parts and s.launch_slot < len(parts[k].slots) else None}
-                               for k, s in ip.schedules},
+                "partitions": {k: _schedule_json(s, parts.get(k)) for k, s in ip.schedules},
             })
         stages.append({"stage": stage, "instructions": rows})
     return {"workload": graph.workload, "label": plan.label, "stages": stages}
+
+
+def _schedule_json(s: PartitionSchedule, part: Partition | None) -> dict:
+    n = len(part.compute) if part is not None else 0
+    start, end = s.window(n) if n else (s.launch_slot, s.wait_after)
+    label = (lambda i: part.slots[i] if part is not None and 0 <= i < n else None)  # noqa: E731
+    return {"comm_sms": s.comm_sms, "block_size": s.block_size, "launch_slot": start,
+            "wait_after": end, "launch_before": label(start), "wait_after_op": label(end)}
 
 
 def zeus_solution_text(graph: IterationGraph, plan: IterationPlan) -> str:

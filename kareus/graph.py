@@ -38,6 +38,9 @@ class ComputeOp:
         tiles: Thread blocks the kernel launches; with one block per SM at a time they run in
             ``ceil(tiles / SMs)`` waves (wave quantization). 0 for memory-bound kernels.
         slot: Launch-slot label within its partition, e.g. ``"linear_0"``.
+        depth: Reduction depth of a GEMM (``K`` of ``[M,K] x [K,N]``): each output tile pays a
+            fixed prologue and epilogue, so shallow GEMMs run below peak. 0: unknown.
+        backward: The backward kernel of its op (attention backward has its own efficiency).
     """
 
     name: str
@@ -46,6 +49,8 @@ class ComputeOp:
     bytes: float
     tiles: int = 0
     slot: str = ""
+    depth: int = 0
+    backward: bool = False
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,10 @@ def validate_plans(plans: object, problem: Problem) -> list[IterationPlan]:
             if not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
                 raise PluginError(f"plan {k}: {ins} has an invalid clock {c!r}")
             for key, s in ip.schedules:
-                if (not isinstance(s.comm_sms, int) or s.comm_sms <= 0
-                        or not isinstance(s.launch_slot, int) or s.launch_slot < 0):
+                if not all(v is None or (isinstance(v, int) and not isinstance(v, bool))
+                           for v in (s.comm_sms, s.wait_after, s.block_size)) \
+                        or not isinstance(s.launch_slot, int) \
+                        or (s.comm_sms is not None and s.comm_sms <= 0) or s.launch_slot < -1:
                     raise PluginError(f"plan {k}: partition {key} has an invalid schedule {s}")
     return list(plans)
 

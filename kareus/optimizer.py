@@ -1,13 +1,14 @@
-"""The Kareus optimizer: joint per-partition clock / SM / launch-slot search, composition into
+"""The Kareus optimizer: joint per-partition clock / SM / window search, composition into
 instruction options, and the iteration-level time–cost tradeoff.
 
-1. **Per-partition search** (:mod:`kareus.search`) over (SM clock, communication SMs, launch slot)
+1. **Per-partition search** (:mod:`kareus.search`) over (SM clock, communication SMs, window: the
+   compute op the collective is launched before and the one after which compute waits for it)
    for every distinct partition of the iteration, measured on the problem's backend; the search
    keeps the time vs dynamic-energy and time vs total-energy fronts.
 2. **Composition** (:mod:`kareus.compose`): per instruction type and clock, the Pareto set of the
    partitions' combined schedules, measured as whole instructions, plus the sequential execution.
 3. **Iteration frontier** (:mod:`kareus.tradeoff`): lowtime's Phillips–Dessouky solver on the 1F1B
-   DAG exactly as Perseus, each option's knob being (clock, per-partition SMs and slot). Every
+   DAG exactly as Perseus, each option's knob being (clock, per-partition SMs and window). Every
    solver step is a plan.
 
 Settings (``problem.options``): ``search`` (exhaustive | nsga2 | surrogate), ``budget``
@@ -22,23 +23,31 @@ import numpy as np
 from kareus.compose import instruction_options
 from kareus.errors import InputError
 from kareus.graph import Partition
-from kareus.plan import IterationPlan
+from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, IterationPlan
 from kareus.plugins import KnobSpace, Problem
 from kareus.search import Evaluator, PartitionSpace, SearchResult, make_search
 from kareus.tradeoff import Option, plans_from_steps, solve
 
 
+def partition_windows(n_ops: int) -> np.ndarray:
+    """Every meaningful (launch, wait) window of a partition of ``n_ops`` compute ops: launched
+    before op ``s``, waited for after op ``e`` for ``0 <= s <= e < n_ops``, and (-1, -1), the
+    collective alone before the compute; shape (W, 2)."""
+    pairs = [SEQUENTIAL] + [(s, e) for s in range(n_ops) for e in range(s, n_ops)]
+    return np.array(pairs, dtype=np.int64)
+
+
 def partition_space(part: Partition, knobs: KnobSpace) -> PartitionSpace:
     """Knob grid of a partition: the knob space's clocks; all-reduce or CP-collective SM counts
-    by the partition's collective; every compute op as a launch slot."""
+    by the partition's collective; every (launch, wait) window. A partition without a collective
+    has nothing to schedule: one SM count, one window."""
+    clocks = np.asarray(knobs.clocks_mhz, dtype=np.float64)
     if part.comm is None:
-        sms: tuple[int, ...] = knobs.comm_sms[:1]  # nothing to schedule
-    elif part.comm.collective == "all_reduce":
-        sms = knobs.comm_sms
-    else:
-        sms = knobs.cp_comm_sms
-    return PartitionSpace(np.asarray(knobs.clocks_mhz, dtype=np.float64),
-                          np.asarray(sms, dtype=np.int64), np.arange(len(part.compute)))
+        return PartitionSpace(clocks, np.array([LIBRARY_DEFAULT]),
+                              np.array([(0, len(part.compute) - 1)]))
+    sms = knobs.comm_sms if part.comm.collective == "all_reduce" else knobs.cp_comm_sms
+    return PartitionSpace(clocks, np.asarray(sms, dtype=np.int64),
+                          partition_windows(len(part.compute)))
 
 
 def search_partitions(problem: Problem) -> dict[Partition, SearchResult]:

@@ -20,7 +20,7 @@ from kareus.backends.base import Backend
 from kareus.errors import InputError
 from kareus.graph import IterationGraph
 from kareus.hardware.presets import GPUPreset
-from kareus.plan import IterationPlan
+from kareus.plan import LIBRARY_DEFAULT, IterationPlan
 from workloads.parallel import Workload
 
 ENTRY_POINT_GROUP = "kareus.optimizers"
@@ -32,8 +32,9 @@ class KnobSpace:
 
     Attributes:
         clocks_mhz: Candidate locked SM clocks (MHz), ascending.
-        comm_sms: Candidate SM counts of TP all-reduce kernels.
-        cp_comm_sms: Candidate SM counts of CP all-gather / reduce-scatter kernels.
+        comm_sms: Candidate SM counts of TP all-reduce kernels; 0
+            (:data:`~kareus.plan.LIBRARY_DEFAULT`) is the collective library's own kernel.
+        cp_comm_sms: Candidate SM counts of CP all-gather / reduce-scatter kernels (0 likewise).
         power_limits_w: Candidate board power limits (W), ascending (power-limit baselines).
     """
 
@@ -46,16 +47,19 @@ class KnobSpace:
     def default(gpu: GPUPreset) -> "KnobSpace":
         """The Kareus paper's space scaled to ``gpu``: clocks from ~64 % of the maximum (A100:
         900 MHz) to the maximum in two hardware steps (30 MHz on A100); all-reduce SMs 3..30 step 3;
-        CP collective SMs 1..20; power limits from ~1.6x static power to the default limit in
-        25 W steps."""
+        CP collective SMs 1..20; both also the library's default kernel (0); power limits from
+        ~1.6x static power to the default limit in 25 W steps. Every partition's (launch, wait)
+        windows are searched (:func:`kareus.optimizer.partition_windows`)."""
         step = 2 * gpu.clock_step_mhz
         lo = gpu.clock_min_mhz + np.floor((0.64 * gpu.clock_max_mhz - gpu.clock_min_mhz) / step
                                           ) * step
         clocks = tuple(float(c) for c in np.arange(gpu.clock_max_mhz, lo - 1e-6, -step)[::-1])
         pl_lo = max(100.0, 25 * np.ceil(1.6 * gpu.static_power_w / 25))
         limits = tuple(float(x) for x in np.arange(pl_lo, gpu.power_limit_w + 1e-6, 25.0))
-        return KnobSpace(clocks_mhz=clocks, comm_sms=tuple(range(3, 31, 3)),
-                         cp_comm_sms=tuple(range(1, 21)), power_limits_w=limits)
+        cap = min(30, gpu.comm_max_sms)
+        return KnobSpace(clocks_mhz=clocks, comm_sms=(LIBRARY_DEFAULT, *range(3, cap + 1, 3)),
+                         cp_comm_sms=(LIBRARY_DEFAULT, *range(1, min(20, cap) + 1)),
+                         power_limits_w=limits)
 
     def validate(self, gpu: GPUPreset) -> None:
         """Raise :class:`InputError` if the space is empty or does not fit ``gpu``."""
@@ -67,9 +71,10 @@ class KnobSpace:
             raise InputError(f"knob space: clocks {lo:.0f}-{hi:.0f} MHz outside {gpu.name}'s "
                              f"{gpu.clock_min_mhz:.0f}-{gpu.clock_max_mhz:.0f} MHz")
         sms = self.comm_sms + self.cp_comm_sms
-        if min(sms) < 1 or max(sms) >= gpu.sms:
-            raise InputError(f"knob space: communication SMs must be in 1..{gpu.sms - 1} on "
-                             f"{gpu.name}, got {min(sms)}..{max(sms)}")
+        if min(sms) < 0 or max(sms) > gpu.comm_max_sms:
+            raise InputError(f"knob space: communication SMs must be in 1..{gpu.comm_max_sms} "
+                             f"on {gpu.name} (0: the library's kernel), got "
+                             f"{min(sms)}..{max(sms)}")
         if self.power_limits_w and (min(self.power_limits_w) <= gpu.static_power_w):
             raise InputError("knob space: power limits must exceed the static power")
 

@@ -210,6 +210,56 @@ def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
+                       windows: tuple[tuple[int, int], ...] = ((-1, -1), (0, 6), (2, 6), (2, 4),
+                                                              (5, 5), (6, 6))) -> None:
+    """Measured (markers) and predicted (lines) partition time over the collective's SM count,
+    one panel per threads-per-block value, one colour per window. ``frame`` has columns
+    ``overlap_start, overlap_end, comm_sm_number, comm_block_size, measured_s, predicted_s``;
+    windows absent from it are skipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    key = list(zip(frame.overlap_start, frame.overlap_end))
+    df = frame.assign(window=[f"({s}, {e})" for s, e in key],
+                      keep=[k in set(windows) for k in key])
+    df = df[df.keep]
+    blocks = sorted(df.comm_block_size.unique())
+    fig, axes = plt.subplots(1, max(1, len(blocks)), figsize=(6.5 * max(1, len(blocks)), 5),
+                             sharey=True, squeeze=False)
+    order = [f"({s}, {e})" for s, e in windows if f"({s}, {e})" in set(df.window)]
+    palette = dict(zip(order, sns.color_palette("tab10", len(order))))
+    for ax, b in zip(axes[0], blocks):
+        sub = df[df.comm_block_size == b].sort_values("comm_sm_number")
+        for w in order:
+            d = sub[sub.window == w]
+            ax.plot(d.comm_sm_number, d.predicted_s * 1e3, color=palette[w], lw=1.6,
+                    label=f"{w} predicted")
+            ax.scatter(d.comm_sm_number, d.measured_s * 1e3, color=palette[w], s=18,
+                       label=f"{w} measured")
+        ax.set_title(f"{b} threads per block", fontsize=10)
+        ax.set_xlabel("SMs given to the all-reduce")
+        ax.set_ylabel("partition time (ms, log scale)")
+        ax.set_yscale("log")
+        ticks = [2, 2.5, 3, 4, 5, 6, 8, 10, 12]
+        ax.set_yticks(ticks)
+        ax.set_yticklabels([f"{v:g}" for v in ticks])
+        ax.minorticks_off()
+        ax.set_xticks(sorted(sub.comm_sm_number.unique())[::2])
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    axes[0][-1].legend(handles, labels, fontsize=7, ncol=2, title="window (launch, wait)",
+                       title_fontsize=8)
+    fig.suptitle(title + "\nmarkers: measured (mean of repeats); lines: the fitted partition law",
+                 fontsize=10)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
+
+
 def _savefig(fig, path: Path) -> None:  # noqa: ANN001
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)

@@ -110,24 +110,28 @@ def test_instruction_and_partition_on_cpu(tiny, shared_fake):
     g = b.bind(tiny)
     for key in sorted(g.instruction_graphs):
         parts = g.instruction_graphs[key].partitions
-        sched = {p.key: PartitionSchedule(6, i % len(p.compute)) for i, p in enumerate(parts)}
+        sched = {p.key: PartitionSchedule(6, i % len(p.compute), len(p.compute) - 1 - i % 2
+                                          if i % len(p.compute) < len(p.compute) - 1 else None)
+                 for i, p in enumerate(parts)}
         cost = b.evaluate_instruction(g, key, InstructionPlan.make(1980.0, True, sched))
         assert cost.time_s > 0
         # the fake meter and the wall clock are read at slightly different instants
         assert cost.dynamic_energy_j == pytest.approx((300.0 - 110.0) * cost.time_s, rel=2e-2)
     part = g.instruction_graphs[(0, "backward")].partitions[2]
     grid = b.evaluate_partition(part, np.array([1980.0, 1500.0]), np.array([6, 12]),
-                                np.array([0, 1, 2]))
+                                np.array([[0, 0], [1, 2], [-1, -1]]))
     assert grid.time_s.shape == (2, 2, 3) and np.all(grid.time_s > 0)
     assert grid.key == part.key
     t, e = b.measure_partition_op(part, 1, 1980.0)
     assert t > 0 and e == pytest.approx(190.0 * t, rel=0.2)  # µs window: read skew
-    with pytest.raises(PlanError, match="launch slot"):
-        b.evaluate_partition(part, np.array([1980.0]), np.array([6]), np.array([99]))
+    with pytest.raises(PlanError, match="window"):
+        b.evaluate_partition(part, np.array([1980.0]), np.array([6]), np.array([[99, 99]]))
+    with pytest.raises(PlanError, match="threads per block"):
+        b.evaluate_partition(part, np.array([1980.0]), np.array([6]), np.array([[0, 0]]), 512)
     other = build_iteration_graph(make_workload("qwen3-1.7b")).instruction_graphs[
         (0, "forward")].partitions[0]
     with pytest.raises(InputError, match="bind"):
-        b.evaluate_partition(other, np.array([1980.0]), np.array([6]), np.array([0]))
+        b.evaluate_partition(other, np.array([1980.0]), np.array([6]), np.array([[0, 0]]))
 
 
 def test_unsupported_and_invalid_plans(tiny):
@@ -156,7 +160,7 @@ def test_unsupported_and_invalid_plans(tiny):
     part = next(p for p in big.instruction_graphs[(0, "forward")].partitions
                 if p.comm is not None)
     with pytest.raises(PlanError, match="NCCL runs at most"):
-        b.evaluate_partition(part, np.array([1980.0]), np.array([40]), np.array([0]))
+        b.evaluate_partition(part, np.array([1980.0]), np.array([40]), np.array([[0, 0]]))
 
 
 def test_aggregate_iteration_time_max_energy_sum():
@@ -188,7 +192,7 @@ def test_workload_and_plan_round_trips(name, kw):
     assert build_iteration_graph(workload_from_graph(g)) == g
     assert workload_from_dict(json.loads(json.dumps(workload_to_dict(w)))) == w
     key = g.instruction_graphs[(0, "forward")].partitions[0].key
-    plan = IterationPlan.uniform(g, 1410.0, True, {key: PartitionSchedule(9, 2)},
+    plan = IterationPlan.uniform(g, 1410.0, True, {key: PartitionSchedule(9, 2, 3)},
                                  power_limit_w=300.0, label="x")
     back = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
     assert back.instructions == plan.instructions and back.power_limit_w == 300.0

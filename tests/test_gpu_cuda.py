@@ -89,7 +89,7 @@ def test_nanobatched_side_stream_equals_sequential(one_rank_nccl):
                 for d in ("forward", "backward")}
         eng.partition_keys = keys
         # odd partitions: the 8-CTA communicator; even: NCCL's default; slots 0..2
-        parts = tuple((k, (8 if i % 2 else None, i % 3)) for d in keys
+        parts = tuple((k, (8 if i % 2 else None, i % 3, None if i % 2 else i % 3)) for d in keys
                       for i, k in enumerate(keys[d])) if nano else ()
         sched = Schedule(nano, parts)
         st = eng.forward(tok, sched, tgt)
@@ -129,7 +129,7 @@ def test_side_stream_collectives_are_joined_before_use():
         keys = {d: [f"{d}{i}" for i in range(len(eng.op_names(d, True)))]
                 for d in ("forward", "backward")}
         eng.partition_keys = keys
-        parts = tuple((k, (None, i % 3)) for d in keys for i, k in enumerate(keys[d])) \
+        parts = tuple((k, (None, i % 3, None)) for d in keys for i, k in enumerate(keys[d])) \
             if nano else ()
         sched = Schedule(nano, parts)
         st = eng.forward(tok, sched, tgt)

@@ -91,7 +91,9 @@ def test_side_stream_schedules_do_not_change_results():
     for d in ("forward", "backward"):
         names = eng.op_names(d, True)
         keys[d] = [f"{d}-{i}" for i in range(len(names))]
-    parts = tuple((k, (3 + i, i % 4)) for d in keys for i, k in enumerate(keys[d]))
+    # windows: sequential (-1), launched before op 0..2 and waited for right away or at the end
+    parts = tuple((k, (3 + i, i % 4 - 1, (i % 4 - 1) if i % 2 and i % 4 else None))
+                  for d in keys for i, k in enumerate(keys[d]))
     eng.partition_keys = keys
     comm.log.clear()
     st = eng.forward(tok, Schedule(True, parts), tgt)
@@ -191,7 +193,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     m = GPTStage(spec, spec.layers, first=True, last=True, tp=2, tp_rank=rank)
     _shard(ref, m, 2, rank)
     errs = []
-    for sched in (Schedule(False), Schedule(True, (("x", (5, 1)),))):
+    for sched in (Schedule(False), Schedule(True, (("x", (5, 1, None)),))):
         m.zero_grad(set_to_none=True)
         eng = StageEngine(m, comm, partition_keys={"forward": ["x"] * 4, "backward": ["x"] * 8})
         st = eng.forward(tok, sched, tgt)
@@ -214,7 +216,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             for i in (i for seq in g.schedule().values() for i in seq):
                 parts = g.instruction_graphs[i.type_key].partitions
                 ins[i] = InstructionPlan.make(1980, nano, {
-                    p.key: PartitionSchedule(3 + j % 4, j % len(p.compute))
+                    p.key: _window_schedule(3 + j % 4, j, len(p.compute))
                     for j, p in enumerate(parts)} if nano else None)
             job = Job("plan", workload=w, plan=IterationPlan(ins), measure=cfg, device="cpu",
                       dtype="float32", fake_device=True)
@@ -253,3 +255,13 @@ def test_two_ranks_tp_and_pipeline(tmp_path):
         assert a == pytest.approx(b, rel=1e-5)
     # TP ranks of one stage agree on the loss
     assert res[0]["tp2-True"]["losses"] == pytest.approx(res[1]["tp2-True"]["losses"], rel=1e-6)
+
+
+def _window_schedule(sms: int, j: int, n: int):
+    """A valid schedule of partition ``j`` of ``n`` ops: sequential, or launched before op
+    ``j % n`` and waited for right after it or at the end."""
+    from kareus.plan import PartitionSchedule
+
+    if j % 3 == 2:
+        return PartitionSchedule(sms, -1, -1)
+    return PartitionSchedule(sms, j % n, None if j % 2 else j % n)

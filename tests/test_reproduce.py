@@ -7,7 +7,9 @@ import pytest
 
 import reproduce
 
-SMALL = ["--tp", "4", "--pp", "2", "--mbs", "2", "--microbatches", "4"]
+# TP8 with 16k-token nanobatches: big enough that overlap pays (smaller partitions are
+# host-bound: the fuser issues each op from Python; see docs/simulator.md)
+SMALL = ["--tp", "8", "--pp", "2", "--mbs", "8", "--microbatches", "4", "--seq", "4096"]
 
 
 def test_reproduce_writes_every_result(tmp_path, capsys):

@@ -10,6 +10,7 @@ import pytest
 
 from kareus.errors import InputError
 from kareus.graph import Partition
+from kareus.optimizer import partition_space, partition_windows
 from kareus.problem import make_problem
 from kareus.search import Evaluator, PartitionSearch, PartitionSpace, SearchResult, make_search
 
@@ -23,14 +24,13 @@ def problem():
 
 @pytest.fixture(scope="module")
 def part(problem) -> Partition:
-    # bwd_attn/1: 18 clocks x 10 SM counts x 8 launch slots = 1,440 configurations
+    # bwd_attn/1: 18 clocks x 11 SM counts (the library's kernel, 3..30) x 37 windows
     return problem.graph.instruction_graphs[(0, "backward")].partitions[-1]
 
 
 @pytest.fixture(scope="module")
 def space(problem, part) -> PartitionSpace:
-    return PartitionSpace(np.array(problem.knobs.clocks_mhz), np.array(problem.knobs.comm_sms),
-                          np.arange(len(part.compute)))
+    return partition_space(part, problem.knobs)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_default_budget_is_15_percent(name, problem, part, space):
 def test_budget_beyond_the_space_and_tiny_spaces(name, problem, part):
     # a knob with a single value, and a space smaller than any initial design
     tiny = PartitionSpace(np.array(problem.knobs.clocks_mhz[-2:]), np.array([12]),
-                          np.arange(min(3, len(part.compute))))
+                          partition_windows(len(part.compute))[:3])
     res, ev = run(name, problem, part, tiny, None)
     assert res.evaluations == len(ev.asked) <= tiny.size
     if name == "surrogate":
@@ -127,8 +127,10 @@ def _hv_fraction(res: SearchResult, exact: SearchResult, total: bool) -> float:
     return res.hypervolume(ref, total=total) / exact.hypervolume(ref, total=total)
 
 
-def test_15_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
-    budget = math.ceil(0.15 * space.size)
+def test_4_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
+    # With every (launch, wait) window in the space, 15 % of it is enough for random sampling
+    # (~0.99); 4 % (294 configurations) separates a search from a coin.
+    budget = math.ceil(0.04 * space.size)
     seeds = range(3)
     # random sampling with the same budget, for scale: it must fall short of the bar below
     rand = []
@@ -137,13 +139,12 @@ def test_15_percent_budget_reaches_the_exact_fronts(problem, part, space, exact)
         pick = np.random.default_rng(s).choice(space.size, budget, replace=False)
         ev.measure(space.all_indices()[pick])
         rand.append(_hv_fraction(ev.result(), exact, total=True))
-    assert np.mean(rand) < 0.975
+    assert np.mean(rand) < 0.96
     for name in SAMPLERS:
         runs = [run(name, problem, part, space, budget, seed=s)[0] for s in seeds]
         tot = [_hv_fraction(r, exact, total=True) for r in runs]
         dyn = [_hv_fraction(r, exact, total=False) for r in runs]
-        # measured (8 seeds): nsga2 0.992-0.999, surrogate 0.975-0.999; random 0.939-0.978
-        assert np.mean(tot) >= 0.985, (name, tot)
+        # measured (seeds 0-2): nsga2 0.983-1.0, surrogate 1.0; random 0.919-0.948
+        assert np.mean(tot) >= 0.98, (name, tot)
         assert min(tot) >= 0.975, (name, tot)
-        # dynamic front (8 seeds): nsga2 0.978-0.99 (it optimises total energy), surrogate >= 0.998
         assert min(dyn) >= 0.97, (name, dyn)

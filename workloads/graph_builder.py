@@ -47,11 +47,32 @@ class _Cut:
         self.comm = comm
 
 
-def _gemm(name: str, m: int, k: int, n: int) -> ComputeOp:
+def gemm_op(name: str, m: int, k: int, n: int, elem_bytes: int = BF16) -> ComputeOp:
+    """GEMM ``[M,K] x [K,N]``: ``2·M·K·N`` FLOP, inputs and output once, 128 x 128 output tiles."""
     return ComputeOp(
-        name=name, kind="gemm", flops=2.0 * m * k * n, bytes=BF16 * (m * k + k * n + m * n),
-        tiles=math.ceil(m / _TILE) * math.ceil(n / _TILE),
+        name=name, kind="gemm", flops=2.0 * m * k * n,
+        bytes=float(elem_bytes * (m * k + k * n + m * n)),
+        tiles=math.ceil(m / _TILE) * math.ceil(n / _TILE), depth=k,
     )
+
+
+def attention_op(name: str, b: int, hq: int, hkv: int, d: int, s_q: int, s_kv: int, *,
+                 causal: bool = True, elem_bytes: int = BF16, backward: bool = False,
+                 work_fraction: float = 1.0) -> ComputeOp:
+    """Flash attention of ``b`` sequences, ``hq`` query / ``hkv`` key-value heads of width ``d``,
+    ``s_q`` queries against ``s_kv`` keys: ``4·b·hq·d·s_q·s_kv`` FLOP (QK^T and PV), halved when
+    causal over the same tokens, times ``work_fraction`` (the share of the score matrix this GPU
+    computes, e.g. ``1/cp`` under load-balanced context parallelism). Backward: 2.5x the FLOPs
+    (five matmuls against two, the scores recomputed) and twice the bytes. One thread block per
+    128 query rows per head."""
+    flops = 4.0 * b * hq * d * s_q * s_kv * work_fraction / (2 if causal else 1)
+    kv_bytes = elem_bytes * 2 * b * s_kv * hkv * d
+    q_o_bytes = elem_bytes * 2 * b * s_q * hq * d
+    if backward:
+        return ComputeOp(name, "attention", 2.5 * flops, 2 * (q_o_bytes + kv_bytes),
+                         tiles=b * hq * math.ceil(s_q / _TILE), depth=d, backward=True)
+    return ComputeOp(name, "attention", flops, float(q_o_bytes + kv_bytes),
+                     tiles=b * hq * math.ceil(s_q / _TILE), depth=d)
 
 
 def _gemm_bwd(name: str, m: int, k: int, n: int) -> list[ComputeOp]:
@@ -59,15 +80,18 @@ def _gemm_bwd(name: str, m: int, k: int, n: int) -> list[ComputeOp]:
     dgrad = ComputeOp(
         name=f"{name}_dgrad", kind="gemm", flops=2.0 * m * k * n,
         bytes=BF16 * (m * n + k * n + m * k), tiles=math.ceil(m / _TILE) * math.ceil(k / _TILE),
+        depth=n, backward=True,
     )
     wgrad = ComputeOp(
         name=f"{name}_wgrad", kind="gemm", flops=2.0 * m * k * n,
         bytes=BF16 * (m * k + m * n + k * n), tiles=math.ceil(k / _TILE) * math.ceil(n / _TILE),
+        depth=m, backward=True,
     )
     return [dgrad, wgrad]
 
 
-def _mem(name: str, nbytes: float, flops: float = 0.0) -> ComputeOp:
+def memory_op(name: str, nbytes: float, flops: float = 0.0) -> ComputeOp:
+    """An HBM-bound kernel (elementwise, norm, RoPE) moving ``nbytes``."""
     return ComputeOp(name=name, kind="memory", flops=flops, bytes=float(nbytes))
 
 
@@ -100,9 +124,11 @@ class _LayerOps:
         return CommOp(name, collective, gathered, self.cp, self.intra)  # type: ignore[arg-type]
 
     # -- forward -----------------------------------------------------------------------------
-    def _attention_flops(self) -> float:
-        # Causal: half of the s x s score matrix; load-balanced CP gives each rank 1/cp of it.
-        return 4.0 * self.b * self.hq * self.m.head_dim * self.seq * self.seq / 2 / self.cp
+    def _attention(self, name: str, backward: bool) -> ComputeOp:
+        # Causal over the whole sequence; load-balanced CP gives each rank 1/cp of the queries
+        # (hence of the score matrix) against all keys.
+        return attention_op(name, self.b, self.hq, self.hkv, self.m.head_dim, self.s_local,
+                            self.seq, backward=backward)
 
     def forward(self) -> list[ComputeOp | _Cut]:
         m, t, d = self.m, self.t, self.m.head_dim
@@ -110,31 +136,26 @@ class _LayerOps:
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         ops: list[ComputeOp | _Cut] = [
-            _mem("bda", 3 * BF16 * t * h, flops=2.0 * t * h),
-            _mem("norm", 2 * BF16 * t * h, flops=5.0 * t * h),
-            _gemm("linear_qkv", t, h, qkv_n),
+            memory_op("bda", 3 * BF16 * t * h, flops=2.0 * t * h),
+            memory_op("norm", 2 * BF16 * t * h, flops=5.0 * t * h),
+            gemm_op("linear_qkv", t, h, qkv_n),
         ]
         if m.qk_norm:
-            ops.append(_mem("qk_norm", 2 * BF16 * qk_elems, flops=5.0 * qk_elems))
+            ops.append(memory_op("qk_norm", 2 * BF16 * qk_elems, flops=5.0 * qk_elems))
         if m.rope:
-            ops.append(_mem("rope", 2 * BF16 * qk_elems, flops=3.0 * qk_elems))
+            ops.append(memory_op("rope", 2 * BF16 * qk_elems, flops=3.0 * qk_elems))
         if self.cp > 1:
             ops.append(_Cut("qkv", self._cp_kv("cp_allgather_kv", "all_gather")))
-        kv_bytes = BF16 * 2 * self.b * self.seq * self.hkv * d
-        ops.append(ComputeOp(
-            "attention", "attention", self._attention_flops(),
-            BF16 * 2 * t * self.hq * d + kv_bytes,
-            tiles=self.b * self.hq * math.ceil(self.s_local / _TILE),
-        ))
-        ops.append(_gemm("linear_proj", t, self.hq * d, h))
+        ops.append(self._attention("attention", backward=False))
+        ops.append(gemm_op("linear_proj", t, self.hq * d, h))
         ops.append(_Cut("ao" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_attn")))
-        ops.append(_mem("bda", 3 * BF16 * t * h, flops=2.0 * t * h))
-        ops.append(_mem("norm", 2 * BF16 * t * h, flops=5.0 * t * h))
+        ops.append(memory_op("bda", 3 * BF16 * t * h, flops=2.0 * t * h))
+        ops.append(memory_op("norm", 2 * BF16 * t * h, flops=5.0 * t * h))
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
-        ops.append(_gemm("linear_fc1", t, h, fc1_n))
+        ops.append(gemm_op("linear_fc1", t, h, fc1_n))
         act_bytes = BF16 * t * (fc1_n + self.ffn)
-        ops.append(_mem("activation", act_bytes, flops=8.0 * t * self.ffn))
-        ops.append(_gemm("linear_fc2", t, self.ffn, h))
+        ops.append(memory_op("activation", act_bytes, flops=8.0 * t * self.ffn))
+        ops.append(gemm_op("linear_fc2", t, self.ffn, h))
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_mlp")))
         return ops
 
@@ -145,29 +166,24 @@ class _LayerOps:
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
-        ops: list[ComputeOp | _Cut] = [_mem("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h)]
+        ops: list[ComputeOp | _Cut] = [memory_op("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h)]
         ops += _gemm_bwd("linear_fc2", t, self.ffn, h)
-        ops.append(_mem("activation_bwd", BF16 * t * (2 * fc1_n + self.ffn),
+        ops.append(memory_op("activation_bwd", BF16 * t * (2 * fc1_n + self.ffn),
                         flops=12.0 * t * self.ffn))
         ops += _gemm_bwd("linear_fc1", t, h, fc1_n)
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad")))
-        ops.append(_mem("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h))
-        ops.append(_mem("bda_bwd", 3 * BF16 * t * h, flops=1.0 * t * h))
+        ops.append(memory_op("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h))
+        ops.append(memory_op("bda_bwd", 3 * BF16 * t * h, flops=1.0 * t * h))
         ops += _gemm_bwd("linear_proj", t, self.hq * d, h)
         if self.cp > 1:
             ops.append(_Cut("o", self._cp_kv("cp_allgather_kv", "all_gather")))
-        kv_bytes = BF16 * 2 * self.b * self.seq * self.hkv * d
-        ops.append(ComputeOp(
-            "attention_bwd", "attention", 2.5 * self._attention_flops(),
-            BF16 * 4 * t * self.hq * d + 2 * kv_bytes,
-            tiles=self.b * self.hq * math.ceil(self.s_local / _TILE),
-        ))
+        ops.append(self._attention("attention_bwd", backward=True))
         if self.cp > 1:
             ops.append(_Cut("a", self._cp_kv("cp_reducescatter_dkv", "reduce_scatter")))
         if m.rope:
-            ops.append(_mem("rope_bwd", 2 * BF16 * qk_elems, flops=3.0 * qk_elems))
+            ops.append(memory_op("rope_bwd", 2 * BF16 * qk_elems, flops=3.0 * qk_elems))
         if m.qk_norm:
-            ops.append(_mem("qk_norm_bwd", 3 * BF16 * qk_elems, flops=8.0 * qk_elems))
+            ops.append(memory_op("qk_norm_bwd", 3 * BF16 * qk_elems, flops=8.0 * qk_elems))
         ops += _gemm_bwd("linear_qkv", t, h, qkv_n)
         ops.append(_Cut("qkv" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_qkv_dgrad")))
         return ops
@@ -176,11 +192,12 @@ class _LayerOps:
 _SLOT_KIND = {
     "bda": "bda", "bda_bwd": "bda", "norm": "norm", "norm_bwd": "norm", "rope": "rope",
     "rope_bwd": "rope", "qk_norm": "qknorm", "qk_norm_bwd": "qknorm", "attention": "attn",
+    "flash_attention": "attn", "qkv_split": "split",
     "attention_bwd": "attn", "activation": "activation", "activation_bwd": "activation",
 }
 
 
-def _label_slots(ops: list[ComputeOp]) -> tuple[ComputeOp, ...]:
+def label_slots(ops: list[ComputeOp]) -> tuple[ComputeOp, ...]:
     """Give each op its launch-slot label ``<kind>_<n>`` (n counts that kind in the partition)."""
     counts: dict[str, int] = {}
     out = []
@@ -201,12 +218,12 @@ def _segments(items: list[ComputeOp | _Cut]) -> list[tuple[str, tuple[ComputeOp,
         if isinstance(item, _Cut):
             names.append(item.name)
             if item.comm is not None:
-                out.append(("+".join(names), _label_slots(ops), item.comm))
+                out.append(("+".join(names), label_slots(ops), item.comm))
                 ops, names = [], []
         else:
             ops.append(item)
     if ops:
-        out.append(("+".join(names) if names else "tail", _label_slots(ops), None))
+        out.append(("+".join(names) if names else "tail", label_slots(ops), None))
     return out
 
 
@@ -264,27 +281,27 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
         if direction == "forward":
             ar = CommOp("tp_allreduce_embedding", "all_reduce", BF16 * t * h, p.tp, intra) \
                 if p.tp > 1 else None
-            segs.append(Segment(_label_slots([_mem("embedding", 3 * BF16 * t * h)]), ar))
+            segs.append(Segment(label_slots([memory_op("embedding", 3 * BF16 * t * h)]), ar))
         else:
-            segs.append(Segment(_label_slots([_mem("embedding_bwd", 3 * BF16 * t * h)]), None))
+            segs.append(Segment(label_slots([memory_op("embedding_bwd", 3 * BF16 * t * h)]), None))
     if stage == p.pp - 1:
         if direction == "forward":
             ops = [
-                _mem("norm", 2 * BF16 * t * h, flops=5.0 * t * h),
-                _gemm("linear_output", t, h, v),
-                _mem("cross_entropy", (BF16 + 4 + 4) * t * v, flops=5.0 * t * v),
+                memory_op("norm", 2 * BF16 * t * h, flops=5.0 * t * h),
+                gemm_op("linear_output", t, h, v),
+                memory_op("cross_entropy", (BF16 + 4 + 4) * t * v, flops=5.0 * t * v),
             ]
             ar = CommOp("tp_allreduce_loss", "all_reduce", 4 * 3 * t, p.tp, intra) \
                 if p.tp > 1 else None
         else:
             ops = [
-                _mem("cross_entropy_bwd", (4 + BF16) * t * v, flops=3.0 * t * v),
+                memory_op("cross_entropy_bwd", (4 + BF16) * t * v, flops=3.0 * t * v),
                 *_gemm_bwd("linear_output", t, h, v),
-                _mem("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h),
+                memory_op("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h),
             ]
             ar = CommOp("tp_allreduce_output_dgrad", "all_reduce", BF16 * t * h, p.tp, intra) \
                 if p.tp > 1 else None
-        segs.append(Segment(_label_slots(ops), ar))
+        segs.append(Segment(label_slots(ops), ar))
     return tuple(segs)
 
 
@@ -298,13 +315,13 @@ def _stage_tail(w: Workload, stage: int, layers: int) -> tuple[Segment, ...]:
         params += m.vocab * m.hidden / p.tp
     # Adam, distributed optimizer: read fp32 grad + master + 2 moments, write master + moments +
     # bf16 weight, on this rank's 1/dp shard.
-    step = _mem("optimizer_step", params / p.dp * (4 * 4 + 3 * 4 + BF16), flops=12.0 * params / p.dp)
+    step = memory_op("optimizer_step", params / p.dp * (4 * 4 + 3 * 4 + BF16), flops=12.0 * params / p.dp)
     sync = None
     if p.dp > 1:
         sync = CommOp("dp_allreduce_grads", "all_reduce", 4 * params, p.dp,
                       p.gpus_per_stage <= p.gpus_per_node)
-    return (Segment((), sync), Segment(_label_slots([step]), None)) if sync else (
-        Segment(_label_slots([step]), None),)
+    return (Segment((), sync), Segment(label_slots([step]), None)) if sync else (
+        Segment(label_slots([step]), None),)
 
 
 def build_iteration_graph(w: Workload) -> IterationGraph:

@@ -16,23 +16,27 @@ from kareus.plan import InstructionPlan, IterationPlan
 
 @dataclass(frozen=True)
 class PartitionGrid:
-    """One partition evaluated over a knob grid; arrays are indexed ``[clock, sms, slot]``.
+    """One partition evaluated over a knob grid; arrays are indexed ``[clock, sms, window]``.
 
     Attributes:
         key: Partition key.
         clocks_mhz: Requested SM clocks (MHz), shape (F,).
-        comm_sms: Communication SM counts, shape (K,).
-        slots: Launch-slot indices, shape (S,).
-        time_s: Partition time (s), shape (F, K, S).
-        dynamic_energy_j: Dynamic energy per GPU (J), shape (F, K, S).
+        comm_sms: Communication SM counts, shape (K,); :data:`~kareus.plan.LIBRARY_DEFAULT` (0)
+            is the collective library's default kernel.
+        windows: (launch, wait) windows, shape (W, 2) (see
+            :class:`~kareus.plan.PartitionSchedule`); (-1, -1) is sequential.
+        time_s: Partition time (s), shape (F, K, W).
+        dynamic_energy_j: Dynamic energy per GPU (J), shape (F, K, W).
+        block_size: Threads per block of the tuned kernels.
     """
 
     key: str
     clocks_mhz: NDArray[np.float64]
     comm_sms: NDArray[np.int64]
-    slots: NDArray[np.int64]
+    windows: NDArray[np.int64]
     time_s: NDArray[np.float64]
     dynamic_energy_j: NDArray[np.float64]
+    block_size: int = 1024
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,10 @@ class Backend(Protocol):
     gpu: GPUPreset
 
     def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
-                           comm_sms: NDArray[np.int64], slots: NDArray[np.int64]
-                           ) -> PartitionGrid:
-        """Time and dynamic energy of ``partition`` at every (clock, SMs, slot) combination."""
+                           comm_sms: NDArray[np.int64], windows: NDArray[np.int64],
+                           block_size: int | None = None) -> PartitionGrid:
+        """Time and dynamic energy of ``partition`` at every (clock, SMs, window) combination;
+        ``windows`` has shape (W, 2)."""
         ...
 
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],

@@ -38,29 +38,44 @@ from kareus.graph import (
     ComputeOp,
     Direction,
     Instruction,
+    InstructionGraph,
     IterationGraph,
     Partition,
     Segment,
     schedule_times,
     topological_order,
 )
+from kareus.backends.partition_timeline import partition_timeline
 from kareus.hardware.power import sm_power_scale
 from kareus.hardware.presets import GPUPreset
-from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
+from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, IterationPlan, PartitionSchedule
 
 #: Bytes one SM can stream per clock cycle (load + store issue limit) for memory-bound kernels
 #: (assumed: 64 B/clk/SM; binds only at very low clocks).
 _MEM_BYTES_PER_CLK_PER_SM = 64.0
+#: Smallest reduction slice a split-K GEMM gives one thread block (cuBLAS-like heuristic).
+_SPLIT_K_DEPTH = 512
+
+#: Per compute-op class: a collective's throughput beside it (relative), the op's extra slowdown
+#: per unit of collective SMs / SMs, and the host time to issue it inside a partition.
+_RATE_BESIDE = {"memory": lambda g: g.comm_rate_beside_memory,
+                "gemm": lambda g: g.comm_rate_beside_gemm,
+                "attention": lambda g: g.comm_rate_beside_attention}
+_SLOWDOWN_BESIDE = {"memory": lambda g: g.overlap_slowdown_memory,
+                    "gemm": lambda g: g.overlap_slowdown_gemm,
+                    "attention": lambda g: g.overlap_slowdown_attention}
+_HOST_ISSUE = {"memory": lambda g: g.host_issue_memory_s,
+               "gemm": lambda g: g.host_issue_gemm_s,
+               "attention": lambda g: g.host_issue_attention_s}
 
 
 @dataclass(frozen=True)
 class _Phase:
-    """Time (s), dynamic power (W) and the grid index of the clock actually run (after the power
-    cap), at each requested-clock grid index."""
+    """Time (s) and dynamic power (W) at each grid clock (no power cap: the cap acts on the
+    average power of an instruction, see :meth:`SimulatorBackend.evaluate_instruction`)."""
 
     time: NDArray[np.float64]
     power: NDArray[np.float64]
-    runs_at: NDArray[np.int64]
 
 
 class SimulatorBackend:
@@ -97,54 +112,90 @@ class SimulatorBackend:
             )
         return np.floor((c - g.clock_min_mhz) / g.clock_step_mhz + 1e-6).astype(np.int64)
 
-    def _throttle(self, time: NDArray[np.float64], power: NDArray[np.float64]) -> _Phase:
-        """Apply the power cap along the last (grid) axis: asking for grid clock ``j`` runs at
-        the highest clock ``<= j`` whose static + dynamic power fits under the limit."""
-        ok = self.gpu.static_power_w + power <= self.power_limit_w + 1e-9
-        idx = np.broadcast_to(np.arange(self.grid.size), ok.shape)
-        last_ok = np.maximum.accumulate(np.where(ok, idx, -1), axis=-1)  # highest fit <= j
-        last_ok = np.where(last_ok < 0, 0, last_ok)
-        return _Phase(np.take_along_axis(time, last_ok, axis=-1),
-                      np.take_along_axis(power, last_ok, axis=-1), last_ok)
+    def fits_cap(self, time_s: NDArray[np.float64] | float,
+                 dynamic_j: NDArray[np.float64] | float) -> NDArray[np.bool_]:
+        """Whether work of ``time_s`` and ``dynamic_j`` keeps the board's average power (static
+        included) within the power limit."""
+        t = np.asarray(time_s, dtype=np.float64)
+        return self.gpu.static_power_w + np.asarray(dynamic_j) / np.maximum(t, 1e-30) \
+            <= self.power_limit_w + 1e-9
 
     # ------------------------------------------------------------------ kernel laws
     def _compute_raw(self, op: ComputeOp, sms: NDArray[np.float64], hbm_extra: NDArray | float,
-                     contention: float) -> tuple[NDArray, NDArray]:
+                     contention: NDArray | float) -> tuple[NDArray, NDArray]:
         """Unthrottled time and dynamic power of ``op`` on ``sms`` SMs (shape (A, 1)) at every grid
-        clock (shape (1, G)); ``hbm_extra`` is the share of HBM bandwidth taken by a collective."""
+        clock (shape (1, G)); ``hbm_extra`` is the share of HBM bandwidth taken by a collective and
+        ``contention`` the extra slowdown beside it."""
         g = self.gpu
         hz = self._hz[None, :]
         bw = g.hbm_bw * g.hbm_efficiency * np.minimum(1.0, sms / (g.mem_sat_sm_fraction * g.sms))
         t_mem = op.bytes / bw * (1.0 + hbm_extra)
+        mem_activity = g.activity_memory * g.hbm_efficiency / g.reference_hbm_efficiency
         if op.kind == "memory":
             t_issue = op.bytes / (_MEM_BYTES_PER_CLK_PER_SM * sms * hz)
             t_core = np.maximum(t_mem, t_issue)
-            busy = np.broadcast_to(g.activity_memory, t_core.shape)
+            busy = np.broadcast_to(mem_activity, t_core.shape)
         else:
-            eff = g.gemm_efficiency if op.kind == "gemm" else g.attention_efficiency
-            act = g.activity_gemm if op.kind == "gemm" else g.activity_attention
-            waves = np.ceil(op.tiles / sms)
-            t_comp = waves * (op.flops / op.tiles) / (g.flops_per_clk_per_sm * hz * eff)
+            if op.kind == "gemm":
+                nominal = g.gemm_efficiency
+                eff = nominal * (op.depth / (op.depth + g.gemm_depth_half) if op.depth else 1.0)
+                act = g.activity_gemm
+            else:
+                nominal = g.attention_bwd_efficiency if op.backward else g.attention_efficiency
+                eff, act = nominal, g.activity_attention
+            tiles = float(op.tiles)
+            if op.kind == "gemm" and op.depth:  # split-K: too few output tiles to fill the SMs
+                split = np.clip(np.floor(sms / tiles), 1.0, max(1.0, op.depth // _SPLIT_K_DEPTH))
+                tiles = tiles * split
+            waves = np.ceil(tiles / sms)
+            t_comp = waves * (op.flops / tiles) / (g.flops_per_clk_per_sm * hz * eff)
             t_core = np.maximum(t_comp, t_mem)
             compute_share = t_comp / t_core
-            occupancy = op.tiles / (waves * sms)
-            busy = act * occupancy * compute_share + g.activity_memory * (1 - compute_share)
+            occupancy = tiles / (waves * sms)
+            # switching activity follows the throughput achieved (the same energy per FLOP or
+            # byte, spread over more time): shallow GEMMs and slow kernels stall more
+            reference = g.reference_gemm_efficiency if op.kind == "gemm" \
+                else g.reference_attention_efficiency
+            busy = act * (eff / reference) * occupancy * compute_share \
+                + mem_activity * (1 - compute_share)
         t = t_core * (1.0 + contention) + g.kernel_overhead_s
         sm_power = g.sm_dyn_power_w * self._sm_scale[None, :] * busy * (sms / g.sms)
         hbm_power = g.hbm_dyn_power_w * np.minimum(1.0, op.bytes / (t * g.hbm_bw))
         return t, sm_power + hbm_power
 
-    def _comm_raw(self, comm: CommOp, sms: NDArray[np.float64], slowdown: float
+    def _comm_raw(self, comm: CommOp, sms: NDArray[np.float64], threads: int
                   ) -> tuple[NDArray, NDArray]:
-        """Throughput (bus B/s) and dynamic power of ``comm`` on ``sms`` SMs (shape (K, 1))."""
+        """Throughput (bus B/s) and dynamic power of ``comm`` alone at every grid clock.
+
+        ``sms`` (shape (K, 1)) holds SM counts of tuned kernels, or :data:`LIBRARY_DEFAULT` for
+        the collective library's kernel. A library collective (NCCL) moves ``min(link ·
+        efficiency, channels · clock · per-channel rate)``; a tuned kernel's per-SM path and the
+        link add in series: ``1 / (1 / (SMs · clock · per-SM rate) + 1 / link)``, its per-SM rate
+        scaled by its threads per block.
+        """
         g = self.gpu
+        f = self.grid[None, :]
         link = g.nvlink_bw if comm.intra_node else g.network_bw
-        rate = np.minimum(link * g.link_efficiency, sms * g.comm_bw_per_sm_mhz * self.grid[None, :])
-        rate = rate / (1.0 + slowdown)
-        power = (g.sm_dyn_power_w * self._sm_scale[None, :] * g.activity_comm * (sms / g.sms)
+        library = sms == LIBRARY_DEFAULT
+        channels = np.where(library, g.comm_default_sms, sms)
+        lib_rate = np.minimum(link * g.link_efficiency, channels * g.comm_bw_per_sm_mhz * f)
+        per_sm = g.tuned_bw_per_sm_mhz * (threads / g.comm_block_default) ** g.tuned_block_exponent
+        tuned_link = g.tuned_link_fraction * link
+        tuned_rate = 1.0 / (1.0 / (np.maximum(sms, 1) * per_sm * f) + 1.0 / tuned_link)
+        rate = np.where(library, lib_rate, tuned_rate)
+        power = (g.sm_dyn_power_w * self._sm_scale[None, :] * g.activity_comm * (channels / g.sms)
                  + g.hbm_dyn_power_w * np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw)
                  + g.link_dyn_power_w * rate / link)
         return rate, power
+
+    def _comm_sms(self, ks: tuple[int, ...], threads: int) -> NDArray[np.float64]:
+        """SMs' worth of thread slots the collectives of ``ks`` (blocks of ``threads``; the
+        library's: its channels) take from compute beside them, (K, 1)."""
+        g = self.gpu
+        k = np.asarray(ks, dtype=np.float64)[:, None]
+        return np.where(k == LIBRARY_DEFAULT,
+                        g.comm_default_sms * g.comm_library_threads / g.threads_per_sm,
+                        k * threads / g.threads_per_sm)
 
     # ------------------------------------------------------------------ single-kernel queries
     def kernel_time(self, op: ComputeOp, clock_mhz: float, sms: int) -> float:
@@ -153,18 +204,24 @@ class SimulatorBackend:
         t, _ = self._compute_raw(op, np.array([[float(sms)]]), 0.0, 0.0)
         return float(t[0, j])
 
-    def collective_time(self, comm: CommOp, clock_mhz: float, sms: int) -> float:
-        """Time (s) of ``comm`` alone on ``sms`` SMs (no power cap)."""
+    def collective_time(self, comm: CommOp, clock_mhz: float, sms: int | None,
+                        threads: int | None = None) -> float:
+        """Time (s) of ``comm`` alone on ``sms`` SMs (``None``: the library's kernel; no cap)."""
         j = int(self.clock_index(clock_mhz)[0])
-        rate, _ = self._comm_raw(comm, np.array([[float(sms)]]), 0.0)
+        k = LIBRARY_DEFAULT if sms is None else sms
+        rate, _ = self._comm_raw(comm, np.array([[float(k)]]),
+                                 threads or self.gpu.comm_block_default)
         return self.gpu.comm_latency_s + comm.bus_bytes / float(rate[0, j])
 
     def kernel_power(self, op: ComputeOp, clock_mhz: float) -> tuple[float, float]:
-        """(effective clock MHz, total board power W) of ``op`` alone on all SMs when asked to
-        run at ``clock_mhz``, the power cap applied."""
+        """(effective clock MHz, total board power W) of ``op`` running alone, back to back, on
+        all SMs when asked to run at ``clock_mhz``: the highest clock not above it whose power
+        fits under the limit."""
         j = int(self.clock_index(clock_mhz)[0])
         ph = self._alone(op)
-        return float(self.grid[ph.runs_at[j]]), float(ph.power[j] + self.gpu.static_power_w)
+        ok = np.flatnonzero(self.fits_cap(ph.time[:j + 1], ph.time[:j + 1] * ph.power[:j + 1]))
+        k = int(ok[-1]) if ok.size else 0
+        return float(self.grid[k]), float(ph.power[k] + self.gpu.static_power_w)
 
     # ------------------------------------------------------------------ cached phase tables
     def _alone(self, op: ComputeOp) -> _Phase:
@@ -172,114 +229,129 @@ class SimulatorBackend:
         key = ("alone", op)
         if key not in self._cache:
             t, p = self._compute_raw(op, np.array([[float(self.gpu.sms)]]), 0.0, 0.0)
-            ph = self._throttle(t, p)
-            self._cache[key] = _Phase(ph.time[0], ph.power[0], ph.runs_at[0])
+            self._cache[key] = _Phase(t[0], p[0])
         return self._cache[key]  # type: ignore[return-value]
 
-    def _comm_alone(self, comm: CommOp, ks: tuple[int, ...]) -> tuple[_Phase, NDArray]:
+    def _comm_alone(self, comm: CommOp, ks: tuple[int, ...], threads: int
+                    ) -> tuple[_Phase, NDArray]:
         """Collective on ``ks`` SMs alone: (time of the whole collective, power), and its rate;
         arrays (K, G)."""
-        key = ("comm", comm, ks)
+        key = ("comm", comm, ks, threads)
         if key not in self._cache:
-            sms = np.asarray(ks, dtype=np.float64)[:, None]
-            rate, power = self._comm_raw(comm, sms, 0.0)
+            rate, power = self._comm_raw(comm, np.asarray(ks, dtype=np.float64)[:, None], threads)
             t = self.gpu.comm_latency_s + comm.bus_bytes / rate
-            ph = self._throttle(t, power)
-            # rate at the throttled clock, recovered from the throttled time
-            rate_eff = comm.bus_bytes / np.maximum(ph.time - self.gpu.comm_latency_s, 1e-30)
-            self._cache[key] = (ph, rate_eff)
+            self._cache[key] = (_Phase(t, power), rate)
         return self._cache[key]  # type: ignore[return-value]
 
-    def _overlapped(self, op: ComputeOp, comm: CommOp, ks: tuple[int, ...]
+    def _overlapped(self, op: ComputeOp, comm: CommOp, ks: tuple[int, ...], threads: int
                     ) -> tuple[_Phase, NDArray]:
-        """``op`` on ``sms - k`` SMs beside ``comm`` on ``k`` SMs, shape (K, G): the compute
+        """``op`` on the SMs the collective leaves, beside ``comm``, shape (K, G): the compute
         time, the combined dynamic power, and the collective's throughput meanwhile."""
-        key = ("ov", op, comm, ks)
+        key = ("ov", op, comm, ks, threads)
         if key not in self._cache:
             g = self.gpu
-            k = np.asarray(ks, dtype=np.float64)[:, None]
-            rate, p_comm = self._comm_raw(comm, k, g.overlap_slowdown)
-            hbm_share = g.comm_hbm_factor * rate / (g.hbm_bw * g.hbm_efficiency)
-            t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, g.overlap_slowdown)
-            ph = self._throttle(t, p_comp + p_comm)
-            self._cache[key] = (ph, np.take_along_axis(rate, ph.runs_at, axis=-1))
+            k = self._comm_sms(ks, threads)
+            kk = np.asarray(ks, dtype=np.float64)[:, None]
+            rate, p_comm = self._comm_raw(comm, kk, threads)
+            rate = rate * np.where(kk == LIBRARY_DEFAULT, g.library_rate_beside,
+                                   _RATE_BESIDE[op.kind](g))
+            hbm_share = g.comm_hbm_factor * rate / g.hbm_bw  # of the peak: kernels leave headroom
+            contention = _SLOWDOWN_BESIDE[op.kind](g) * k / g.sms
+            t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention)
+            self._cache[key] = (_Phase(t, p_comp + p_comm), rate)
         return self._cache[key]  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ partitions
     def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
-                           comm_sms: NDArray[np.int64], slots: NDArray[np.int64]
-                           ) -> PartitionGrid:
-        """Time and dynamic energy per GPU of ``partition`` on the (clock, SMs, slot) grid.
+                           comm_sms: NDArray[np.int64], windows: NDArray[np.int64],
+                           block_size: int | None = None, harness: bool = False,
+                           host_scale: NDArray[np.float64] | None = None,
+                           power_cap: bool = False) -> PartitionGrid:
+        """Time and dynamic energy per GPU of ``partition`` on the (clock, SMs, window) grid.
 
-        The collective launches together with compute op ``slot`` and joins at the end of the
-        partition: ops before the slot run on all SMs, ops after it on ``sms - k`` SMs until the
-        collective finishes (mid-op if need be), then on all SMs again; a collective still running
-        when the compute ends runs alone to completion.
+        The partition runs as the Kareus partition fuser runs it (see :func:`partition_timeline`):
+        the host issues the compute ops one by one (``host_issue_*_s`` each) and the GPU starts
+        each when it is issued and the previous one is done; the collective is launched just
+        before op ``s`` is issued and the compute stream waits for it right after op ``e``;
+        window (-1, -1) runs it alone first. ``comm_sms`` 0 is the library's kernel; ``harness``
+        adds the partition-profiling harness's per-execution overhead (partition sweeps);
+        ``host_scale`` multiplies each op's host issue time (a calibrated partition's own).
+        ``power_cap`` applies the board's power limit to each configuration run back to back
+        (its average power): it runs at the highest grid clock, not above the requested one,
+        that fits (partition sweeps; inside an iteration the cap acts on whole instructions).
         """
+        g = self.gpu
         fi = self.clock_index(clocks_mhz)
+        requested = fi
+        if power_cap:
+            fi = np.arange(int(fi.max()) + 1)
         ks = tuple(int(k) for k in np.atleast_1d(comm_sms))
-        slot_arr = np.atleast_1d(np.asarray(slots, dtype=np.int64))
+        win = np.asarray(windows, dtype=np.int64).reshape(-1, 2)
+        threads = int(block_size or g.comm_block_default)
         n = len(partition.compute)
         if n == 0:
             raise PlanError(f"partition {partition.key} has no compute ops")
-        if np.any(slot_arr < 0) or np.any(slot_arr >= n):
-            raise PlanError(f"launch slot out of range 0..{n - 1} for partition {partition.key}")
-        if partition.comm is not None and (min(ks) < 1 or max(ks) >= self.gpu.sms):
-            raise PlanError(f"communication SMs must be in 1..{self.gpu.sms - 1}, got {ks}")
-        shape = (fi.size, len(ks), slot_arr.size)
-        t = np.zeros(shape)
-        e = np.zeros(shape)
-        if partition.comm is None:
-            for op in partition.compute:
-                a = self._alone(op)
-                t += a.time[fi][:, None, None]
-                e += (a.time * a.power)[fi][:, None, None]
-        else:
-            comm_alone, rate_alone = self._comm_alone(partition.comm, ks)
-            rate_alone = rate_alone[:, fi].T[:, :, None]  # (F, K, 1)
-            comm_power = comm_alone.power[:, fi].T[:, :, None]
-            # latency expressed as bytes at the collective's own rate
-            remaining = (partition.comm.bus_bytes
-                         + self.gpu.comm_latency_s * rate_alone) * np.ones(shape)
-            active = np.zeros(shape, dtype=bool)
-            for i, op in enumerate(partition.compute):
-                a = self._alone(op)
-                t_a = a.time[fi][:, None, None]
-                p_a = a.power[fi][:, None, None]
-                ov, rate_ov = self._overlapped(op, partition.comm, ks)
-                t_o = ov.time[:, fi].T[:, :, None]
-                p_o = ov.power[:, fi].T[:, :, None]
-                r_o = rate_ov[:, fi].T[:, :, None]
-                active |= (slot_arr == i)[None, None, :] & (remaining > 0)
-                moved = r_o * t_o
-                done = active & (remaining <= moved)
-                tau = remaining / r_o
-                rest = np.clip(1.0 - tau / t_o, 0.0, 1.0) * t_a
-                dt = np.where(active, np.where(done, tau + rest, t_o), t_a)
-                de = np.where(active, np.where(done, p_o * tau + p_a * rest, p_o * t_o),
-                              p_a * t_a)
-                remaining = np.where(active, np.where(done, 0.0, remaining - moved), remaining)
-                active &= ~done
-                t += dt
-                e += de
-            tail = remaining / rate_alone
-            t += tail
-            e += comm_power * tail
+        for s_, e_ in win:
+            why = PartitionSchedule(1, int(s_), int(e_)).problem(n, g.comm_max_sms)
+            if why:
+                raise PlanError(f"partition {partition.key}: {why}")
+        if partition.comm is not None:
+            for k in ks:
+                if k != LIBRARY_DEFAULT:
+                    why = PartitionSchedule(k, 0, None, threads).problem(n, g.comm_max_sms)
+                    if why:
+                        raise PlanError(f"partition {partition.key}: {why}")
+        shape = (fi.size, len(ks), win.shape[0])
+
+        def grid(a: NDArray) -> NDArray:  # (K, G) table -> (F, K, 1), broadcasts over windows
+            return a[:, fi].T[:, :, None]
+
+        def per_clock(a: NDArray) -> NDArray:  # (G,) table -> (F, 1, 1)
+            return a[fi][:, None, None]
+
+        ops = []
+        for i, op in enumerate(partition.compute):
+            a = self._alone(op)
+            host = _HOST_ISSUE[op.kind](g) * (1.0 if host_scale is None else float(host_scale[i]))
+            row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host)
+            if partition.comm is not None:
+                ov, rate_ov = self._overlapped(op, partition.comm, ks, threads)
+                row.update(t_beside=grid(ov.time), p_beside=grid(ov.power), rate_beside=grid(rate_ov))
+            ops.append(row)
+        comm = None
+        if partition.comm is not None:
+            ph, rate = self._comm_alone(partition.comm, ks, threads)
+            comm = dict(bytes=partition.comm.bus_bytes, rate=grid(rate), power=grid(ph.power))
+        t, e = partition_timeline(
+            ops, comm, np.broadcast_to(win[:, 0], shape), np.broadcast_to(win[:, 1], shape),
+            launch_s=g.comm_launch_s, latency_s=g.comm_latency_s)
+        t, e = np.broadcast_to(t, shape), np.broadcast_to(e, shape)
+        if harness:
+            t = t + g.partition_harness_s
+        if power_cap:  # per requested clock, the highest grid clock at or below it that fits
+            idx = np.arange(fi.size)[:, None, None]
+            ok = np.where(self.fits_cap(t, e), idx, -1)
+            best = np.maximum.accumulate(ok, axis=0)[requested]
+            best = np.where(best < 0, 0, best)
+            t = np.take_along_axis(t, best, axis=0)
+            e = np.take_along_axis(e, best, axis=0)
+            fi = requested
         return PartitionGrid(
-            key=partition.key, clocks_mhz=self.grid[fi], comm_sms=np.asarray(ks),
-            slots=slot_arr, time_s=t, dynamic_energy_j=e,
+            key=partition.key, clocks_mhz=self.grid[fi], comm_sms=np.asarray(ks), windows=win,
+            time_s=t, dynamic_energy_j=e, block_size=threads,
         )
 
     # ------------------------------------------------------------------ instructions
-    def _segment_cost(self, seg: Segment, f_idx: int, comm_sms: int) -> tuple[float, float]:
-        """Compute ops on all SMs, then the collective alone (sequential execution)."""
+    def _segment_cost(self, seg: Segment, f_idx: int) -> tuple[float, float]:
+        """Compute ops on all SMs, then the collective alone on the library's kernel (sequential
+        execution; the host runs ahead of the GPU, so only kernel overheads separate ops)."""
         t = e = 0.0
         for op in seg.compute:
             a = self._alone(op)
             t += float(a.time[f_idx])
             e += float(a.time[f_idx] * a.power[f_idx])
         if seg.comm is not None and seg.comm.group > 1:
-            ph, _ = self._comm_alone(seg.comm, (comm_sms,))
+            ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,), self.gpu.comm_block_default)
             t += float(ph.time[0, f_idx])
             e += float(ph.time[0, f_idx] * ph.power[0, f_idx])
         return t, e
@@ -288,18 +360,37 @@ class SimulatorBackend:
                         ) -> tuple[float, float]:
         # keyed by identity (hashing a partition's ops is slow); the cached value keeps the
         # partition alive, so its id cannot be reused while the entry exists
-        key = ("part", id(part), clock, sched)
+        # every clock of the grid at once: one vectorised call serves all the clocks a search
+        # or a plan asks this partition and schedule for
+        key = ("part", id(part), sched)
         if key not in self._cache:
-            grid = self.evaluate_partition(part, np.array([clock]), np.array([sched.comm_sms]),
-                                           np.array([sched.launch_slot]))
-            self._cache[key] = (float(grid.time_s.item()), float(grid.dynamic_energy_j.item()),
-                                part)
+            k = LIBRARY_DEFAULT if sched.comm_sms is None else sched.comm_sms
+            grid = self.evaluate_partition(part, self.grid, np.array([k]),
+                                           np.array([sched.window(len(part.compute))]),
+                                           sched.block_size)
+            self._cache[key] = (grid.time_s[:, 0, 0].tolist(),
+                                grid.dynamic_energy_j[:, 0, 0].tolist(), part)
         t, e, _ = self._cache[key]  # type: ignore[misc]
-        return t, e
+        j = int(self.clock_index(clock)[0])
+        return t[j], e[j]
+
+    def _exposed_cost(self, comm: CommOp, f_idx: int, sched: PartitionSchedule
+                      ) -> tuple[float, float]:
+        """A collective alone on the kernel ``sched`` chooses (launch included)."""
+        k = LIBRARY_DEFAULT if sched.comm_sms is None else sched.comm_sms
+        ph, _ = self._comm_alone(comm, (k,), int(sched.block_size or self.gpu.comm_block_default))
+        return (self.gpu.comm_launch_s + float(ph.time[0, f_idx]),
+                float(ph.time[0, f_idx] * ph.power[0, f_idx]))
 
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
                              plan: InstructionPlan) -> InstructionCost:
-        """Time and dynamic energy per GPU of one instruction of type ``key`` under ``plan``."""
+        """Time and dynamic energy per GPU of one instruction of type ``key`` under ``plan``.
+
+        The power limit acts on the instruction's average power (the GPU's power controller
+        works on windows of milliseconds, not on single kernels): an instruction whose average
+        power at the locked clock exceeds the limit runs at the highest lower grid clock that
+        fits.
+        """
         if key not in graph.instruction_graphs:
             raise PlanError(f"unknown instruction {key}; the graph has "
                             f"{sorted(graph.instruction_graphs)}")
@@ -308,41 +399,57 @@ class SimulatorBackend:
         if cache_key in self._cache:
             return self._cache[cache_key][0]  # type: ignore[index]
         f_idx = int(self.clock_index(plan.clock_mhz)[0])
-        default = self.gpu.comm_default_sms
-        t = e = 0.0
         if plan.nanobatched and ig.partitions:
-            scheds = plan.schedule_map()
-            unknown = set(scheds) - {p.key for p in ig.partitions}
+            unknown = {k for k, _ in plan.schedules} - {p.key for p in ig.partitions}
             if unknown:
                 raise PlanError(f"unknown partition(s) {sorted(unknown)} for {ig.name}; valid: "
                                 f"{', '.join(p.key for p in ig.partitions)}")
+        while True:
+            t, e = self._instruction_at(ig, plan, f_idx)
+            if f_idx == 0 or bool(self.fits_cap(t, e)):
+                break
+            f_idx -= 1
+        cost = InstructionCost(t, e)
+        self._cache[cache_key] = (cost, ig)
+        return cost
+
+    def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int
+                        ) -> tuple[float, float]:
+        """Time and dynamic energy of one instruction at grid clock ``f_idx`` (no cap)."""
+        key = ("ins_at", id(ig), plan, f_idx)  # ``ins`` entries keep ``ig`` alive
+        if key in self._cache:
+            return self._cache[key]  # type: ignore[return-value]
+        clock = float(self.grid[f_idx])
+        t = e = 0.0
+        if plan.nanobatched and ig.partitions:
+            scheds = plan.schedule_map()
             for part in ig.partitions:
-                s = scheds.get(part.key, PartitionSchedule(default, 0))
-                pt, pe = self._partition_cost(part, plan.clock_mhz, s)
+                pt, pe = self._partition_cost(part, clock, scheds.get(part.key,
+                                                                      PartitionSchedule()))
                 t += pt * ig.layers
                 e += pe * ig.layers
             # Boundary of the chain: the first partition has nothing to overlap yet, and the
             # last layer's final collective runs exposed after the compute.
             first = ig.partitions[0]
             if first.comm is not None:
-                s = scheds.get(first.key, PartitionSchedule(default, 0))
-                pt, pe = self._partition_cost(first, plan.clock_mhz, s)
-                ct, ce = self._segment_cost(Segment(first.compute, None), f_idx, default)
-                xt, xe = self._segment_cost(Segment((), first.comm), f_idx, s.comm_sms)
+                s = scheds.get(first.key, PartitionSchedule())
+                pt, pe = self._partition_cost(first, clock, s)
+                ct, ce = self._partition_cost(Partition(first.key, first.compute, None), clock,
+                                              PartitionSchedule())
+                xt, xe = self._exposed_cost(first.comm, f_idx, s)
                 t += ct + xt - pt
                 e += ce + xe - pe
         else:
             for seg in ig.sequential:
-                st, se = self._segment_cost(seg, f_idx, default)
+                st, se = self._segment_cost(seg, f_idx)
                 t += st * ig.layers
                 e += se * ig.layers
         for seg in ig.extra:
-            st, se = self._segment_cost(seg, f_idx, default)
+            st, se = self._segment_cost(seg, f_idx)
             t += st
             e += se
-        cost = InstructionCost(t, e)
-        self._cache[cache_key] = (cost, ig)
-        return cost
+        self._cache[key] = (t, e)
+        return t, e
 
     # ------------------------------------------------------------------ iterations
     def p2p_time(self, graph: IterationGraph) -> float:
@@ -376,7 +483,7 @@ class SimulatorBackend:
             last = max(end for ins, (_, end) in times.items() if ins.stage == s)
             tail_t = 0.0
             for seg in graph.stage_tail.get(s, ()):
-                st, se = self._segment_cost(seg, f_top, self.gpu.comm_default_sms)
+                st, se = self._segment_cost(seg, f_top)
                 tail_t += st
                 dyn[s] += se
             ends[s] = last + tail_t

@@ -67,10 +67,19 @@ class CalibrationResult:
     static_power_w: float
     points: int
 
-    def fitted_preset(self, base: GPUPreset) -> GPUPreset:
-        """``base`` with the fitted SM power curve."""
+    def fitted_preset(self, base: GPUPreset, reference: "CalibrationResult | None" = None
+                      ) -> GPUPreset:
+        """``base`` with the fitted SM power curve.
+
+        The aggregated law's SM power is the power of whole instructions, mixes of kernels; the
+        simulator's ``sm_dyn_power_w`` is that of a reference GEMM. With ``reference``, the same
+        fit made on ``base``'s own simulation of the profiled instructions, the simulator's value
+        is scaled by the measured-to-simulated ratio instead of replaced.
+        """
+        sm_w = self.sm_dyn_power_w if reference is None else \
+            base.sm_dyn_power_w * self.sm_dyn_power_w / reference.sm_dyn_power_w
         return base.with_overrides(
-            sm_dyn_power_w=self.sm_dyn_power_w, knee_mhz=self.law.knee_mhz, v_ratio=self.law.v_ratio,
+            sm_dyn_power_w=sm_w, knee_mhz=self.law.knee_mhz, v_ratio=self.law.v_ratio,
         )
 
     def to_dict(self) -> dict:

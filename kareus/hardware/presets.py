@@ -34,18 +34,48 @@ class GPUPreset:
         network_bw: Inter-node network bandwidth per GPU per direction (B/s).
         power_limit_w: Default board power limit; above it the card lowers its clock.
         static_power_w: Power while blocked on a point-to-point receive (the paper's static power).
-        gemm_efficiency: Fraction of tensor peak a GEMM reaches per full wave.
-        attention_efficiency: Same for flash attention (softmax and masking cost extra).
+        gemm_efficiency: Fraction of tensor peak a deep GEMM reaches per full wave.
+        gemm_depth_half: Reduction depth ``K`` at which a GEMM reaches half of
+            ``gemm_efficiency``: its efficiency is ``gemm_efficiency · K / (K + this)`` (each
+            output tile pays a fixed prologue and epilogue).
+        attention_efficiency: Same for flash attention's forward (softmax and masking cost extra).
+        attention_bwd_efficiency: Same for flash attention's backward.
         hbm_efficiency: Fraction of HBM bandwidth an elementwise kernel reaches.
         link_efficiency: Fraction of link bandwidth a collective reaches (NCCL bus bandwidth).
         mem_sat_sm_fraction: Fraction of the SMs a memory-bound kernel needs to saturate HBM.
-        comm_bw_per_sm_mhz: Collective throughput of one SM per MHz of clock (B/s/MHz): below
-            link saturation a collective moves ``SMs · clock · this`` bytes per second.
+        comm_bw_per_sm_mhz: Throughput of one channel (SM) of the collective library (NCCL) per
+            MHz of clock (bus B/s/MHz): below link saturation a library collective moves
+            ``channels · clock · this`` bus bytes per second.
         comm_default_sms: SMs (NCCL channels) the collective library takes by default.
         comm_latency_s: Fixed cost of one collective (launch, synchronisation), s.
         comm_hbm_factor: HBM bytes a collective moves per bus byte (reads, writes, reductions).
-        overlap_slowdown: Extra slowdown of compute running beside a collective (L2 and
-            memory-controller contention), as a fraction of its memory-bound share.
+        tuned_bw_per_sm_mhz: Throughput of one SM of a tuned side-stream collective (the
+            MSCCL++ kernels Kareus schedules, ``comm_block_default`` threads per block) per MHz of
+            clock (bus B/s/MHz).
+        tuned_block_exponent: Per-SM throughput of a tuned collective scales as
+            ``(threads / comm_block_default) ** this`` (memory-level parallelism per SM).
+        tuned_link_fraction: Fraction of the link's bandwidth (per direction) that the tuned
+            collective's link path reaches; that path adds in series to the SMs': its time is
+            ``bytes / (SMs · per-SM rate) + bytes / (this · link)``.
+        comm_block_default: Threads per block of a tuned collective unless a plan says otherwise.
+        comm_library_threads: Threads per block (channel) of the collective library's kernel.
+        threads_per_sm: Resident threads one SM holds; a collective block of ``b`` threads takes
+            ``b / threads_per_sm`` of an SM from the compute running beside it.
+        comm_max_sms: Most SMs (thread blocks) the collective library accepts for one kernel.
+        comm_launch_s: Host time to launch a side-stream collective (s).
+        comm_rate_beside_memory, comm_rate_beside_gemm, comm_rate_beside_attention: A tuned
+            collective's throughput while a kernel of that class runs beside it, relative to
+            alone (HBM, L2 and issue contention).
+        library_rate_beside: The library collective's (NCCL's) throughput while compute runs
+            beside it, relative to alone.
+        overlap_slowdown_memory, overlap_slowdown_gemm, overlap_slowdown_attention: Extra
+            slowdown of a compute kernel of that class per unit of ``collective SMs / SMs``
+            beside a collective, on top of the SMs it loses (contention).
+        host_issue_memory_s, host_issue_gemm_s, host_issue_attention_s: Host (CPU) time to issue
+            one compute op of that class inside a synchronised partition (s); inside a partition
+            the GPU waits for the host when an op is issued later than the previous op ends.
+        partition_harness_s: Per-execution overhead of the partition-profiling harness (Python
+            call, final synchronisation; s); only partition sweeps include it.
         kernel_overhead_s: Launch and tail cost per compute kernel, s.
         sm_dyn_power_w: SM dynamic power at ``clock_max_mhz`` with every SM at full tensor
             activity (W).
@@ -55,6 +85,10 @@ class GPUPreset:
         v_ratio: Core voltage at ``clock_max_mhz`` over the floor voltage.
         activity_gemm, activity_attention, activity_memory, activity_comm: SM switching activity
             of each kernel class relative to a dense GEMM, per SM it occupies.
+        reference_gemm_efficiency, reference_attention_efficiency, reference_hbm_efficiency: The
+            efficiencies at which the activities hold (those of the power fit); a kernel reaching
+            less of its peak switches proportionally less (the same energy per FLOP or byte,
+            spread over more time).
         sources: Field name -> "kind: where the number comes from".
     """
 
@@ -75,7 +109,9 @@ class GPUPreset:
     knee_mhz: float
     v_ratio: float
     gemm_efficiency: float = 0.80
+    gemm_depth_half: float = 128.0
     attention_efficiency: float = 0.55
+    attention_bwd_efficiency: float = 0.45
     hbm_efficiency: float = 0.85
     link_efficiency: float = 0.80
     mem_sat_sm_fraction: float = 0.5
@@ -83,13 +119,34 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    overlap_slowdown: float = 0.15
+    tuned_bw_per_sm_mhz: float = 4.953e6
+    tuned_block_exponent: float = 0.860
+    tuned_link_fraction: float = 0.697
+    comm_block_default: int = 1024
+    comm_library_threads: int = 512
+    threads_per_sm: int = 2048
+    comm_max_sms: int = 32
+    comm_launch_s: float = 2.47e-6
+    comm_rate_beside_memory: float = 0.258
+    comm_rate_beside_gemm: float = 0.697
+    comm_rate_beside_attention: float = 0.699
+    library_rate_beside: float = 0.8
+    overlap_slowdown_memory: float = 0.286
+    overlap_slowdown_gemm: float = 0.325
+    overlap_slowdown_attention: float = 0.083
+    host_issue_memory_s: float = 210.2e-6
+    host_issue_gemm_s: float = 84.2e-6
+    host_issue_attention_s: float = 72.3e-6
+    partition_harness_s: float = 37.5e-6
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 20.0
+    link_dyn_power_w: float = 40.0
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.45
+    activity_comm: float = 0.409
+    reference_gemm_efficiency: float = 0.80
+    reference_attention_efficiency: float = 0.55
+    reference_hbm_efficiency: float = 0.85
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @property
@@ -116,10 +173,18 @@ class GPUPreset:
         return replace(self, **changes)
 
 
+#: Source of the partition law's parameters (time, A100; other GPUs reuse the A100 fit).
+_SWEEP_FIT = ("fitted: `kareus calibrate --partition-sweep` on the Kareus artifact's measured "
+              "attention-partition sweep (shared/kareus_artifact/attention_partition, 2 x A100 "
+              "SXM, default clock); GPUs without such a sweep reuse the A100 fit")
+
 _COMMON_SOURCES = {
     "gemm_efficiency": "assumed: large bf16 GEMMs reach ~60-80% of tensor peak (hardware.md); "
                        "wave quantization is modelled separately",
     "attention_efficiency": "assumed: FlashAttention-2 reaches 50-70% of peak forward, less backward",
+    "attention_bwd_efficiency": "assumed: FlashAttention-2's backward reaches ~40-50% of peak",
+    "gemm_depth_half": "assumed: a 128x128 output tile's prologue/epilogue costs about as much as "
+                       "128 steps of its reduction",
     "hbm_efficiency": "assumed: elementwise kernels reach 80-90% of HBM bandwidth (hardware.md)",
     "link_efficiency": "assumed: NCCL all-reduce bus bandwidth reaches ~80% of NVLink (hardware.md)",
     "mem_sat_sm_fraction": "assumed: about half the SMs saturate HBM with streaming kernels",
@@ -128,14 +193,27 @@ _COMMON_SOURCES = {
     "comm_default_sms": "assumed: NCCL's default channel count on NVLink systems (~24)",
     "comm_latency_s": "assumed: NCCL small-message all-reduce latency on NVLink, ~25 us",
     "comm_hbm_factor": "assumed: ring all-reduce reads and writes local HBM about 3x per bus byte",
-    "overlap_slowdown": "assumed: chosen so compute beside NCCL slows ~10-30% with SM loss "
-                        "included (published: 19% mean, up to 40%, A100/H100)",
+    **{name: _SWEEP_FIT for name in (
+        "tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction", "comm_launch_s",
+        "comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
+        "overlap_slowdown_memory", "overlap_slowdown_gemm", "overlap_slowdown_attention",
+        "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
+        "partition_harness_s")},
+    "library_rate_beside": "assumed: NCCL keeps ~80% of its throughput beside compute",
+    "comm_block_default": "published: 1024 threads per block, the faster of the two block sizes "
+                          "in the Kareus artifact's sweep at every SM count",
+    "comm_max_sms": "datasheet: NCCL/MSCCL++ launch at most 32 channels (NCCL_MAX_NCHANNELS)",
+    "comm_library_threads": "datasheet: NCCL's default NCCL_NTHREADS, 512 threads per channel",
+    "threads_per_sm": "datasheet: 2048 resident threads per SM (compute capability 8.0 / 9.0)",
     "kernel_overhead_s": "assumed: ~4 us launch + tail per kernel",
-    "link_dyn_power_w": "assumed: NVLink SerDes dynamic power at full bandwidth",
+    "link_dyn_power_w": _SWEEP_FIT + " (energy: NVLink and fabric power at full link rate)",
     "activity_gemm": "definition: the reference activity",
+    **{f"reference_{k}_efficiency": "definition: the efficiency the A100 power fit assumed "
+                                    "(the preset's prior before calibration to the frontiers)"
+       for k in ("gemm", "attention", "hbm")},
     "activity_attention": "assumed: softmax/masking leave tensor cores idle part of the time",
     "activity_memory": "assumed: memory-bound kernels keep ~1/3 of the SM logic switching",
-    "activity_comm": "assumed: NCCL copy/reduce loops on their SMs",
+    "activity_comm": _SWEEP_FIT + " (energy: the collective's SMs)",
 }
 
 _A100_FIT = "fitted: benchmarks/calibration.py on perseus_sosp24 gpt3-175b+a100_sxm_bf16.csv"
@@ -161,6 +239,16 @@ _HBM2_J_PER_BYTE = 3.9e-12 * 8
 _A100_80_HBM_DYN_W = _HBM2_J_PER_BYTE * 2.039e12
 _A100_KNEE_MHZ = 1077.2
 _A100_V_RATIO = 1.318
+
+#: Fitted by `python benchmarks/fidelity.py --fit` on the Kareus artifact's measured Perseus and
+#: Nanobatching + Perseus frontiers (16 x A100 SXM4 40 GB, shared/kareus_artifact/
+#: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
+#: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
+#: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
+_A100_40_FRONTIER = dict(gemm_efficiency=0.690, hbm_efficiency=0.473, sm_dyn_power_w=402.5,
+                         library_rate_beside=0.991)
+_FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
+                 "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
 _A100_COMMON = dict(
     sms=108, flops_per_clk_per_sm=2048.0, clock_min_mhz=210.0, clock_max_mhz=1410.0,
@@ -189,10 +277,13 @@ PRESETS: dict[str, GPUPreset] = {
              "hbm_bw": "datasheet: 1.555 TB/s",
              "power_limit_w": "datasheet: 400 W",
              "static_power_w": "published: 85 W blocked-on-P2P power (Kareus paper)",
-             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2) x 1.555 TB/s"},
+             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2) x 1.555 TB/s",
+             "network_bw": "published: the paper's testbed, 4 x 100 Gb/s EFA per node of 8 "
+                           "GPUs = 6.25 GB/s per GPU (hardware.md)",
+             **{k: _FRONTIER_FIT for k in _A100_40_FRONTIER}},
             name="a100-sxm4-40gb", memory_bytes=40e9, hbm_bw=1.555e12, power_limit_w=400.0,
             static_power_w=85.0, hbm_dyn_power_w=_HBM2_J_PER_BYTE * 1.555e12,
-            **_A100_COMMON,
+            **{**_A100_COMMON, "network_bw": 400e9 / 8 / 8, **_A100_40_FRONTIER},
         ),
         _preset(
             {**_A100_SOURCES,

@@ -1,7 +1,7 @@
 """Per-partition multi-objective search: the space, the measuring evaluator, the result, and the
 strategy interface.
 
-A partition's knobs are (SM clock, communication SMs, launch slot). A search strategy decides which
+A partition's knobs are (SM clock, communication SMs, launch/wait window). A search strategy decides which
 configurations to measure; the :class:`Evaluator` measures them through the backend (simulator or
 real GPUs) and counts every distinct configuration measured. The result keeps two Pareto fronts:
 time vs dynamic energy (for partitions off the critical path) and time vs total energy, static
@@ -26,15 +26,16 @@ from kareus.graph import Partition
 
 @dataclass(frozen=True)
 class PartitionSpace:
-    """The knob grid of one partition: clocks (MHz), communication SM counts, launch slots."""
+    """The knob grid of one partition: clocks (MHz), communication SM counts (0: the collective
+    library's kernel) and (launch, wait) windows, shape (W, 2)."""
 
     clocks_mhz: NDArray[np.float64]
     comm_sms: NDArray[np.int64]
-    slots: NDArray[np.int64]
+    windows: NDArray[np.int64]
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return (self.clocks_mhz.size, self.comm_sms.size, self.slots.size)
+        return (self.clocks_mhz.size, self.comm_sms.size, int(self.windows.shape[0]))
 
     @property
     def size(self) -> int:
@@ -45,7 +46,7 @@ class PartitionSpace:
         return np.stack(np.unravel_index(np.arange(self.size), self.shape), axis=1)
 
     def flat(self, idx: NDArray[np.int64]) -> NDArray[np.int64]:
-        """Flat index of (clock, sms, slot) grid indices, shape (n,)."""
+        """Flat index of (clock, sms, window) grid indices, shape (n,)."""
         return np.ravel_multi_index(tuple(np.asarray(idx).T), self.shape)
 
 
@@ -138,13 +139,13 @@ class Evaluator:
         todo = sorted({int(f) for f in flat} - set(self._time))
         if todo:
             # measure exactly the requested points: one backend call per (clock, SM count) with
-            # the slots wanted there (a real GPU measures every configuration it is asked for)
+            # the windows wanted there (a real GPU measures every configuration it is asked for)
             t_idx = np.stack(np.unravel_index(np.asarray(todo), self.space.shape), axis=1)
             for fi, ki in {(int(a), int(b)) for a, b, _ in t_idx}:
                 ss = np.unique(t_idx[(t_idx[:, 0] == fi) & (t_idx[:, 1] == ki), 2])
                 grid = self.backend.evaluate_partition(
                     self.partition, self.space.clocks_mhz[[fi]], self.space.comm_sms[[ki]],
-                    self.space.slots[ss])
+                    self.space.windows[ss])
                 for b, si in enumerate(ss):
                     f = int(self.space.flat(np.array([[fi, ki, si]]))[0])
                     self._time[f] = float(grid.time_s[0, 0, b])
@@ -155,7 +156,8 @@ class Evaluator:
     def measure_all(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """The whole grid in one backend call, arrays of shape (F, K, S); counts every config."""
         s = self.space
-        grid = self.backend.evaluate_partition(self.partition, s.clocks_mhz, s.comm_sms, s.slots)
+        grid = self.backend.evaluate_partition(self.partition, s.clocks_mhz, s.comm_sms,
+                                               s.windows)
         for f, (t, e) in enumerate(zip(grid.time_s.ravel(), grid.dynamic_energy_j.ravel())):
             self._time[f] = float(t)
             self._dyn[f] = float(e)

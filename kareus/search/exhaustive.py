@@ -8,7 +8,7 @@ from kareus.search.base import Evaluator, SearchResult
 
 
 class ExhaustiveSearch:
-    """Every (clock, SMs, slot) configuration, in one vectorised backend call."""
+    """Every (clock, SMs, window) configuration, in one vectorised backend call."""
 
     name = "exhaustive"
 

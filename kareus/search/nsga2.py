@@ -1,4 +1,4 @@
-"""NSGA-II over a partition's (clock, communication SMs, launch slot) grid, through pymoo.
+"""NSGA-II over a partition's (clock, communication SMs, window) grid, through pymoo.
 
 Objectives. By default the search minimises **time and total energy** (dynamic + static · time).
 Total energy increases with both time and dynamic energy, so a configuration dominated in

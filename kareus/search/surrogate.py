@@ -2,11 +2,11 @@
 of every configuration not yet measured, and each round measures a small batch picked by
 hypervolume improvement (HVI) of the predicted points, speed and model uncertainty.
 
-Model. Features are the knob values (clock MHz, communication SM count, launch-slot index);
+Model. Features are the knob values (clock MHz, communication SM count, window start and end);
 targets are log time and log dynamic energy (both span several-fold, and logs make the clock's
 roughly multiplicative effect additive), standardised. A least-squares trend in
 (1, log clock, log SMs) is fitted first and an ``ExtraTreesRegressor`` (no bootstrap) on the
-residuals: the trees then pool what they learn about the (SMs, slot) overlap valley across clocks
+residuals: the trees then pool what they learn about the (SMs, window) overlap valley across clocks
 instead of re-learning it per clock, which with a 10–15 % budget is what finds the right valley
 (on the benchmark partitions it raises the reached fraction of the exact total-energy
 hypervolume by ~2 points over plain trees). Total energy of a member is its dynamic energy plus
@@ -129,7 +129,7 @@ class SurrogateSearch:
         all_idx = space.all_indices()
         features = np.column_stack([space.clocks_mhz[all_idx[:, 0]],
                                     space.comm_sms[all_idx[:, 1]],
-                                    space.slots[all_idx[:, 2]]]).astype(np.float64)
+                                    space.windows[all_idx[:, 2]]]).astype(np.float64)
         trend = _trend(features)
         measured = np.zeros(space.size, dtype=bool)
         t_meas = np.zeros(space.size)

@@ -6,7 +6,7 @@ NVML's energy counter through zeus.
   process for one GPU, under ``torchrun`` otherwise); time = max over ranks, energy = sum over
   GPUs, both per iteration over a measurement window.
 - ``evaluate_instruction``: one (stage, direction) instruction on the stage's TP group.
-- ``evaluate_partition``: one partition of a middle layer over a (clock, SMs, slot) grid.
+- ``evaluate_partition``: one partition of a middle layer over a (clock, SMs, window) grid.
 
 Energy accounting goes through :mod:`kareus.energy` only: a GPU's measured energy minus static
 power times the iteration (or op) time is its dynamic energy
@@ -49,7 +49,7 @@ from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError, PlanError
 from kareus.graph import Direction, Instruction, IterationGraph, Partition
 from kareus.hardware.presets import GPUPreset
-from kareus.plan import InstructionPlan, IterationPlan
+from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
 from workloads.parallel import Workload
 
 _CLOCK_OFF = ("clock control off (no --allow-clock-control): plans run at the GPU's current "
@@ -242,7 +242,8 @@ class GPUBackend:
         validate_instruction_plan(graph, key, plan, self.comm_sms_limit)
         job = self._job("instruction", workload=w, stage=key[0], direction=key[1],
                         clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
-                        schedules={k: [s.comm_sms, s.launch_slot] for k, s in plan.schedules})
+                        schedules={k: [s.comm_sms, s.launch_slot, s.wait_after]
+                                   for k, s in plan.schedules})
         ranks = self.run_job(job, w.parallel.tp, graph)
         t = max(r["time_s"] / r["steps"] for r in ranks)
         e = float(np.mean([r["energy_j"] / r["steps"] for r in ranks]))
@@ -259,43 +260,50 @@ class GPUBackend:
                          "knows; call GPUBackend.bind(workload) (or evaluate a plan of it) first")
 
     def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
-                           comm_sms: NDArray[np.int64], slots: NDArray[np.int64]
-                           ) -> PartitionGrid:
+                           comm_sms: NDArray[np.int64], windows: NDArray[np.int64],
+                           block_size: int | None = None) -> PartitionGrid:
         """Measure ``partition`` (of a middle layer, on its stage's TP group) at every
-        (clock, SMs, slot): time (s) and dynamic energy per GPU (J), arrays ``[F, K, S]``. A
-        partition without a collective is measured once per clock."""
+        (clock, SMs, window): time (s) and dynamic energy per GPU (J), arrays ``[F, K, W]``
+        (SMs 0: NCCL's default). A partition without a collective is measured once per clock."""
         graph, w, stage, d, idx = self._find_partition(partition)
         check_supported(w)
         f = np.atleast_1d(np.asarray(clocks_mhz, dtype=np.float64))
         k = np.atleast_1d(np.asarray(comm_sms, dtype=np.int64))
-        s = np.atleast_1d(np.asarray(slots, dtype=np.int64))
+        win = np.asarray(windows, dtype=np.int64).reshape(-1, 2)
         n = len(partition.compute)
-        if np.any(s < 0) or np.any(s >= n):
-            raise PlanError(f"launch slot out of range 0..{n - 1} for partition {partition.key}")
-        if partition.comm is not None and (k.min() < 1 or k.max() >= self.comm_sms_limit):
+        if block_size is not None:
+            raise PlanError("the GPU backend runs NCCL kernels, whose threads per block cannot "
+                            f"be set (got {block_size})")
+        for a, b in win.tolist():
+            why = PartitionSchedule(None, a, b).problem(n, self.comm_sms_limit - 1)
+            if why:
+                raise PlanError(f"partition {partition.key}: {why}")
+        if partition.comm is not None and (k.min() < 0 or k.max() >= self.comm_sms_limit):
             raise PlanError(f"communication SMs must be in 1..{self.comm_sms_limit - 1} "
-                            f"(NCCL runs at most {NCCL_MAX_CTAS} CTAs per communicator), got "
-                            f"{k.tolist()}")
+                            f"(NCCL runs at most {NCCL_MAX_CTAS} CTAs per communicator; 0: its "
+                            f"default), got {k.tolist()}")
         has_comm = partition.comm is not None and w.parallel.tp > 1
-        grid = list(itertools.product(f.tolist(), k.tolist(), s.tolist())) if has_comm else \
-            [(c, int(k[0]), 0) for c in f.tolist()]
+        grid = [(c, kk, a, b) for c, kk, (a, b) in
+                itertools.product(f.tolist(), k.tolist(), win.tolist())] if has_comm else \
+            [(c, int(k[0]), 0, n - 1) for c in f.tolist()]
         job = self._job("partition", workload=w, stage=stage, direction=d, partition_index=idx,
                         points=[list(p) for p in grid])
         ranks = self.run_job(job, w.parallel.tp, graph)
-        t = np.zeros((f.size, k.size, s.size))
+        t = np.zeros((f.size, k.size, win.shape[0]))
         e = np.zeros_like(t)
         rows = [r["rows"] for r in ranks]
-        for j, (c, kk, ss) in enumerate(grid):
+        for j, (c, kk, a, b) in enumerate(grid):
             tt = max(rr[j]["time_s"] / rr[j]["steps"] for rr in rows)
             ee = float(np.mean([rr[j]["energy_j"] / rr[j]["steps"] for rr in rows]))
             dyn = dynamic_from_measured(ee, self.static_power_w, tt)
             fi = int(np.flatnonzero(f == c)[0])
             if has_comm:
-                ki, si = int(np.flatnonzero(k == kk)[0]), int(np.flatnonzero(s == ss)[0])
-                t[fi, ki, si], e[fi, ki, si] = tt, dyn
+                ki = int(np.flatnonzero(k == kk)[0])
+                wi = int(np.flatnonzero((win[:, 0] == a) & (win[:, 1] == b))[0])
+                t[fi, ki, wi], e[fi, ki, wi] = tt, dyn
             else:
                 t[fi], e[fi] = tt, dyn
-        return PartitionGrid(key=partition.key, clocks_mhz=f, comm_sms=k, slots=s, time_s=t,
+        return PartitionGrid(key=partition.key, clocks_mhz=f, comm_sms=k, windows=win, time_s=t,
                              dynamic_energy_j=e)
 
     def measure_partition_op(self, partition: Partition, op_index: int, clock_mhz: float
@@ -305,7 +313,7 @@ class GPUBackend:
         if not 0 <= op_index < len(partition.compute):
             raise PlanError(f"op index {op_index} outside 0..{len(partition.compute) - 1}")
         job = self._job("partition", workload=w, stage=stage, direction=d, partition_index=idx,
-                        points=[[clock_mhz, self.gpu.comm_default_sms, 0]], op_index=op_index)
+                        points=[[clock_mhz, 0, 0, len(partition.compute) - 1]], op_index=op_index)
         ranks = self.run_job(job, w.parallel.tp, graph)
         t = max(r["rows"][0]["time_s"] / r["rows"][0]["steps"] for r in ranks)
         e = float(np.mean([r["rows"][0]["energy_j"] / r["rows"][0]["steps"] for r in ranks]))

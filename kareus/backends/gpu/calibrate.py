@@ -8,7 +8,7 @@
    profile (``stage,instruction,frequency,time,energy``; energy of one GPU, static included, as
    a meter reads it);
 2. optionally each compute op of one layer's partitions alone ("op classes": GEMM, attention,
-   memory-bound), and partition configurations over (SMs, launch slot);
+   memory-bound), and partition configurations over (SMs, launch slot; waited for at the end);
 
 then, with at least four distinct clocks, fits the preset with
 :func:`kareus.hardware.calibration.calibrate` and writes the fitted preset; and always reports the
@@ -140,23 +140,26 @@ def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
 def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequence[float],
                        comm_sms: Sequence[int], slots: Sequence[int], stage: int = 0,
                        direction: str = "forward") -> list[dict[str, Any]]:
-    """Every partition of one layer of ``(stage, direction)`` over the (clock, SMs, slot) grid,
-    next to the simulator's prediction (time, dynamic energy per GPU)."""
+    """Every partition of one layer of ``(stage, direction)`` over the (clock, SMs, launch slot)
+    grid, the collective waited for at the partition's end, next to the simulator's prediction
+    (time, dynamic energy per GPU)."""
     from kareus.backends.sim import SimulatorBackend
 
     graph = backend.bind(workload)
     sim = SimulatorBackend(backend.gpu)
     rows = []
     for part in graph.instruction_graphs[(stage, direction)].partitions:
-        ok_slots = np.array([s for s in slots if s < len(part.compute)] or [0])
+        n = len(part.compute)
+        ok_slots = np.array([s for s in slots if s < n] or [0])
+        windows = np.stack([ok_slots, np.full(ok_slots.size, n - 1)], axis=1)
         f = np.asarray(clocks_mhz, dtype=float)
         k = np.asarray(comm_sms, dtype=np.int64)
-        got = backend.evaluate_partition(part, f, k, ok_slots)
+        got = backend.evaluate_partition(part, f, k, windows)
         obs = snap_to_grid(_observed_clock(backend, float(f[0])), backend.gpu) \
             if not backend.allow_clock_control else None
         pred = sim.evaluate_partition(part, np.array([obs]) if obs else
                                       np.array([snap_to_grid(c, backend.gpu) for c in f]),
-                                      k, ok_slots)
+                                      k, windows)
         for fi, kk, si in np.ndindex(got.time_s.shape):
             pf = 0 if obs else fi
             rows.append({"partition": part.key, "clock_mhz": float(f[fi]),
@@ -221,7 +224,13 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
     }
     if profile.frequency.nunique() >= 4:
         res = calibrate(profile, preset, static_power_w=backend.static_power_w)
-        fitted = res.fitted_preset(preset)
+        # the same fit on the preset's own simulation of these instructions maps the aggregated
+        # law's power onto the simulator's parameters
+        simulated = pd.DataFrame(report["simulator_error"]["preset"]["rows"]).rename(
+            columns={"time_sim": "time", "energy_sim": "energy"})
+        ref = calibrate(simulated[["stage", "instruction", "frequency", "time", "energy"]],
+                        preset, static_power_w=backend.static_power_w)
+        fitted = res.fitted_preset(preset, reference=ref)
         write_json_atomic(out / "fitted_preset.json", {
             "base": preset.name, "static_power_w": res.static_power_w,
             "overrides": {k: getattr(fitted, k) for k in
@@ -229,7 +238,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
             "fit": res.to_dict()})
         report["fit"] = {"time_mape_pct": res.time_mape_pct,
                          "energy_mape_pct": res.energy_mape_pct, **asdict(res.law),
-                         "sm_dyn_power_w": res.sm_dyn_power_w}
+                         "sm_dyn_power_w": fitted.sm_dyn_power_w}
         report["fitted_preset"] = str(out / "fitted_preset.json")
         report["simulator_error"]["fitted"] = simulator_error(
             profile, workload, fitted, backend.static_power_w, nanobatched=nanobatched)

@@ -520,13 +520,14 @@ class ForwardState:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How one instruction runs: nanobatched or not, and partition key -> (SMs, launch slot)."""
+    """How one instruction runs: nanobatched or not, and partition key -> (SMs, launch slot,
+    wait-after op); SMs ``None``: the library's default, wait ``None``: the partition's end."""
 
     nanobatched: bool = False
-    partitions: tuple[tuple[str, tuple[int | None, int]], ...] = ()
+    partitions: tuple[tuple[str, tuple[int | None, int, int | None]], ...] = ()
 
-    def get(self, key: str) -> tuple[int | None, int]:
-        return dict(self.partitions).get(key, (None, 0))
+    def get(self, key: str) -> tuple[int | None, int, int | None]:
+        return dict(self.partitions).get(key, (None, 0, None))
 
 
 class StageEngine:
@@ -605,22 +606,33 @@ class StageEngine:
         return self._comm_any.all_reduce(t, sms)
 
     def run_segment(self, seg: Segment, ctx: NanoCtx, pending: Tensor | None,
-                    sms: int | None, slot: int) -> None:
+                    sms: int | None, slot: int, wait: int | None = None) -> None:
         """One partition: ``seg``'s ops on ``ctx``, the collective on ``pending`` (the other
-        nanobatch's) launched on the side stream with op ``slot`` and joined at the end."""
+        nanobatch's) launched on the side stream just before op ``slot`` and joined right after
+        op ``wait`` (``None``: the last op); ``slot = -1`` runs it alone before the ops."""
         handle, launched = None, pending is None
+        end = len(seg.ops) - 1 if wait is None else wait
         if seg.before is not None:
             seg.before(ctx)
+        if not launched and slot < 0:  # sequential: the collective alone first
+            t = pending
+            self.streams.join(self.streams.launch(lambda t=t, s=sms: self._all_reduce(t, s),
+                                                  True))
+            launched = True
         for i, op in enumerate(seg.ops):
             if not launched and i == slot:
                 t = pending
                 handle = self.streams.launch(lambda t=t, s=sms: self._all_reduce(t, s), True)
                 launched = True
             op.run(ctx)
+            if handle is not None and i == end:
+                self.streams.join(handle)
+                handle = None
         if not launched:  # slot past the last op: launch at the end
             t = pending
             handle = self.streams.launch(lambda t=t, s=sms: self._all_reduce(t, s), True)
-        self.streams.join(handle)
+        if handle is not None:
+            self.streams.join(handle)
 
     def run_chain(self, items: list[tuple[Segment, NanoCtx, str | None]], overlap: bool,
                   sched: Schedule, flush: bool = True) -> Tensor | None:
@@ -631,8 +643,8 @@ class StageEngine:
         pending: Tensor | None = None
         first_sms = sched.get(items[0][2])[0] if items and items[0][2] else None
         for seg, ctx, key in items:
-            sms, slot = sched.get(key) if key else (None, 0)
-            self.run_segment(seg, ctx, pending, sms, slot)
+            sms, slot, wait = sched.get(key) if key else (None, 0, None)
+            self.run_segment(seg, ctx, pending, sms, slot, wait)
             pending = None
             t = self._comm_tensor(seg, ctx)
             if t is not None:

@@ -209,7 +209,8 @@ def check_against_graph(engine: StageEngine, graph: IterationGraph, stage: int) 
 
 def schedule_of(ip: InstructionPlan, has_partitions: bool) -> Schedule:
     return Schedule(ip.nanobatched and has_partitions,
-                    tuple((k, (s.comm_sms, s.launch_slot)) for k, s in ip.schedules))
+                    tuple((k, (s.comm_sms, s.launch_slot, s.wait_after))
+                          for k, s in ip.schedules))
 
 
 class Data:
@@ -542,7 +543,7 @@ def run_instruction(s: _Setup) -> dict[str, Any]:
     w = job.workload
     assert w is not None
     graph = s.graph or build_iteration_graph(w)
-    sms = sorted({int(v[0]) for v in job.schedules.values()})
+    sms = sorted({int(v[0]) for v in job.schedules.values() if v[0] is not None})
     r1 = Rank(s.r.rank, s.r.world, s.r.local_rank, w.parallel.tp, 1, 1)
     comm, _ = make_groups(r1, sms, s.device.type == "cuda")
     stage = build_stage(w, job.stage, r1.tp_rank, s.device, s.dtype, job.seed)
@@ -551,7 +552,9 @@ def run_instruction(s: _Setup) -> dict[str, Any]:
     check_against_graph(engine, graph, job.stage)
     has_parts = bool(graph.instruction_graphs[(job.stage, job.direction)].partitions)
     sched = Schedule(job.nanobatched and has_parts,
-                     tuple((k, (int(v[0]), int(v[1]))) for k, v in sorted(job.schedules.items())))
+                     tuple((k, (None if v[0] is None else int(v[0]), int(v[1]),
+                                None if len(v) < 3 or v[2] is None else int(v[2])))
+                           for k, v in sorted(job.schedules.items())))
     x, tgt = _instruction_inputs(s, w, engine)
     if job.direction == "forward":
         def step() -> None:
@@ -573,7 +576,8 @@ def run_instruction(s: _Setup) -> dict[str, Any]:
 
 def run_partition(s: _Setup) -> dict[str, Any]:
     """Mode ``partition``: one partition (compute of one nanobatch + the other's collective, or
-    one compute op of it alone) of a middle layer, at each (clock, SMs, slot) point.
+    one compute op of it alone) of a middle layer, at each (clock, SMs, window start, window end)
+    point (SMs 0: the library's default).
 
     A three-layer middle stage is built and run up to the partition once; each measured step
     restores that state and runs the partition only (tapes are kept, collectives run on a zeroed
@@ -586,7 +590,7 @@ def run_partition(s: _Setup) -> dict[str, Any]:
     ig = graph.instruction_graphs[(job.stage, job.direction)]
     if not ig.partitions:
         raise InputError("the workload has no partitions (nanobatches = 1)")
-    sms = sorted({int(p[1]) for p in job.points})
+    sms = sorted({int(p[1]) for p in job.points if int(p[1]) > 0})
     r1 = Rank(s.r.rank, s.r.world, s.r.local_rank, w.parallel.tp, 1, 1)
     comm, _ = make_groups(r1, sms, s.device.type == "cuda")
     stage = build_stage(w, 1, r1.tp_rank, s.device, s.dtype, job.seed, layers=3, first=False,
@@ -597,11 +601,12 @@ def run_partition(s: _Setup) -> dict[str, Any]:
     bench = PartitionBench(engine, job.direction, job.partition_index, sched, s, w, job.op_index)
     rows = []
     with ClockController([s.dev], job.allow_clock_control) as clocks:
-        for clock, k, slot in job.points:
+        for clock, k, start, end in job.points:
             clocks.lock(clock)
-            res = _measure(s, lambda k=int(k), slot=int(slot): bench.step(k, slot))
-            rows.append({"clock_mhz": clock, "comm_sms": int(k), "slot": int(slot),
-                         **_window_dict(res)})
+            res = _measure(s, lambda k=int(k), a=int(start), b=int(end): bench.step(
+                k or None, a, b))
+            rows.append({"clock_mhz": clock, "comm_sms": int(k), "start": int(start),
+                         "end": int(end), **_window_dict(res)})
         out = _base_result(s, clocks)
     out["key"] = ig.partitions[job.partition_index].key
     out["rows"] = rows
@@ -663,13 +668,13 @@ class PartitionBench:
             c.tape.entries = dict(entries)
         c.ar_pairs, c.f_pairs = dict(ar), dict(f)
 
-    def step(self, sms: int, slot: int) -> None:
+    def step(self, sms: int | None, slot: int, wait: int | None = None) -> None:
         self._restore()
         with self._grad():
             if self.op_index is not None:
                 self.seg.ops[self.op_index].run(self.ctx)
             else:
-                self.engine.run_segment(self.seg, self.ctx, self.scratch, sms, slot)
+                self.engine.run_segment(self.seg, self.ctx, self.scratch, sms, slot, wait)
 
 
 def run_static_power(s: _Setup) -> dict[str, Any]:

@@ -121,7 +121,8 @@ def plan_to_dict(plan: IterationPlan) -> dict[str, Any]:
         rows.append({"stage": ins.stage, "microbatch": ins.microbatch,
                      "direction": ins.direction, "clock_mhz": ip.clock_mhz,
                      "nanobatched": ip.nanobatched,
-                     "schedules": {k: [s.comm_sms, s.launch_slot] for k, s in ip.schedules}})
+                     "schedules": {k: [s.comm_sms, s.launch_slot, s.wait_after, s.block_size]
+                                   for k, s in ip.schedules}})
     return {"label": plan.label, "power_limit_w": plan.power_limit_w, "instructions": rows}
 
 
@@ -130,8 +131,7 @@ def plan_from_dict(d: dict[str, Any]) -> IterationPlan:
     for r in d["instructions"]:
         ins[Instruction(int(r["stage"]), int(r["microbatch"]), r["direction"])] = \
             InstructionPlan.make(float(r["clock_mhz"]), bool(r["nanobatched"]),
-                                 {k: PartitionSchedule(int(v[0]), int(v[1]))
-                                  for k, v in r["schedules"].items()})
+                                 {k: PartitionSchedule(*v) for k, v in r["schedules"].items()})
     return IterationPlan(ins, power_limit_w=d.get("power_limit_w"), label=d.get("label", ""))
 
 
@@ -167,16 +167,18 @@ def validate_instruction_plan(graph: IterationGraph, key: tuple[int, str], ip: I
         if pkey not in parts:
             raise PlanError(f"unknown partition {pkey!r} for {ig.name}; valid: "
                             f"{', '.join(parts) or 'none (not nanobatched)'}")
-        n = len(parts[pkey].compute)
-        if not 0 <= s.launch_slot < n:
-            raise PlanError(f"{pkey}: launch slot {s.launch_slot} outside 0..{n - 1}")
-        if not 1 <= s.comm_sms < sms_max:
-            raise PlanError(f"{pkey}: communication SMs {s.comm_sms} outside 1..{sms_max - 1}")
+        why = s.problem(len(parts[pkey].compute), sms_max - 1)
+        if why:
+            raise PlanError(f"{pkey}: {why}")
+        if s.block_size is not None:
+            raise PlanError(f"{pkey}: the GPU backend runs NCCL kernels, whose threads per "
+                            f"block cannot be set (got {s.block_size})")
 
 
 def plan_sms(plan: IterationPlan) -> list[int]:
     """Every communication SM count a plan uses (sorted): one CTA-limited communicator each."""
-    return sorted({s.comm_sms for ip in plan.instructions.values() for _, s in ip.schedules})
+    return sorted({s.comm_sms for ip in plan.instructions.values() for _, s in ip.schedules
+                   if s.comm_sms is not None})
 
 
 # ------------------------------------------------------------------------------- jobs

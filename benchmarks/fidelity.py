@@ -1,0 +1,277 @@
+"""The simulator against real measurements from the paper's testbed, in one table.
+
+    python benchmarks/fidelity.py [--gpu a100-sxm4-40gb] [--fit] [--skip-partition]
+
+1. **Iteration frontiers** (``shared/kareus_artifact/calibration_frontiers.csv``): for each
+   configuration and method (Perseus, Nanobatching + Perseus), the four frontier endpoints
+   (fastest time, energy there, least energy, time there) measured and simulated, in the
+   artifact's own view (:mod:`kareus.fidelity`), with each error and the MAPE; and the ratio of
+   Nanobatching + Perseus's fastest time to Perseus's, simulated against measured.
+2. **The partition law** (``attention_partition``): the fit of ``kareus calibrate
+   --partition-sweep`` (time and energy MAPE), its hold-out, and where the measured fastest
+   configuration ranks among the predictions.
+3. **A first-principles roofline**: the fastest iteration of each configuration from tensor peak,
+   HBM and NVLink bandwidth with textbook efficiencies (80 % GEMM, 55 % attention, 85 % HBM,
+   80 % NVLink), no power model and no overlap; the simulator must do better.
+
+``--fit`` refits the iteration-scale parameters that the frontiers calibrate (see
+:data:`FIT_PARAMETERS`) on all configurations, then, for the hold-out, on each configuration
+alone and predicts the others; it prints the fitted values (the presets carry them, cited).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+import numpy as np
+import pandas as pd
+
+from kareus.datasets import kareus_artifact
+from kareus.fidelity import (
+    FrontierConfig,
+    compare,
+    load_measured,
+    measured_configs,
+    measured_endpoints,
+)
+from kareus.hardware.presets import DEFAULT_GPU, get_preset
+from kareus.problem import make_problem
+
+#: Parameters the measured frontiers calibrate, with their bounds (lo, hi).
+FIT_PARAMETERS = {
+    "gemm_efficiency": (0.4, 0.9),
+    "hbm_efficiency": (0.3, 0.9),
+    "link_efficiency": (0.5, 0.95),
+    "sm_dyn_power_w": (250.0, 550.0),
+    "library_rate_beside": (0.2, 1.0),
+}
+
+#: Where every fit starts: the uncalibrated A100 priors (hardware.md's textbook efficiencies, the
+#: 80 GB part's SM power fitted on the Perseus profile, NCCL keeping ~80 % beside compute). Each
+#: fit, the hold-outs included, starts here and never from the preset's already-fitted values,
+#: so a hold-out never sees the configuration it predicts.
+FIT_PRIORS = {
+    "gemm_efficiency": 0.80,
+    "hbm_efficiency": 0.85,
+    "link_efficiency": 0.80,
+    "sm_dyn_power_w": 438.1,
+    "library_rate_beside": 0.80,
+}
+
+
+def problems(configs: list[FrontierConfig], gpu: str, overrides: dict[str, float]) -> dict:
+    return {c: make_problem(c.model, gpu=gpu, gpu_overrides=overrides, **c.overrides())
+            for c in configs}
+
+
+def fit(configs: list[FrontierConfig], measured: pd.DataFrame, gpu: str
+        ) -> dict[str, float]:
+    """Least squares of the endpoint errors over ``configs`` in :data:`FIT_PARAMETERS`."""
+    from scipy.optimize import least_squares
+
+    names = list(FIT_PARAMETERS)
+    lo = np.array([FIT_PARAMETERS[n][0] for n in names])
+    hi = np.array([FIT_PARAMETERS[n][1] for n in names])
+    x0 = np.clip([FIT_PRIORS[n] for n in names], lo, hi)
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        df = compare(problems(configs, gpu, dict(zip(names, map(float, x)))), measured)
+        return df.error_pct.to_numpy() / 100.0
+
+    res = least_squares(resid, x0, bounds=(lo, hi), diff_step=3e-2, max_nfev=60)
+    return dict(zip(names, map(float, res.x)))
+
+
+def roofline_fastest(cfg: FrontierConfig, gpu: str) -> float:
+    """Textbook estimate of the fastest iteration (s): per stage and microbatch, forward +
+    recomputed forward + backward of every layer at 80 % of tensor peak (GEMMs), 55 %
+    (attention), HBM-bound kernels at 85 % of HBM, TP/CP collectives at 80 % of NVLink, nothing
+    overlapped; (microbatches + stages - 1) x the slowest stage."""
+    from workloads import make_workload
+    from workloads.graph_builder import build_iteration_graph
+
+    p = get_preset(gpu)
+    w = make_workload(cfg.model, **cfg.overrides())
+    g = build_iteration_graph(w)
+    peak = p.sms * p.flops_per_clk_per_sm * p.clock_max_mhz * 1e6
+    stage = []
+    for s in range(g.stages):
+        t = 0.0
+        for d in ("forward", "backward"):
+            ig = g.instruction_graphs[(s, d)]
+            for seg, n in [(x, ig.layers) for x in ig.sequential] + [(x, 1) for x in ig.extra]:
+                for op in seg.compute:
+                    eff = {"gemm": 0.8, "attention": 0.55}.get(op.kind)
+                    t += n * (op.bytes / (0.85 * p.hbm_bw) if eff is None
+                              else max(op.flops / (eff * peak), op.bytes / p.hbm_bw))
+                if seg.comm is not None and seg.comm.group > 1:
+                    t += n * seg.comm.bus_bytes / (0.8 * p.nvlink_bw)
+        stage.append(t)
+    return (g.microbatches + g.stages - 1) * max(stage)
+
+
+def _without_comm(graph):
+    """``graph`` with every collective removed (compute only), for the breakdown below."""
+    from dataclasses import replace
+
+    def strip(segs):
+        return tuple(replace(x, comm=None) for x in segs)
+
+    return replace(graph, instruction_graphs={
+        k: replace(ig, sequential=strip(ig.sequential), partitions=strip(ig.partitions),
+                   extra=strip(ig.extra))
+        for k, ig in graph.instruction_graphs.items()})
+
+
+def nanobatch_breakdown(cfg: FrontierConfig, gpu: str) -> list[dict[str, object]]:
+    """What nanobatching costs and hides in one microbatch of the first stage at the top clock
+    (the fastest plans), forward and backward, in ms: the collectives the sequential instruction
+    exposes; what splitting the microbatch costs the compute alone (smaller kernels, twice the
+    launches and host issue); what the nanobatched instruction still exposes; and the net."""
+    from kareus.plan import InstructionPlan
+
+    problem = make_problem(cfg.model, gpu=gpu, **cfg.overrides())
+    g, bare, be = problem.graph, _without_comm(problem.graph), problem.backend
+    clock = get_preset(gpu).clock_max_mhz
+    rows = []
+    for direction in ("forward", "backward"):
+        key = (0, direction)
+
+        def t(graph, nb: bool) -> float:
+            return 1e3 * be.evaluate_instruction(graph, key, InstructionPlan.make(clock, nb)).time_s
+
+        seq, seq_bare, nb, nb_bare = t(g, False), t(bare, False), t(g, True), t(bare, True)
+        rows.append({"config": cfg.label, "instruction": direction, "sequential_ms": seq,
+                     "exposed_comm_ms": seq - seq_bare, "split_cost_ms": nb_bare - seq_bare,
+                     "comm_left_ms": nb - nb_bare, "hidden_ms": (seq - seq_bare) - (nb - nb_bare),
+                     "nanobatched_ms": nb, "net_pct": 100 * (nb / seq - 1)})
+    return rows
+
+
+def paper_predictions(gpu: str) -> pd.DataFrame:
+    """The artifact-view endpoints of both methods on the paper's ten configurations."""
+    from kareus.fidelity import METHODS, artifact_frontier, endpoints
+    from kareus.suites import get_suite
+
+    rows = []
+    for cell in get_suite("paper"):
+        if cell.overrides.get("pp") != 2 or cell.workload == "llama3.3-70b":
+            continue
+        o = cell.overrides
+        cfg = FrontierConfig(cell.workload, int(o["tp"]), int(o["cp"]), int(o["mbs"]),
+                             int(o["seq"]))
+        problem = make_problem(cfg.model, gpu=gpu, **cfg.overrides())
+        for method, nb in METHODS.items():
+            rows.append({"config": cfg.label, "model": cfg.model, "tp": cfg.tp, "cp": cfg.cp,
+                         "mbs": cfg.mbs, "seq": cfg.seq, "method": method,
+                         **endpoints(*artifact_frontier(problem, nb))})
+    return pd.DataFrame(rows)
+
+
+@click.command()
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True)
+@click.option("--fit", "do_fit", is_flag=True, help="Refit the iteration-scale parameters.")
+@click.option("--skip-partition", is_flag=True, help="Skip the partition-law fit (slow).")
+@click.option("--predictions", "predictions_csv", default=None, type=click.Path(dir_okay=False),
+              help="Also write the artifact-view endpoints of all ten paper configurations.")
+def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None) -> None:
+    path = kareus_artifact("calibration_frontiers.csv")
+    if path is None:
+        sys.exit("shared/kareus_artifact not found; set KAREUS_SHARED_DIR")
+    measured = load_measured(str(path))
+    configs = measured_configs(measured)
+    pd.set_option("display.width", 160)
+    if do_fit:
+        t0 = time.perf_counter()
+        fitted = fit(configs, measured, gpu)
+        df = compare(problems(configs, gpu, fitted), measured)
+        click.echo(f"fitted on all configurations ({time.perf_counter() - t0:.0f} s): endpoint "
+                   f"MAPE {df.error_pct.abs().mean():.2f} % (max {df.error_pct.abs().max():.2f} "
+                   "%); " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
+        for held in configs:
+            rest = [c for c in configs if c != held]
+            for train, test in ((rest, [held]), ([held], rest)):
+                if not train or not test:
+                    continue
+                f = fit(train, measured, gpu)
+                df = compare(problems(test, gpu, f), measured)
+                click.echo(f"hold-out: fit on {', '.join(c.label for c in train)}; "
+                           f"predict {', '.join(c.label for c in test)}: endpoint MAPE "
+                           f"{df.error_pct.abs().mean():.2f} % (max "
+                           f"{df.error_pct.abs().max():.2f} %); fitted "
+                           + ", ".join(f"{k}={v:.4g}" for k, v in f.items()))
+            break  # two configurations: one split covers both directions
+
+    click.echo("\n== Iteration frontiers (artifact view: Perseus's solver on in-situ profiles)")
+    df = compare(problems(configs, gpu, {}), measured)
+    click.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    click.echo(f"endpoint MAPE {df.error_pct.abs().mean():.2f} % over {len(df)} numbers, "
+               f"max {df.error_pct.abs().max():.2f} %")
+    click.echo("\n== Nanobatching + Perseus fastest time / Perseus fastest time")
+    for cfg in configs:
+        s = df[(df.config == cfg.label) & (df.endpoint == "T_min")].set_index("method")
+        click.echo(f"{cfg.label:34s} simulated {s.simulated['nanobatch-perseus'] / s.simulated['perseus']:.3f}"
+                   f"   measured {s.measured['nanobatch-perseus'] / s.measured['perseus']:.3f}")
+
+    click.echo("\n== What nanobatching costs and hides: one microbatch of stage 0 at the top "
+               "clock (ms)")
+    bd = pd.DataFrame([r for cfg in configs for r in nanobatch_breakdown(cfg, gpu)])
+    click.echo(bd.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+
+    click.echo("\n== First-principles roofline (fastest iteration, s)")
+    for cfg in configs:
+        meas = measured_endpoints(measured, cfg, "perseus")["T_min"]
+        sim = float(df[(df.config == cfg.label) & (df.method == "perseus")
+                       & (df.endpoint == "T_min")].simulated.iloc[0])
+        roof = roofline_fastest(cfg, gpu)
+        click.echo(f"{cfg.label:34s} measured {meas:.3f}  simulator {sim:.3f} "
+                   f"({100 * (sim / meas - 1):+.1f} %)  roofline {roof:.3f} "
+                   f"({100 * (roof / meas - 1):+.1f} %)")
+
+    if predictions_csv is not None:
+        from pathlib import Path
+
+        from kareus.atomic import atomic_write_text
+
+        pred = paper_predictions(gpu)
+        atomic_write_text(Path(predictions_csv), pred.to_csv(index=False, float_format="%.4f"))
+        click.echo(f"\n== Predictions for the paper's configurations (written to {predictions_csv})")
+        click.echo(pred.drop(columns=["model", "tp", "cp", "mbs", "seq"]).to_string(
+            index=False, float_format=lambda x: f"{x:.3f}"))
+
+    if not skip_partition:
+        _partition(gpu)
+
+
+def _partition(gpu: str) -> None:
+    from kareus.backends.partition_calibration import fit_partition
+    from kareus.hardware.partition_sweep import load_sweep
+    from workloads.partition_spec import PartitionSpec
+
+    spec_path = kareus_artifact("attention_partition/spec.json")
+    sweep_path = kareus_artifact("attention_partition/default_clock.csv")
+    if spec_path is None or sweep_path is None:
+        click.echo("\n(partition sweep not found; skipped)")
+        return
+    spec = PartitionSpec.load(spec_path)
+    part = spec.partition()
+    preset = get_preset(gpu)
+    t0 = time.perf_counter()
+    sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
+    cal = fit_partition(part, sweep, preset, spec.sha256)
+    f, h = cal.fit, cal.fit["holdout"]
+    click.echo(f"\n== Partition law ({f['rows']} configurations, {time.perf_counter() - t0:.0f} s)")
+    click.echo(f"fit: time MAPE {f['time_mape_pct']:.2f} % (max {f['time_max_ape_pct']:.2f} %), "
+               f"energy MAPE {f['energy_mape_pct']:.2f} %")
+    click.echo(f"hold-out ({h['method']}): time MAPE {h['time_mape_pct']:.2f} %, energy MAPE "
+               f"{h['energy_mape_pct']:.2f} %")
+    best = f["measured_best"]
+    click.echo(f"measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
+               f"{best['comm_sm_number']} SMs x {best['comm_block_size']}, predicted rank "
+               f"{f['measured_best_predicted_rank']} of {f['rows']}")
+
+
+if __name__ == "__main__":
+    main()

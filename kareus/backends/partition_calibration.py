@@ -1,0 +1,354 @@
+"""The partition law fitted to a measured partition sweep, and predictions from it.
+
+``kareus calibrate --partition-sweep`` and ``kareus partition`` live here. The law is the
+simulator's own (:func:`~kareus.backends.partition_timeline.partition_timeline` with the kernel
+laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its parameters:
+
+- **the tuned collective**: throughput per SM (``tuned_bw_per_sm_mhz``, proportional to the SM
+  clock), its dependence on threads per block (``tuned_block_exponent``), the link path it
+  saturates on (``tuned_link_fraction`` of the link) and its launch cost (``comm_launch_s``);
+  its fixed latency (``comm_latency_s``) stays the preset's, since one message size cannot tell
+  it from the link path;
+- **contention**: the collective's throughput beside each class of compute kernel
+  (``comm_rate_beside_*``) and the extra slowdown of compute beside it (``overlap_slowdown_*``);
+- **the host**: time to issue each class of op (``host_issue_*_s``) and the profiling harness's
+  per-execution overhead (``partition_harness_s``);
+- **power**: the collective's SM activity (``activity_comm``) and link power
+  (``link_dyn_power_w``), and the activity of memory-bound and attention kernels;
+- **the partition's own ops**: one work factor per op (the op does that many times the work the
+  FLOP/byte count says: extra or unfused kernels), pulled towards 1 by a weak penalty.
+
+Everything is fitted at the sweep's clock. Other clocks follow from the laws: compute-bound work
+scales with ``1/f``, HBM-bound work does not, the collective's per-SM throughput scales with
+``f``, its link path and the host do not, and power follows the fitted voltage-frequency curve.
+Nothing is refitted per clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kareus.errors import InputError
+from kareus.graph import Partition
+from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
+from kareus.hardware.presets import GPUPreset
+
+CALIBRATION_KIND = "kareus-partition-calibration"
+CALIBRATION_VERSION = 1
+
+# (preset field, transform, initial value): "log" > 0, "unit" in (0, 1), "lo..hi" bounded
+_TIME_PARAMS: tuple[tuple[str, str, float], ...] = (
+    ("tuned_bw_per_sm_mhz", "log", 7.0e9 / 1410),
+    ("tuned_block_exponent", "log", 0.86),
+    ("tuned_link_fraction", "unit", 0.9),
+    ("comm_launch_s", "log", 6e-6),
+    ("comm_rate_beside_memory", "unit", 0.8),
+    ("comm_rate_beside_gemm", "unit", 0.9),
+    ("comm_rate_beside_attention", "unit", 0.9),
+    ("overlap_slowdown_memory", "log", 0.3),
+    ("overlap_slowdown_gemm", "log", 0.3),
+    ("overlap_slowdown_attention", "log", 0.1),
+    ("host_issue_memory_s", "log", 50e-6),
+    ("host_issue_gemm_s", "log", 50e-6),
+    ("host_issue_attention_s", "log", 50e-6),
+    ("partition_harness_s", "log", 500e-6),
+)
+_ENERGY_PARAMS: tuple[tuple[str, str, float], ...] = (
+    ("activity_comm", "0.05..2", 0.45),
+    # NVLink SerDes and switch ports at full rate: tens of watts, not more (a looser bound lets
+    # the link term absorb other power the sweep cannot separate)
+    ("link_dyn_power_w", "1..40", 20.0),
+)
+#: How far below the requested clock the power cap is looked for in predictions (MHz).
+_CAP_SPAN_MHZ = 300.0
+#: The collective's own law: identified by the sequential window, where it runs alone.
+_COMM_ALONE = {"tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction"}
+#: Time residuals are weighted by ``(fastest time / time) ** this``.
+_FAST_WEIGHT = 0.0
+#: Weight of the penalty pulling log(work factor) towards 0 (relative-error units).
+_WORK_PRIOR = 0.02
+#: Function evaluations each least-squares stage may spend per free parameter: a fit on part of
+#: a sweep that leaves some parameters unidentified stops here instead of wandering.
+_MAX_NFEV_PER_PARAM = 40
+
+
+def _bounds(kind: str) -> tuple[float, float] | None:
+    """``(lo, hi)`` of a bounded transform ``"lo..hi"``; ``None`` for the others."""
+    if ".." not in kind:
+        return None
+    lo, hi = kind.split("..")
+    return float(lo), float(hi)
+
+
+def _encode(kind: str, v: float) -> float:
+    if kind == "log":
+        return float(np.log(v))
+    b = _bounds(kind) or ((0.0, 1.0) if kind == "unit" else None)
+    if b is not None:
+        u = min(max((v - b[0]) / (b[1] - b[0]), 1e-6), 1 - 1e-6)
+        return float(np.log(u / (1 - u)))
+    return float(v)
+
+
+def _decode(kind: str, x: float) -> float:
+    if kind == "log":
+        return float(np.exp(x))
+    b = _bounds(kind) or ((0.0, 1.0) if kind == "unit" else None)
+    if b is not None:
+        return float(b[0] + (b[1] - b[0]) / (1 + np.exp(-x)))
+    return float(x)
+
+
+def scaled_partition(partition: Partition, work: NDArray[np.float64] | None) -> Partition:
+    """``partition`` with op ``i`` doing ``work[i]`` times its counted FLOPs and bytes."""
+    if work is None:
+        return partition
+    ops = tuple(replace(op, flops=op.flops * w, bytes=op.bytes * w)
+                for op, w in zip(partition.compute, work))
+    return replace(partition, compute=ops)
+
+
+def predict(partition: Partition, configs: PartitionConfigs, gpu: GPUPreset,
+            clock_mhz: float | None = None, work: NDArray[np.float64] | None = None,
+            host: NDArray[np.float64] | None = None, harness: bool = True
+            ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Time (s) and meter energy (J, the collective group's GPUs, static included) of every
+    configuration, at ``clock_mhz`` (``None``: the default, unlocked clock: the maximum, lowered by
+    the power cap where it binds)."""
+    from kareus.backends.sim import SimulatorBackend
+    from kareus.energy import measured_energy
+
+    clock = gpu.clock_max_mhz if clock_mhz is None else float(clock_mhz)
+    SimulatorBackend(gpu).clock_index(clock)  # validates the clock
+    # The power cap lowers the clock by at most _CAP_SPAN_MHZ here; simulating only that range of
+    # the clock grid keeps the (repeated) predictions of a fit fast.
+    lo = max(gpu.clock_min_mhz, clock - _CAP_SPAN_MHZ)
+    lo = gpu.clock_min_mhz + np.floor((lo - gpu.clock_min_mhz) / gpu.clock_step_mhz) \
+        * gpu.clock_step_mhz
+    sim = SimulatorBackend(gpu.with_overrides(clock_min_mhz=lo))
+    part = scaled_partition(partition, work)
+    time = np.zeros(len(configs))
+    dyn = np.zeros(len(configs))
+    win = configs.windows()
+    for threads in np.unique(configs.threads):
+        rows = np.flatnonzero(configs.threads == threads)
+        ks = np.unique(configs.sms[rows])
+        grid = sim.evaluate_partition(part, np.array([clock]), ks, win, int(threads),
+                                      harness=harness, host_scale=host, power_cap=True)
+        ki = np.searchsorted(ks, configs.sms[rows])
+        wi = np.array([int(np.flatnonzero((win[:, 0] == s) & (win[:, 1] == e))[0])
+                       for s, e in zip(configs.start[rows], configs.end[rows])])
+        time[rows] = grid.time_s[0, ki, wi]
+        dyn[rows] = grid.dynamic_energy_j[0, ki, wi]
+    group = partition.comm.group if partition.comm is not None else 1
+    return time, group * measured_energy(dyn, gpu.static_power_w, time)
+
+
+@dataclass(frozen=True)
+class PartitionCalibration:
+    """A fitted partition law for one spec on one GPU.
+
+    Attributes:
+        gpu: Preset name the fit was made for.
+        spec_sha256: Hash of the spec the sweep measured.
+        clock_mhz: Clock of the sweep (``None``: the default, unlocked clock).
+        law: Fitted preset parameters (see the module docstring).
+        op_work: Work factor of each op of the spec (its FLOPs and bytes are that many times
+            what the spec's shapes count).
+        op_host: Host-issue factor of each op of the spec (times its class's host time).
+        fit: Fit and hold-out errors.
+    """
+
+    gpu: str
+    spec_sha256: str
+    clock_mhz: float | None
+    law: dict[str, float]
+    op_work: tuple[float, ...]
+    op_host: tuple[float, ...]
+    fit: dict[str, object] = field(default_factory=dict)
+
+    def apply(self, gpu: GPUPreset) -> GPUPreset:
+        """``gpu`` with the fitted law parameters."""
+        return gpu.with_overrides(**self.law)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": CALIBRATION_KIND, "version": CALIBRATION_VERSION, "gpu": self.gpu,
+                "spec_sha256": self.spec_sha256, "clock_mhz": self.clock_mhz,
+                "law": self.law, "op_work": list(self.op_work), "op_host": list(self.op_host),
+                "fit": self.fit}
+
+    @staticmethod
+    def load(path: str | Path, gpu: str, spec_sha256: str, n_ops: int) -> "PartitionCalibration":
+        """Read a calibration file and check it was made for this spec and GPU."""
+        p = str(path)
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise InputError(f"{p}: no such calibration file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InputError(f"{p}: not a calibration file ({type(e).__name__})") from None
+        if not isinstance(raw, dict) or raw.get("kind") != CALIBRATION_KIND:
+            raise InputError(f"{p}: not a partition calibration (kind {CALIBRATION_KIND!r})")
+        if raw.get("version") != CALIBRATION_VERSION:
+            raise InputError(f"{p}: calibration version {raw.get('version')!r}, this suite reads "
+                             f"{CALIBRATION_VERSION}")
+        if raw.get("gpu") != gpu:
+            raise InputError(f"{p}: calibration made for GPU {raw.get('gpu')!r}, not {gpu!r}")
+        if raw.get("spec_sha256") != spec_sha256:
+            raise InputError(f"{p}: calibration made for another spec (hash "
+                             f"{str(raw.get('spec_sha256'))[:12]}...)")
+        law, work, host = raw.get("law"), raw.get("op_work"), raw.get("op_host")
+
+        def factors(v: object) -> bool:
+            return isinstance(v, list) and len(v) == n_ops and all(
+                isinstance(x, (int, float)) and np.isfinite(x) and x > 0 for x in v)
+
+        if not isinstance(law, dict) or not factors(work) or not factors(host):
+            raise InputError(f"{p}: malformed calibration (law, op_work or op_host)")
+        return PartitionCalibration(gpu=gpu, spec_sha256=spec_sha256,
+                                    clock_mhz=raw.get("clock_mhz"), law=dict(law),
+                                    op_work=tuple(float(v) for v in work),  # type: ignore[union-attr]
+                                    op_host=tuple(float(v) for v in host),  # type: ignore[union-attr]
+                                    fit=dict(raw.get("fit") or {}))
+
+
+def _mape(pred: NDArray, meas: NDArray) -> float:
+    return float(100 * np.mean(np.abs(pred / meas - 1)))
+
+
+def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
+             clock_mhz: float | None, starts: int = 2
+             ) -> tuple[dict[str, float], NDArray[np.float64], NDArray[np.float64]]:
+    """Least-squares fit of the time parameters (best of ``starts`` starting points), then of
+    the power parameters. Returns the law, the op work factors and the op host factors."""
+    from scipy.optimize import least_squares
+
+    n = len(partition.compute)
+    t_meas, e_meas = sweep.time_s, sweep.energy_j
+    m = len(_TIME_PARAMS)
+    # Configurations near the fastest weigh more: they are the ones an optimizer picks.
+    weight = (t_meas.min() / t_meas) ** _FAST_WEIGHT
+
+    def unpack_time(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
+        law = {name: _decode(kind, v) for (name, kind, _), v in zip(_TIME_PARAMS, x)}
+        return law, np.exp(x[m:m + n]), np.exp(x[m + n:])
+
+    def time_resid(x: NDArray) -> NDArray:
+        law, work, host = unpack_time(x)
+        t, _ = predict(partition, sweep.configs, gpu.with_overrides(**law), clock_mhz, work, host)
+        return np.concatenate([weight * (t / t_meas - 1), _WORK_PRIOR * np.log(work),
+                               _WORK_PRIOR * np.log(host)])
+
+    x0 = np.array([_encode(k, v) for _, k, v in _TIME_PARAMS] + [0.0] * (2 * n))
+    # Stage 1: the collective's own law from the sequential window (it runs alone there).
+    seq = sweep.configs.start < 0
+    comm_idx = [i for i, (name, _, _) in enumerate(_TIME_PARAMS) if name in _COMM_ALONE]
+    if seq.sum() >= len(comm_idx) + 2:
+        sub = sweep.subset(seq)
+
+        def seq_resid(y: NDArray) -> NDArray:
+            x = x0.copy()
+            x[comm_idx] = y[:-1]
+            x[m:m + n] = y[-1]  # one common work factor for the compute chain
+            law, work, host = unpack_time(x)
+            t, _ = predict(partition, sub.configs, gpu.with_overrides(**law), clock_mhz, work,
+                           host)
+            return t / sub.time_s - 1
+
+        y = least_squares(seq_resid, np.append(x0[comm_idx], 0.0)).x
+        x0[comm_idx] = y[:-1]
+        x0[m:m + n] = y[-1]
+    # Stage 2: everything, from several starting points of the per-op factors and contention.
+    rng = np.random.default_rng(0)
+    best = None
+    free = np.array([name not in _COMM_ALONE for name, _, _ in _TIME_PARAMS] + [True] * (2 * n))
+    for k in range(starts):
+        start = x0 + (rng.normal(0.0, 0.6, x0.size) * free if k else 0.0)
+        res = least_squares(time_resid, start, max_nfev=_MAX_NFEV_PER_PARAM * x0.size)
+        if best is None or res.cost < best.cost:
+            best = res
+    # Stage 3: time and power together (power sets where the cap throttles the clock).
+    q = len(_ENERGY_PARAMS)
+    p0 = np.array([_encode(k, getattr(gpu, name)) for name, k, _ in _ENERGY_PARAMS])
+
+    def unpack(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
+        law, work, host = unpack_time(x[:-q])
+        law.update({name: _decode(kind, v) for (name, kind, _), v in zip(_ENERGY_PARAMS, x[-q:])})
+        return law, work, host
+
+    def joint_resid(x: NDArray) -> NDArray:
+        law, work, host = unpack(x)
+        t, e = predict(partition, sweep.configs, gpu.with_overrides(**law), clock_mhz, work, host)
+        return np.concatenate([weight * (t / t_meas - 1), e / e_meas - 1,
+                               _WORK_PRIOR * np.log(work), _WORK_PRIOR * np.log(host)])
+
+    res = least_squares(joint_resid, np.concatenate([best.x, p0]),  # type: ignore[union-attr]
+                        max_nfev=_MAX_NFEV_PER_PARAM * (x0.size + q))
+    return unpack(res.x)
+
+
+def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, spec_sha256: str,
+                  clock_mhz: float | None = None, holdout: bool = True) -> PartitionCalibration:
+    """Fit the partition law to ``sweep`` and measure its errors.
+
+    The hold-out splits the sweep's windows in two alternating halves (by window order), fits on
+    one half and predicts the other, both ways; it reports the errors on the predicted halves.
+    """
+    law, work, host = _fit_law(partition, sweep, gpu, clock_mhz)
+    fitted = gpu.with_overrides(**law)
+    t, e = predict(partition, sweep.configs, fitted, clock_mhz, work, host)
+    fit: dict[str, object] = {
+        "rows": len(sweep.configs), "repeats": sweep.repeats,
+        "time_mape_pct": _mape(t, sweep.time_s), "energy_mape_pct": _mape(e, sweep.energy_j),
+        "time_max_ape_pct": float(100 * np.max(np.abs(t / sweep.time_s - 1))),
+    }
+    fit.update(_best_rank(sweep, t))
+    if holdout:
+        wins = sweep.configs.windows()
+        halves = [wins[0::2], wins[1::2]]
+        parts = []
+        for train, test in (halves, halves[::-1]):
+            in_test = _in_windows(sweep.configs, test)
+            law_h, work_h, host_h = _fit_law(partition, sweep.subset(~in_test), gpu, clock_mhz)
+            held = sweep.subset(in_test)
+            th, eh = predict(partition, held.configs, gpu.with_overrides(**law_h), clock_mhz,
+                             work_h, host_h)
+            parts.append({"fit_windows": [list(map(int, w)) for w in train],
+                          "predicted_windows": [list(map(int, w)) for w in test],
+                          "time_mape_pct": _mape(th, held.time_s),
+                          "energy_mape_pct": _mape(eh, held.energy_j)})
+        fit["holdout"] = {
+            "method": "fit on half the windows (alternating), predict the other half; both ways",
+            "time_mape_pct": float(np.mean([p["time_mape_pct"] for p in parts])),
+            "energy_mape_pct": float(np.mean([p["energy_mape_pct"] for p in parts])),
+            "halves": parts}
+    return PartitionCalibration(gpu=gpu.name, spec_sha256=spec_sha256, clock_mhz=clock_mhz,
+                                law=law, op_work=tuple(float(w) for w in work),
+                                op_host=tuple(float(h) for h in host), fit=fit)
+
+
+def _in_windows(configs: PartitionConfigs, windows: NDArray[np.int64]) -> NDArray[np.bool_]:
+    key = configs.start * 1000 + configs.end
+    return np.isin(key, windows[:, 0] * 1000 + windows[:, 1])
+
+
+def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> dict[str, object]:
+    """Where the measured fastest configuration ranks among the predicted ones (1 = fastest)."""
+    c = sweep.configs
+    best = int(np.argmin(sweep.time_s))
+    rank = int(np.sum(predicted_time < predicted_time[best])) + 1
+    pred_best = int(np.argmin(predicted_time))
+
+    def cfg(i: int) -> dict[str, int]:
+        return {"overlap_start": int(c.start[i]), "overlap_end": int(c.end[i]),
+                "comm_sm_number": int(c.sms[i]), "comm_block_size": int(c.threads[i])}
+
+    return {"measured_best": {**cfg(best), "time_s": float(sweep.time_s[best])},
+            "measured_best_predicted_rank": rank,
+            "predicted_best": {**cfg(pred_best), "time_s": float(predicted_time[pred_best]),
+                               "measured_time_s": float(sweep.time_s[pred_best])}}

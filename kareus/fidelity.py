@@ -1,0 +1,117 @@
+"""The simulator held against measured iteration frontiers (the Kareus artifact's).
+
+The artifact's frontiers (``shared/kareus_artifact/calibration_frontiers.csv``) are Perseus's own
+view of each plan: its solver ran on per-instruction time/energy profiles measured in situ, and
+each frontier point is a solver step's iteration time (the critical path of the instruction
+times on the 1F1B DAG; point-to-point transfers are outside the instructions) and energy (the
+fitted per-instruction costs plus every stage's GPU at the blocked-on-P2P power for the whole
+iteration), for one GPU per stage.
+
+:func:`artifact_frontier` builds the same view from the simulator: it profiles every instruction
+type on the simulator over the clock grid (sequential for Perseus, nanobatched with the library's
+default schedules for Nanobatching + Perseus), runs the same solver, and reads each step the same
+way. :func:`endpoints` reduces a frontier to the four numbers compared: the fastest time, the
+energy there, the least energy and the time there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+
+from kareus.errors import InputError
+from kareus.plan import InstructionPlan
+from kareus.plugins import Problem
+from kareus.profiling import profile_instructions
+from kareus.tradeoff import solve
+
+#: The two methods the artifact's frontiers cover, and whether each runs nanobatched.
+METHODS = {"perseus": False, "nanobatch-perseus": True}
+ENDPOINTS = ("T_min", "E_at_T_min", "E_min", "T_at_E_min")
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """One measured configuration of the artifact (PP, microbatches and split as the paper)."""
+
+    model: str
+    tp: int
+    cp: int
+    mbs: int
+    seq: int
+
+    @property
+    def label(self) -> str:
+        par = f"cp{self.cp}tp{self.tp}" if self.cp > 1 else f"tp{self.tp}"
+        return f"{self.model}_{par}_mbs{self.mbs}_seq{self.seq}"
+
+    def overrides(self) -> dict[str, object]:
+        """Parallelism overrides: the paper's testbed, PP 2 x 8 microbatches, 15 + 13 layers."""
+        return dict(tp=self.tp, cp=self.cp, pp=2, mbs=self.mbs, seq=self.seq, microbatches=8,
+                    layer_split=(15, 13))
+
+
+def endpoints(time_s: ArrayLike, energy_j: ArrayLike) -> dict[str, float]:
+    """The fastest point's time and energy, and the least-energy point's energy and time."""
+    t, e = np.asarray(time_s, dtype=float), np.asarray(energy_j, dtype=float)
+    if t.size == 0:
+        raise InputError("an empty frontier has no endpoints")
+    i, j = int(np.argmin(t)), int(np.argmin(e))
+    return {"T_min": float(t[i]), "E_at_T_min": float(e[i]), "E_min": float(e[j]),
+            "T_at_E_min": float(t[j])}
+
+
+def artifact_frontier(problem: Problem, nanobatched: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(time s, energy J per GPU of each stage) of every Perseus solver step on the simulator's
+    in-situ profiles of ``problem`` (see the module docstring)."""
+    options = profile_instructions(problem.backend, problem.graph, problem.knobs.clocks_mhz,
+                                   lambda c: InstructionPlan.make(float(c), nanobatched))
+    g = problem.graph
+    steps = list(solve(options, g.stages, g.microbatches, problem.gpu.static_power_w,
+                       unit_time_s=float(problem.options.get("unit_ms", 1.0)) / 1e3))  # type: ignore[arg-type]
+    t = np.array([s.real_time_s for s in steps])
+    return t, np.array([s.cost for s in steps]) + g.stages * t * problem.gpu.static_power_w
+
+
+def load_measured(path: str) -> pd.DataFrame:
+    """The artifact's frontier CSV (``method, model, tp, cp, pp, mbs, seq, microbatches,
+    solver_iteration, energy_j, energy_above_blocking_j, iteration_time_s``)."""
+    df = pd.read_csv(path)
+    need = {"method", "model", "tp", "cp", "mbs", "seq", "energy_j", "iteration_time_s"}
+    if need - set(df.columns):
+        raise InputError(f"{path}: missing column(s) {', '.join(sorted(need - set(df.columns)))}")
+    return df
+
+
+def measured_configs(df: pd.DataFrame) -> list[FrontierConfig]:
+    """The configurations a measured frontier file covers, in file order."""
+    seen: dict[tuple, None] = {}
+    for r in df.itertuples():
+        seen[(r.model, int(r.tp), int(r.cp), int(r.mbs), int(r.seq))] = None
+    return [FrontierConfig(*k) for k in seen]
+
+
+def measured_endpoints(df: pd.DataFrame, cfg: FrontierConfig, method: str) -> dict[str, float]:
+    """Endpoints of one measured frontier."""
+    m = df[(df.method == method) & (df.model == cfg.model) & (df.tp == cfg.tp)
+           & (df.cp == cfg.cp) & (df.mbs == cfg.mbs) & (df.seq == cfg.seq)]
+    if m.empty:
+        raise InputError(f"no measured {method} frontier for {cfg.label}")
+    return endpoints(m.iteration_time_s, m.energy_j)
+
+
+def compare(problems: dict[FrontierConfig, Problem], measured: pd.DataFrame) -> pd.DataFrame:
+    """One row per (configuration, method, endpoint): measured, simulated, error (%)."""
+    rows = []
+    for cfg, problem in problems.items():
+        for method, nb in METHODS.items():
+            sim = endpoints(*artifact_frontier(problem, nb))
+            meas = measured_endpoints(measured, cfg, method)
+            for k in ENDPOINTS:
+                rows.append({"config": cfg.label, "method": method, "endpoint": k,
+                             "measured": meas[k], "simulated": sim[k],
+                             "error_pct": 100.0 * (sim[k] / meas[k] - 1.0)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,73 @@
+"""The simulator against the Kareus artifact's measured frontiers (skipped without shared/)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kareus.datasets import kareus_artifact
+from kareus.errors import InputError
+from kareus.fidelity import (
+    ENDPOINTS,
+    FrontierConfig,
+    artifact_frontier,
+    compare,
+    endpoints,
+    load_measured,
+    measured_configs,
+)
+from kareus.graph import schedule_times
+from kareus.plan import IterationPlan
+from kareus.problem import make_problem
+
+
+def test_endpoints_of_a_u_shaped_frontier():
+    t = [3.0, 3.2, 3.5, 4.0, 4.6]
+    e = [1700.0, 1550.0, 1450.0, 1430.0, 1460.0]
+    assert endpoints(t, e) == {"T_min": 3.0, "E_at_T_min": 1700.0, "E_min": 1430.0,
+                               "T_at_E_min": 4.0}
+    with pytest.raises(InputError):
+        endpoints([], [])
+
+
+def test_artifact_view_is_the_solvers_critical_path():
+    """The fastest step of the artifact view is the critical path of the instruction times at the
+    maximum clock, without the point-to-point transfers (they are outside the instructions), up
+    to the solver's quantization: each instruction's time is counted in whole 1 ms units."""
+    cfg = FrontierConfig("gpt3-xl", 8, 1, 8, 2048)
+    problem = make_problem(cfg.model, gpu="a100-sxm4-40gb", **{**cfg.overrides(),
+                                                                "layer_split": None})
+    t, e = artifact_frontier(problem, nanobatched=False)
+    g, sim = problem.graph, problem.backend
+    plan = IterationPlan.uniform(g, problem.gpu.clock_max_mhz)
+    dur = {ins: sim.evaluate_instruction(g, ins.type_key, p).time_s
+           for ins, p in plan.instructions.items()}
+    crit = max(end for _, end in schedule_times(g.stages, g.microbatches, dur).values())
+    on_path = 2 * (g.microbatches + g.stages - 1)  # instructions on the 1F1B critical path
+    assert crit - on_path * 1e-3 <= t.min() <= crit + 1e-9
+    assert np.all(e > g.stages * problem.gpu.static_power_w * t)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    path = kareus_artifact("calibration_frontiers.csv")
+    if path is None:
+        pytest.skip("shared/kareus_artifact not available")
+    return load_measured(str(path))
+
+
+def test_the_calibration_frontiers_are_matched(measured):
+    """Both shared configurations, both methods, four endpoints: each within 5 % (the fit's
+    worst is under 4 %), the mean under 3 %; Nanobatching + Perseus's fastest plan is faster than
+    Perseus's on both, by more on TP8 than on CP2+TP4 (as measured: 8.7 % and 2.6 %)."""
+    configs = measured_configs(measured)
+    problems = {c: make_problem(c.model, gpu="a100-sxm4-40gb", **c.overrides()) for c in configs}
+    df = compare(problems, measured)
+    assert len(df) == len(configs) * 2 * len(ENDPOINTS)
+    assert df.error_pct.abs().max() < 5.0, df.to_string()
+    assert df.error_pct.abs().mean() < 3.0, df.to_string()
+    gain = {}
+    for cfg in configs:
+        s = df[(df.config == cfg.label) & (df.endpoint == "T_min")].set_index("method")
+        gain[cfg.tp] = 1 - s.simulated["nanobatch-perseus"] / s.simulated["perseus"]
+    assert 0 < gain[4] < gain[8]

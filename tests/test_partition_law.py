@@ -1,0 +1,271 @@
+"""The partition law: the artifact's spec in the simulator, the window semantics, the sweep and
+calibration files, and the two commands (`kareus calibrate --partition-sweep`,
+`kareus partition`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kareus.backends.partition_calibration import PartitionCalibration, fit_partition, predict
+from kareus.backends.sim import SimulatorBackend
+from kareus.cli import main
+from kareus.datasets import kareus_artifact
+from kareus.errors import InputError
+from kareus.hardware.partition_sweep import PartitionConfigs, SweepError, load_configs, load_sweep
+from kareus.hardware.presets import get_preset
+from workloads.errors import WorkloadError
+from workloads.partition_spec import PartitionSpec
+
+SPEC = {
+    "model": {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 32,
+              "intermediate_size": 8192, "attention": "causal", "position_embedding": "rope",
+              "norm": "layernorm"},
+    "tp": 2, "batch_size": 4, "nanobatch_size": 2, "seq_len": 4096, "dtype": "fp16",
+    "ops": ["bias_dropout_add", "layernorm", "qkv_linear", "qkv_split", "rope",
+            "flash_attention", "out_proj_linear"],
+    "comm": {"kind": "all_reduce", "group_size": 2, "bytes": 33554432, "library": "msccl++"},
+}
+COLUMNS = ["overlap_start", "overlap_end", "comm_sm_number", "comm_block_size"]
+
+
+@pytest.fixture()
+def spec_file(tmp_path) -> Path:
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(SPEC))
+    return p
+
+
+@pytest.fixture(scope="module")
+def spec() -> PartitionSpec:
+    return PartitionSpec.from_dict(SPEC)
+
+
+@pytest.fixture(scope="module")
+def a100_40():
+    return get_preset("a100-sxm4-40gb")
+
+
+def _configs(rows: list[tuple[int, int, int, int]]) -> PartitionConfigs:
+    a = np.array(rows, dtype=np.int64)
+    return PartitionConfigs(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+
+
+def test_the_spec_is_the_artifacts_partition(spec):
+    part = spec.partition()
+    assert [op.name for op in part.compute] == ["bda", "norm", "linear_qkv", "qkv_split", "rope",
+                                                "flash_attention", "linear_proj"]
+    assert [op.kind for op in part.compute] == ["memory", "memory", "gemm", "memory", "memory",
+                                                "attention", "gemm"]
+    # per GPU: 2 sequences x 4096 tokens, 16 of 32 heads (TP2), head width 64
+    qkv = part.compute[2]
+    assert qkv.flops == 2 * 8192 * 2048 * 3072 and qkv.depth == 2048
+    attn = part.compute[5]
+    assert attn.flops == pytest.approx(4 * 2 * 16 * 64 * 4096 * 4096 / 2)
+    assert part.comm.collective == "all_reduce" and part.comm.group == 2
+    assert part.comm.bytes == 33554432 and part.comm.bus_bytes == 33554432
+    if kareus_artifact("attention_partition/spec.json") is not None:
+        shared = PartitionSpec.load(kareus_artifact("attention_partition/spec.json"))
+        assert shared.partition() == part
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"colour": "red"}, "unknown field"),
+    ({"model": {**SPEC["model"], "rotary": 1}}, "unknown model field"),
+    ({"tp": 3}, "not divisible by tp=3"),
+    ({"ops": ["layernorm", "matmul"]}, "unknown op"),
+    ({"comm": {**SPEC["comm"], "bytes": 1234}}, "does not match"),
+    ({"nanobatch_size": 1}, "half of batch_size"),
+    ({"dtype": "fp8"}, "dtype"),
+    ({"comm": {**SPEC["comm"], "kind": "broadcast"}}, "comm.kind"),
+])
+def test_bad_specs_are_refused(change, fragment):
+    with pytest.raises(WorkloadError, match=fragment):
+        PartitionSpec.from_dict({**SPEC, **change})
+
+
+def test_window_semantics(spec, a100_40):
+    """Launched before op s, waited for after op e: overlapping more compute hides more of a
+    slow collective; waiting early exposes it; running it first (-1, -1) hides nothing."""
+    part = spec.partition()
+    cfg = _configs([(-1, -1, 1, 1024), (0, 6, 1, 1024), (0, 0, 1, 1024), (5, 6, 1, 1024),
+                    (0, 6, 12, 1024), (-1, -1, 1, 512)])
+    t, e = predict(part, cfg, a100_40, harness=False)
+    seq, whole, early, late, many, small_blocks = t
+    assert whole < late < seq and whole < early <= seq * 1.001
+    assert many < whole  # more SMs: the collective finishes sooner
+    assert small_blocks > seq  # fewer threads per block move less per SM
+    assert np.all(e > 0)
+
+
+def test_clock_scales_compute_not_the_host(spec, a100_40):
+    part = spec.partition()
+    cfg = _configs([(-1, -1, 20, 1024), (2, 6, 9, 1024)])
+    fast, _ = predict(part, cfg, a100_40, clock_mhz=1410, harness=False)
+    slow, _ = predict(part, cfg, a100_40, clock_mhz=1005, harness=False)
+    assert np.all(slow > fast) and np.all(slow < fast * 1410 / 1005)
+
+
+def _sweep_csv(path: Path, spec: PartitionSpec, gpu, rows, scale: float = 1.0) -> None:
+    """A sweep in the artifact's format whose 'measurements' are the preset's own predictions
+    (times scaled by ``scale``), three identical repeats."""
+    cfg = _configs(rows)
+    t, e = predict(spec.partition(), cfg, gpu)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for k in range(3):
+        df[f"{k}:time (s)"] = t * scale
+        df[f"{k}:total energy (J)"] = e
+        df[f"{k}:rank0 energy (J)"] = e / 2
+        df[f"{k}:rank1 energy (J)"] = e / 2
+    df.to_csv(path, index=False)
+
+
+ROWS = [(-1, -1, k, b) for k in (1, 2, 4, 8, 16) for b in (512, 1024)] + \
+       [(s, e, k, 1024) for s, e in ((0, 6), (2, 4), (5, 6)) for k in (1, 3, 6, 12)]
+
+
+@pytest.mark.parametrize("mutate,fragment", [
+    (lambda df: df.drop(columns=["comm_block_size"]), "missing column"),
+    (lambda df: df.assign(**{"1:time (s)": -1.0}), "positive number"),
+    (lambda df: df.assign(**{"0:total energy (J)": 0.0}), "positive number"),
+    (lambda df: pd.concat([df, df.iloc[[3]]]), "duplicate configuration"),
+    (lambda df: df.assign(overlap_start=df.overlap_start.where(df.index != 12, 5),
+                          overlap_end=df.overlap_end.where(df.index != 12, 4)), "window"),
+    (lambda df: df.assign(overlap_end=df.overlap_end.where(df.index != 12, 7)), "outside"),
+    (lambda df: df.assign(overlap_end=df.overlap_end.where(df.index != 0, 3)), "window"),
+    (lambda df: df.assign(comm_sm_number=df.comm_sm_number.where(df.index != 1, 0)), "1..32"),
+    (lambda df: df.assign(comm_sm_number=df.comm_sm_number.where(df.index != 1, 33)), "1..32"),
+])
+def test_bad_sweeps_are_refused(tmp_path, spec, a100_40, mutate, fragment):
+    good = tmp_path / "good.csv"
+    _sweep_csv(good, spec, a100_40, ROWS)
+    bad = tmp_path / "bad.csv"
+    mutate(pd.read_csv(good)).to_csv(bad, index=False)
+    with pytest.raises(SweepError, match=fragment):
+        load_sweep(bad, 7, a100_40.comm_max_sms)
+
+
+def test_fit_recovers_a_law_it_can_express(tmp_path, spec, a100_40):
+    """Measurements made by the law itself (times 8 % slower): the fit matches them closely and
+    carries to another clock without refitting."""
+    path = tmp_path / "sweep.csv"
+    _sweep_csv(path, spec, a100_40, ROWS, scale=1.08)
+    sweep = load_sweep(path, 7, a100_40.comm_max_sms)
+    cal = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, holdout=False)
+    assert cal.fit["time_mape_pct"] < 1.5 and cal.fit["energy_mape_pct"] < 3.0
+    assert cal.fit["measured_best_predicted_rank"] <= 3
+    t, _ = predict(spec.partition(), sweep.configs, cal.apply(a100_40), 1200,
+                   np.array(cal.op_work), np.array(cal.op_host))
+    assert np.all(np.isfinite(t)) and np.all(t > 0)
+
+
+def _run(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_partition_command_predicts_every_row(tmp_path, spec_file, capsys):
+    cfg = tmp_path / "configs.csv"
+    pd.DataFrame([(-1, -1, 4, 1024), (2, 6, 9, 1024), (2, 6, 9, 512)],
+                 columns=COLUMNS).assign(note="ignored").to_csv(cfg, index=False)
+    code, out, _ = _run(["partition", "--spec", str(spec_file), "--configs", str(cfg), "--gpu",
+                         "a100-sxm4-40gb", "--json"], capsys)
+    assert code == 0
+    pts = json.loads(out)["points"]
+    assert len(pts) == 3
+    assert set(pts[0]) == {*COLUMNS, "time_s", "energy_j"}
+    assert pts[1]["time_s"] < pts[0]["time_s"]  # overlap pays at 9 SMs
+    code, out, _ = _run(["partition", "--spec", str(spec_file), "--configs", str(cfg), "--gpu",
+                         "a100-sxm4-40gb", "--clock", "1200", "--json"], capsys)
+    slow = json.loads(out)["points"]
+    assert code == 0 and all(s["time_s"] > p["time_s"] for s, p in zip(slow, pts))
+
+
+def test_calibration_files_must_match_spec_and_gpu(tmp_path, spec, spec_file, capsys):
+    cal = PartitionCalibration(gpu="a100-sxm4-40gb", spec_sha256=spec.sha256, clock_mhz=None,
+                               law={"comm_launch_s": 5e-6}, op_work=(1.0,) * 7,
+                               op_host=(1.0,) * 7)
+    good = tmp_path / "calib.json"
+    good.write_text(json.dumps(cal.to_dict()))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**cal.to_dict(), "spec_sha256": "0" * 64}))
+    cfg = tmp_path / "configs.csv"
+    pd.DataFrame([(0, 6, 4, 1024)], columns=COLUMNS).to_csv(cfg, index=False)
+    base = ["partition", "--spec", str(spec_file), "--configs", str(cfg), "--json"]
+    assert _run([*base, "--gpu", "a100-sxm4-40gb", "--calibration", str(good)], capsys)[0] == 0
+    for args, fragment in (([*base, "--gpu", "a100-sxm4-80gb", "--calibration", str(good)],
+                            "made for GPU"),
+                           ([*base, "--gpu", "a100-sxm4-40gb", "--calibration", str(other)],
+                            "another spec")):
+        code, out, err = _run(args, capsys)
+        assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(InputError):
+        PartitionCalibration.load(tmp_path / "missing.json", "a100-sxm4-40gb", spec.sha256, 7)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--configs", "CFG"], "no such file"),
+    (["--configs", "BAD"], "outside"),
+    (["--configs", "CFG_OK", "--clock", "2000"], "outside"),
+])
+def test_partition_command_bad_input(tmp_path, spec_file, capsys, args, fragment):
+    ok = tmp_path / "ok.csv"
+    pd.DataFrame([(0, 6, 4, 1024)], columns=COLUMNS).to_csv(ok, index=False)
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame([(0, 9, 4, 1024)], columns=COLUMNS).to_csv(bad, index=False)
+    paths = {"CFG": str(tmp_path / "nope.csv"), "BAD": str(bad), "CFG_OK": str(ok)}
+    argv = ["partition", "--spec", str(spec_file), "--gpu", "a100-sxm4-40gb", "--json",
+            *[paths.get(a, a) for a in args]]
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_command_writes_the_fit_atomically(tmp_path, spec, spec_file, a100_40, capsys,
+                                                    monkeypatch):
+    # The sweep is the preset's own law, so the fit starts at its optimum: a short budget per
+    # least-squares stage keeps the three fits (all data and two hold-out halves) quick.
+    monkeypatch.setattr("kareus.backends.partition_calibration._MAX_NFEV_PER_PARAM", 2)
+    sweep = tmp_path / "sweep.csv"
+    _sweep_csv(sweep, spec, a100_40, ROWS)
+    out_file = tmp_path / "calib.json"
+    fig = tmp_path / "fit.png"
+    code, out, _ = _run(["calibrate", "--partition-sweep", str(sweep), "--spec", str(spec_file),
+                         "--gpu", "a100-sxm4-40gb", "--out", str(out_file), "--figure", str(fig),
+                         "--json"], capsys)
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["fit"]["time_mape_pct"] < 2.0 and "holdout" in rep["fit"]
+    assert fig.stat().st_size > 0
+    cal = PartitionCalibration.load(out_file, "a100-sxm4-40gb", spec.sha256, 7)
+    assert set(cal.law) >= {"tuned_bw_per_sm_mhz", "comm_launch_s", "activity_comm"}
+    # bad input: nothing written, one line, status 2
+    bad = tmp_path / "bad.csv"
+    pd.read_csv(sweep).drop(columns=["0:time (s)", "1:time (s)", "2:time (s)"]).to_csv(
+        bad, index=False)
+    other = tmp_path / "never.json"
+    code, out, err = _run(["calibrate", "--partition-sweep", str(bad), "--spec", str(spec_file),
+                           "--gpu", "a100-sxm4-40gb", "--out", str(other)], capsys)
+    assert code == 2 and not other.exists() and len(err.strip().splitlines()) == 1
+    code, _, err = _run(["calibrate", "--partition-sweep", str(sweep), "--gpu",
+                         "a100-sxm4-40gb", "--out", str(other)], capsys)
+    assert code == 2 and "--spec" in err and not other.exists()
+
+
+def test_configs_file_ignores_other_columns(tmp_path):
+    p = tmp_path / "c.csv"
+    pd.DataFrame({"overlap_start": [0], "overlap_end": [3], "comm_sm_number": [4],
+                  "comm_block_size": [1024], "extra": ["x"]}).to_csv(p, index=False)
+    c = load_configs(p, 7, 32)
+    assert len(c) == 1 and c.windows().tolist() == [[0, 3]]
+
+
+def test_sim_rejects_windows_it_cannot_run(spec, a100_40):
+    sim = SimulatorBackend(a100_40)
+    part = spec.partition()
+    with pytest.raises(InputError, match="threads per block"):
+        sim.evaluate_partition(part, np.array([1410.0]), np.array([4]), np.array([[0, 6]]), 48)

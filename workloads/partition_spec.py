@@ -1,0 +1,221 @@
+"""A single partition described by a spec file, as the Kareus artifact's partition sweeps are.
+
+The artifact (``shared/kareus_artifact/attention_partition/spec.json``) measured one forward
+attention partition: the compute of one nanobatch (a list of named ops) on one GPU of a
+tensor-parallel group, with the other nanobatch's collective on a side stream. A
+:class:`PartitionSpec` reads that description, checks that it is consistent, and builds the
+:class:`~kareus.graph.Partition` the simulator runs, with the same FLOP and byte counting as the
+iteration graph (:mod:`workloads.graph_builder`).
+
+Spec format (JSON)::
+
+    {"model": {"hidden_size", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "attention": "causal", "position_embedding": "rope",
+               "norm": "layernorm" | "rmsnorm"},
+     "tp": 2, "batch_size": 4, "nanobatch_size": 2, "seq_len": 4096, "dtype": "fp16",
+     "ops": ["bias_dropout_add", "layernorm", "qkv_linear", "qkv_split", "rope",
+             "flash_attention", "out_proj_linear"],
+     "comm": {"kind": "all_reduce", "group_size": 2, "bytes": 33554432, "library": "msccl++"},
+     "description", "window", "energy": free text}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kareus.graph import CommOp, ComputeOp, Partition
+from workloads.errors import WorkloadError
+from workloads.graph_builder import attention_op, gemm_op, label_slots, memory_op
+
+#: Bytes per element of each supported dtype.
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_TOP = {"description", "model", "tp", "batch_size", "nanobatch_size", "seq_len", "dtype", "ops",
+        "comm", "window", "energy"}
+_REQUIRED = {"model", "tp", "batch_size", "nanobatch_size", "seq_len", "dtype", "ops", "comm"}
+_MODEL = {"hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+          "attention", "position_embedding", "norm", "head_dim"}
+_COMM = {"kind", "group_size", "bytes", "library"}
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def _bad(path: str, msg: str) -> WorkloadError:
+    return WorkloadError(f"{path}: {msg}")
+
+
+def _int(obj: dict, key: str, where: str, path: str) -> int:
+    v = obj.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise _bad(path, f"{where}{key} must be a positive integer, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """One measured partition's shapes (per GPU of a tensor-parallel group).
+
+    Attributes:
+        hidden, heads, kv_heads, head_dim: Model width, query heads, key/value heads, head width.
+        tp: Tensor-parallel degree (heads are split over it).
+        batch, nanobatch: Micro-batch and nanobatch sizes (sequences).
+        seq: Sequence length (tokens).
+        dtype: ``fp16``, ``bf16`` or ``fp32``.
+        ops: Compute op names in program order.
+        comm_kind, comm_group, comm_bytes: The overlapped collective (bytes per GPU).
+        causal: Causal attention.
+        sha256: Hash of the spec's canonical JSON (ties a calibration to its spec).
+    """
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tp: int
+    batch: int
+    nanobatch: int
+    seq: int
+    dtype: str
+    ops: tuple[str, ...]
+    comm_kind: str
+    comm_group: int
+    comm_bytes: int
+    causal: bool
+    sha256: str
+
+    @staticmethod
+    def load(path: str | Path) -> "PartitionSpec":
+        """Read and validate a spec file; raises :class:`WorkloadError` with one line."""
+        p = str(path)
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise _bad(p, "no such file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _bad(p, f"not a JSON spec ({type(e).__name__})") from None
+        return PartitionSpec.from_dict(raw, p)
+
+    @staticmethod
+    def from_dict(raw: object, path: str = "spec") -> "PartitionSpec":
+        """Validate a parsed spec (see the module docstring for the format)."""
+        if not isinstance(raw, dict):
+            raise _bad(path, "the spec must be a JSON object")
+        unknown = sorted(set(raw) - _TOP)
+        if unknown:
+            raise _bad(path, f"unknown field(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(sorted(_TOP))}")
+        missing = sorted(_REQUIRED - set(raw))
+        if missing:
+            raise _bad(path, f"missing field(s) {', '.join(missing)}")
+        model, comm = raw["model"], raw["comm"]
+        if not isinstance(model, dict) or not isinstance(comm, dict):
+            raise _bad(path, "model and comm must be JSON objects")
+        for name, obj, known in (("model", model, _MODEL), ("comm", comm, _COMM)):
+            bad = sorted(set(obj) - known)
+            if bad:
+                raise _bad(path, f"unknown {name} field(s) {', '.join(bad)}; known: "
+                                 f"{', '.join(sorted(known))}")
+        hidden = _int(model, "hidden_size", "model.", path)
+        heads = _int(model, "num_attention_heads", "model.", path)
+        kv = _int(model, "num_key_value_heads", "model.", path) \
+            if "num_key_value_heads" in model else heads
+        if hidden % heads:
+            raise _bad(path, f"hidden_size {hidden} is not divisible by {heads} heads")
+        head_dim = _int(model, "head_dim", "model.", path) if "head_dim" in model \
+            else hidden // heads
+        tp = _int(raw, "tp", "", path)
+        if heads % kv:
+            raise _bad(path, f"{heads} heads are not divisible by {kv} key/value heads")
+        if heads % tp or kv % tp:
+            raise _bad(path, f"{heads} heads / {kv} key/value heads are not divisible by tp={tp}")
+        batch = _int(raw, "batch_size", "", path)
+        nano = _int(raw, "nanobatch_size", "", path)
+        if batch % nano or batch // nano != 2:
+            raise _bad(path, f"nanobatch_size {nano} must be half of batch_size {batch} "
+                             "(two nanobatches)")
+        seq = _int(raw, "seq_len", "", path)
+        dtype = raw["dtype"]
+        if dtype not in DTYPE_BYTES:
+            raise _bad(path, f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        if model.get("attention", "causal") not in ("causal", "full"):
+            raise _bad(path, f"model.attention must be causal or full, got "
+                             f"{model.get('attention')!r}")
+        ops = raw["ops"]
+        if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
+            raise _bad(path, "ops must be a non-empty list of op names")
+        unknown_ops = [o for o in ops if o not in _OP_BUILDERS]
+        if unknown_ops:
+            raise _bad(path, f"unknown op(s) {', '.join(unknown_ops)}; known: "
+                             f"{', '.join(_OP_BUILDERS)}")
+        kind = comm.get("kind")
+        if kind not in _COLLECTIVES:
+            raise _bad(path, f"comm.kind {kind!r} is not one of {', '.join(_COLLECTIVES)}")
+        group = _int(comm, "group_size", "comm.", path)
+        nbytes = _int(comm, "bytes", "comm.", path)
+        if group < 2:
+            raise _bad(path, "comm.group_size must be at least 2")
+        if kind == "all_reduce":
+            if group != tp:
+                raise _bad(path, f"an all-reduce over the tensor-parallel group needs "
+                                 f"comm.group_size == tp ({tp}), got {group}")
+            expect = nano * seq * hidden * DTYPE_BYTES[dtype]
+            if nbytes != expect:
+                raise _bad(path, f"comm.bytes {nbytes} does not match the other nanobatch's "
+                                 f"activation: {nano} x {seq} x {hidden} x "
+                                 f"{DTYPE_BYTES[dtype]} B = {expect}")
+        canon = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+        return PartitionSpec(
+            hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim, tp=tp, batch=batch,
+            nanobatch=nano, seq=seq, dtype=dtype, ops=tuple(ops), comm_kind=kind,
+            comm_group=group, comm_bytes=nbytes,
+            causal=model.get("attention", "causal") == "causal",
+            sha256=hashlib.sha256(canon.encode()).hexdigest())
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one nanobatch on one GPU."""
+        return self.nanobatch * self.seq
+
+    def partition(self) -> Partition:
+        """The partition the simulator runs: the ops of one nanobatch, the collective of the
+        other."""
+        ops = [_OP_BUILDERS[name](self) for name in self.ops]
+        comm = CommOp(f"tp_{self.comm_kind}", self.comm_kind, float(self.comm_bytes),  # type: ignore[arg-type]
+                      self.comm_group, intra_node=True)
+        return Partition(key="spec/0", compute=label_slots(ops), comm=comm)
+
+
+def _qkv_width(s: PartitionSpec) -> int:
+    return (s.heads + 2 * s.kv_heads) // s.tp * s.head_dim
+
+
+def _attention(s: PartitionSpec) -> ComputeOp:
+    hq, hkv = s.heads // s.tp, s.kv_heads // s.tp
+    return attention_op("flash_attention", s.nanobatch, hq, hkv, s.head_dim, s.seq, s.seq,
+                        causal=s.causal, elem_bytes=DTYPE_BYTES[s.dtype])
+
+
+_OP_BUILDERS = {
+    # residual + bias + dropout: read input and residual, write output (+ a 1-byte dropout mask)
+    "bias_dropout_add": lambda s: memory_op(
+        "bda", (3 * DTYPE_BYTES[s.dtype] + 1) * s.tokens * s.hidden, 2.0 * s.tokens * s.hidden),
+    "layernorm": lambda s: memory_op("norm", 2 * DTYPE_BYTES[s.dtype] * s.tokens * s.hidden,
+                                     5.0 * s.tokens * s.hidden),
+    "rmsnorm": lambda s: memory_op("norm", 2 * DTYPE_BYTES[s.dtype] * s.tokens * s.hidden,
+                                   4.0 * s.tokens * s.hidden),
+    "qkv_linear": lambda s: gemm_op("linear_qkv", s.tokens, s.hidden, _qkv_width(s),
+                                    DTYPE_BYTES[s.dtype]),
+    # split the fused QKV output into contiguous Q, K, V (read and write each once)
+    "qkv_split": lambda s: memory_op("qkv_split", 2 * DTYPE_BYTES[s.dtype] * s.tokens
+                                     * _qkv_width(s)),
+    "rope": lambda s: memory_op(
+        "rope", 2 * DTYPE_BYTES[s.dtype] * s.tokens * (s.heads + s.kv_heads) // s.tp
+        * s.head_dim, 3.0 * s.tokens * (s.heads + s.kv_heads) // s.tp * s.head_dim),
+    "flash_attention": _attention,
+    "out_proj_linear": lambda s: gemm_op("linear_proj", s.tokens, s.heads // s.tp * s.head_dim,
+                                         s.hidden, DTYPE_BYTES[s.dtype]),
+}
+
+#: Op names a spec may use.
+KNOWN_OPS = tuple(_OP_BUILDERS)
