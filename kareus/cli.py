@@ -268,14 +268,54 @@ def plan_record(plan: Any) -> dict:
             "stages": {str(s): v for s, v in per_stage.items()}}
 
 
+def _profile_options(fn):
+    """The options ``kareus perseus`` and ``kareus envpipe`` share."""
+    for opt in reversed([
+        click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
+                     help="Zeus-format CSV: stage,instruction,frequency,time,energy."),
+        click.option("--stages", type=int, required=True, help="Pipeline stages in the profile."),
+        click.option("--microbatches", type=int, required=True,
+                     help="Microbatches per iteration."),
+        click.option("--p-static", type=float, required=True,
+                     help="Static (blocked-on-P2P) power per GPU, W."),
+        click.option("--unit-ms", type=float, default=1.0, show_default=True,
+                     help="Time unit, ms."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _profile_command(optimizer: str, profile_path: str, stages: int, microbatches: int,
+                     p_static: float, unit_ms: float, as_json: bool,
+                     **kwargs: object) -> None:
+    """Load and check the profile, run ``optimizer`` on it, print its points."""
+    from baselines.profiles import check_arguments, envpipe_on_profile, perseus_on_profile
+    from kareus.hardware.profile import load_profile
+
+    df = load_profile(profile_path)
+    check_arguments(df, profile_path, stages, microbatches, p_static, unit_ms / 1e3)
+    run = perseus_on_profile if optimizer == "perseus" else envpipe_on_profile
+    points = run(df, stages, microbatches, p_static, unit_time_s=unit_ms / 1e3, **kwargs)
+    obj = {"profile": profile_path, "optimizer": optimizer, "stages": stages,
+           "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms, **kwargs,
+           "num_gpus": stages, "points": points,
+           "max_throughput": min(points, key=lambda p: (p["time_s"], p["energy_j"]))
+           if points else None}
+
+    def text() -> str:
+        what = "solver steps" if kwargs.get("all_iterations") else "frontier points"
+        lines = [f"{optimizer} on {profile_path}: {len(points)} "
+                 f"{what if optimizer == 'perseus' else 'point'}",
+                 f"{'iter':>5s} {'time s':>9s} {'energy J':>11s}"]
+        lines += [f"{p.get('iteration', 1):5d} {p['time_s']:9.4f} {p['energy_j']:11.2f}"
+                  for p in points]
+        return "\n".join(lines)
+
+    _emit(obj, as_json, text)
+
+
 @cli.command()
-@click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
-              help="Zeus-format CSV: stage,instruction,frequency,time,energy.")
-@click.option("--stages", type=int, required=True, help="Pipeline stages in the profile.")
-@click.option("--microbatches", type=int, required=True, help="Microbatches per iteration.")
-@click.option("--p-static", type=float, required=True,
-              help="Static (blocked-on-P2P) power per GPU, W.")
-@click.option("--unit-ms", type=float, default=1.0, show_default=True, help="Time unit, ms.")
+@_profile_options
 @click.option("--filter", "prefilter", type=click.Choice(["raw", "effective"]), default="raw",
               show_default=True, help="Pareto pre-filter on raw or static-adjusted energy.")
 @click.option("--all-iterations", is_flag=True, help="Every solver step, in solver order.")
@@ -283,37 +323,17 @@ def plan_record(plan: Any) -> dict:
 def perseus(profile_path: str, stages: int, microbatches: int, p_static: float, unit_ms: float,
             prefilter: str, all_iterations: bool, as_json: bool) -> None:
     """Perseus's time-energy frontier of an external Zeus-format profile (lowtime)."""
-    from baselines.perseus import profile_frontier
-    from kareus.errors import InputError
-    from kareus.hardware.profile import load_profile
+    _profile_command("perseus", profile_path, stages, microbatches, p_static, unit_ms, as_json,
+                     prefilter=prefilter, all_iterations=all_iterations)
 
-    if stages < 1 or microbatches < 1:
-        raise InputError("--stages and --microbatches must be positive integers")
-    if not (p_static >= 0 and p_static < 1e4):
-        raise InputError(f"--p-static must be a non-negative number of watts, got {p_static}")
-    if not unit_ms > 0:
-        raise InputError(f"--unit-ms must be positive, got {unit_ms}")
-    df = load_profile(profile_path)
-    seen = sorted(df.stage.unique())
-    if len(seen) != stages:
-        raise InputError(f"{profile_path}: profile has {len(seen)} stages, --stages says {stages}")
-    points = profile_frontier(df, stages, microbatches, p_static, unit_time_s=unit_ms / 1e3,
-                              prefilter=prefilter, all_iterations=all_iterations)
-    obj = {"profile": profile_path, "optimizer": "perseus", "stages": stages,
-           "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms,
-           "filter": prefilter, "all_iterations": all_iterations, "num_gpus": stages,
-           "points": points,
-           "max_throughput": min(points, key=lambda p: (p["time_s"], p["energy_j"]))
-           if points else None}
 
-    def text() -> str:
-        lines = [f"Perseus on {profile_path}: {len(points)} "
-                 f"{'solver steps' if all_iterations else 'frontier points'}",
-                 f"{'iter':>5s} {'time s':>9s} {'energy J':>11s}"]
-        lines += [f"{p['iteration']:5d} {p['time_s']:9.4f} {p['energy_j']:11.2f}" for p in points]
-        return "\n".join(lines)
-
-    _emit(obj, as_json, text)
+@cli.command()
+@_profile_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def envpipe(profile_path: str, stages: int, microbatches: int, p_static: float, unit_ms: float,
+            as_json: bool) -> None:
+    """EnvPipe's plan (one point) on an external Zeus-format profile."""
+    _profile_command("envpipe", profile_path, stages, microbatches, p_static, unit_ms, as_json)
 
 
 @cli.command()

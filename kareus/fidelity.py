@@ -26,7 +26,7 @@ from kareus.errors import InputError
 from kareus.plan import InstructionPlan
 from kareus.plugins import Problem
 from kareus.profiling import profile_instructions
-from kareus.tradeoff import solve
+from kareus.tradeoff import solve, solver_energy
 
 #: The two methods the artifact's frontiers cover, and whether each runs nanobatched.
 METHODS = {"perseus": False, "nanobatch-perseus": True}
@@ -72,8 +72,8 @@ def artifact_frontier(problem: Problem, nanobatched: bool) -> tuple[np.ndarray, 
     g = problem.graph
     steps = list(solve(options, g.stages, g.microbatches, problem.gpu.static_power_w,
                        unit_time_s=float(problem.options.get("unit_ms", 1.0)) / 1e3))  # type: ignore[arg-type]
-    t = np.array([s.real_time_s for s in steps])
-    return t, np.array([s.cost for s in steps]) + g.stages * t * problem.gpu.static_power_w
+    return (np.array([s.real_time_s for s in steps]),
+            np.array([solver_energy(s, g.stages, problem.gpu.static_power_w) for s in steps]))
 
 
 def load_measured(path: str) -> pd.DataFrame:

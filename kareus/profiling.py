@@ -57,5 +57,6 @@ def clock_tradeoff_plans(problem: "Problem", *, nanobatched: bool, label: str
     steps = list(solve(options, problem.graph.stages, problem.graph.microbatches,
                        problem.gpu.static_power_w,
                        unit_time_s=float(opts.get("unit_ms", 1.0)) / 1e3,  # type: ignore[arg-type]
-                       prefilter=str(opts.get("prefilter", "raw"))))  # type: ignore[arg-type]
+                       prefilter=str(opts.get("prefilter", "raw")),  # type: ignore[arg-type]
+                       p2p_time_s=problem.backend.p2p_time(problem.graph)))
     return plans_from_steps(steps, make, label)

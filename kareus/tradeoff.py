@@ -9,16 +9,24 @@ the ``lowtime`` reference driver for Perseus:
    default) and keep the Pareto-optimal ones with ``CandidateExecutionOptions`` (which also
    quantizes time and deduplicates equal quantized times). The *raw* pre-filter keeps options
    Pareto-optimal in measured energy (the Perseus artifact); the *effective* one filters after
-   subtracting static energy.
+   subtracting static energy. When three or fewer options survive, which noisy measurements
+   cause, the type is filtered again from all its options with 5 % slack (lowtime's
+   ``noise_factor`` 0.95: an option goes only if another beats it by more than 5 % in both time
+   and energy), as the authors' driver does.
 2. Map every option's cost to effective energy: ``energy - P_static · quant_time · unit_time``.
-3. Fit ``lowtime``'s ``ExponentialModel`` to each type's options.
+3. Fit ``lowtime``'s ``ExponentialModel`` to each type's options (its grid search over initial
+   guesses, keeping the best fit, as the authors' driver does).
 4. Build the synchronous 1F1B DAG of ``lowtime.perseus`` (program order within a stage, forward and
-   backward dependencies between stages, a dummy source 0 and sink 1).
+   backward dependencies between stages, a dummy source 0 and sink 1). When the executing
+   backend puts an activation transfer between stages (``p2p_time_s`` > 0), every cross-stage
+   edge carries it as an operation of fixed duration, so that the solver's critical path is the
+   one the iteration runs; Perseus's own profiles (and ``kareus perseus``) have none.
 5. Run ``PhillipsDessouky``: each step shortens the iteration by one time unit and assigns every
    instruction the slowest option that meets its new duration.
 
-Each step is returned with its knob assignment; evaluating the resulting plans (on a profile, a
-simulator or real GPUs) is the caller's job.
+Each step is returned with its knob assignment and the solver's own time (``quant_time`` units)
+and cost; the authors report exactly those (:func:`solver_energy`). Evaluating the resulting plans
+(on a profile, a simulator or real GPUs) is the caller's job.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ from kareus.errors import InputError
 from kareus.graph import Direction, Instruction
 
 Prefilter = Literal["raw", "effective"]
+
+#: A type with this many Pareto-optimal options or fewer is filtered again with slack.
+FEW_OPTIONS = 3
+#: lowtime's ``noise_factor`` for that second filter (5 % slack), the authors' driver's value.
+NOISE_FACTOR = 0.95
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,7 @@ class SolverStep:
 
 def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
           microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
-          prefilter: Prefilter = "raw") -> Iterator[SolverStep]:
+          prefilter: Prefilter = "raw", p2p_time_s: float = 0.0) -> Iterator[SolverStep]:
     """Run the Perseus time–cost tradeoff; yield every solver step in solver order.
 
     Args:
@@ -86,6 +99,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         static_power_w: Static power of the GPUs one option's energy covers (W).
         unit_time_s: Time quantum (s); Perseus uses 1 ms.
         prefilter: ``"raw"`` or ``"effective"`` Pareto pre-filter (see module docstring).
+        p2p_time_s: Activation transfer between adjacent stages (s), a fixed operation on every
+            cross-stage edge; 0 for none.
     """
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
     from lowtime.perseus.instruction import Backward, Forward
@@ -95,6 +110,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         raise InputError(f"unknown pre-filter {prefilter!r}; choose raw or effective")
     if not unit_time_s > 0:
         raise InputError(f"unit time must be positive, got {unit_time_s}")
+    if not p2p_time_s >= 0:
+        raise InputError(f"P2P time must be non-negative, got {p2p_time_s}")
     classes = {"forward": Forward, "backward": Backward}
     knob_tables: dict[tuple[int, str], list[Hashable]] = {}
     spec_map: dict[int, dict[type, OperationSpec]] = {}
@@ -114,6 +131,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
                 lt_opts.append(ExecutionOption[int](real_time=o.time_s, unit_time=unit_time_s,
                                                     cost=cost, knob=idx))
             cand = CandidateExecutionOptions[int](options=lt_opts)
+            if len(cand.options) <= FEW_OPTIONS:
+                cand = CandidateExecutionOptions[int](options=lt_opts, noise_factor=NOISE_FACTOR)
             if prefilter == "raw":
                 for opt in cand.options:
                     opt.cost = dynamic_from_measured(opt.cost, static_power_w, opt.quant_time,
@@ -122,6 +141,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
                                                       cost_model=fit_exponential_model(cand))
 
     dag, nodes = build_1f1b_dag(spec_map, stages, microbatches)
+    if p2p_time_s > 0:
+        _add_transfers(dag, nodes, p2p_time_s, unit_time_s)
     solver = PhillipsDessouky(dag)
     quiet = logging.getLogger("lowtime")
     level = quiet.level
@@ -137,10 +158,17 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         quiet.setLevel(level)
 
 
+def solver_energy(step: SolverStep, stages: int, static_power_w: float) -> float:
+    """The energy the authors' driver reports for a solver step (J): the solver's cost (fitted
+    effective energies) plus every stage's GPU at static power for the solver's time."""
+    return step.cost + stages * step.real_time_s * static_power_w
+
+
 def fit_exponential_model(cand: object) -> object:
     """``lowtime``'s ``ExponentialModel`` (``a·exp(b·t) + c``) for candidate options.
 
-    First exactly as the reference driver does (lowtime's own grid search over initial guesses).
+    First exactly as the reference driver does (lowtime's own grid search over initial guesses,
+    the best fit kept).
     lowtime rejects fits whose parameter covariance is infinite, which happens when three or
     fewer options are fitted exactly, and its grid assumes costs of tens to thousands of J. Then
     the same model is fitted here: ``c`` just below the least cost and ``a``, ``b`` from a line
@@ -154,7 +182,7 @@ def fit_exponential_model(cand: object) -> object:
     try:
         with warnings.catch_warnings():  # lowtime's grid search warns for every rejected guess
             warnings.simplefilter("ignore")
-            return ExponentialModel(cand)  # type: ignore[arg-type]
+            return ExponentialModel(cand, search_strategy="best")  # type: ignore[arg-type]
     except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
         pass
     t = np.array([o.quant_time for o in cand.options], dtype=float)  # type: ignore[attr-defined]
@@ -177,10 +205,25 @@ def fit_exponential_model(cand: object) -> object:
         except (ValueError, RuntimeError) as err:
             raise InputError(f"could not fit the exponential cost model to options at quantized "
                              f"times {t.astype(int).tolist()}: {err}") from None
-    model = ExponentialModel.__new__(ExponentialModel)
-    model.fn = fn
-    model.coefficients = coef
-    return model
+    return _exponential(coef)
+
+
+def _exponential(coefficients: tuple[float, float, float]) -> object:
+    """lowtime's exponential cost model with given coefficients, through its public base."""
+    import numpy as np
+    from lowtime.cost_model import CostModel
+
+    class FixedExponential(CostModel):
+        """``a·exp(b·t) + c`` (J) at quantized time ``t``, coefficients fitted here."""
+
+        def __init__(self) -> None:
+            self.coefficients = coefficients
+
+        def __call__(self, quant_time: int) -> float:
+            a, b, c = self.coefficients
+            return float(a * np.exp(b * quant_time) + c)
+
+    return FixedExponential()
 
 
 def build_1f1b_dag(spec_map: Mapping[int, Mapping[type, object]], stages: int, microbatches: int
@@ -223,6 +266,43 @@ def build_1f1b_dag(spec_map: Mapping[int, Mapping[type, object]], stages: int, m
     dag.graph["sink_node"] = 1
 
     return dag, nodes
+
+
+def _fixed_operation(time_s: float, unit_time_s: float) -> object:
+    """A lowtime operation that always takes ``time_s`` and costs nothing the solver can save."""
+    from lowtime.cost_model import CostModel
+    from lowtime.operation import (
+        CandidateExecutionOptions,
+        ExecutionOption,
+        Operation,
+        OperationSpec,
+    )
+
+    class ZeroCost(CostModel):
+        """A fixed operation's cost: nothing to trade (J)."""
+
+        def __call__(self, quant_time: int) -> float:
+            return 0.0
+
+    cand = CandidateExecutionOptions[None](options=[ExecutionOption[None](
+        real_time=time_s, unit_time=unit_time_s, cost=0.0, knob=None)])
+    return Operation[None](spec=OperationSpec[None](options=cand, cost_model=ZeroCost()))
+
+
+def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]], time_s: float,
+                   unit_time_s: float) -> None:
+    """Put a fixed transfer of ``time_s`` on every edge between instructions of two stages."""
+    stage_of = {id(lt): ins.stage for ins, lt in nodes}
+    node_stage = {n: stage_of.get(id(d.get("op"))) for n, d in dag.nodes(data=True)}
+    cross = [(u, v) for u, v in dag.edges if node_stage[u] is not None
+             and node_stage[v] is not None and node_stage[u] != node_stage[v]]
+    next_id = max(dag.nodes) + 1
+    for u, v in cross:
+        dag.remove_edge(u, v)
+        dag.add_node(next_id, op=_fixed_operation(time_s, unit_time_s))
+        dag.add_edge(u, next_id)
+        dag.add_edge(next_id, v)
+        next_id += 1
 
 
 def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:

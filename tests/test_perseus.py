@@ -117,3 +117,59 @@ def test_profile_to_options():
                        "frequency": [1410, 1410], "time": [0.1, 0.2], "energy": [30.0, 60.0]})
     opts = profile_to_options(df)
     assert opts[(0, "backward")] == [Option(0.2, 60.0, 1410)]
+
+
+@pytest.mark.parametrize("name,p_static,unit_ms", [
+    ("gpt3-175b+a100_sxm_bf16.csv", 83.64, 1.0),
+    ("bloom+a100_sxm_bf16.csv", 83.64, 1.0),
+])
+def test_perseus_command_is_the_authors_driver_step_for_step(capsys, name, p_static, unit_ms):
+    """Every solver step of ``kareus perseus`` equals the authors' driver (transcribed in
+    tests/perseus_reference.py): the same number of steps, times, energies and clocks."""
+    from tests.perseus_reference import reference_frontier
+
+    path = profile_or_skip(name)
+    ref = reference_frontier(str(path), 8, 4, p_static, unit_ms / 1e3)
+    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "4",
+                 "--p-static", str(p_static), "--unit-ms", str(unit_ms), "--all-iterations",
+                 "--json"])
+    pts = json.loads(capsys.readouterr().out)["points"]
+    assert code == 0 and len(pts) == len(ref) > 100
+    for (t, e, freqs), p in zip(ref, pts):
+        assert p["time_s"] == pytest.approx(t, rel=1e-6)
+        assert p["energy_j"] == pytest.approx(e, rel=1e-6)
+        assert p["frequencies"] == freqs
+
+
+def test_few_pareto_options_are_filtered_with_slack():
+    """A type whose strict frontier keeps three options or fewer is filtered again with 5 %
+    slack: a slightly noisy option (1 % worse in energy) comes back."""
+    opts = [Option(0.100, 30.0, 1410), Option(0.110, 30.3, 1300), Option(0.130, 25.0, 1100)]
+    options = {(s, d): opts for s in range(2) for d in ("forward", "backward")}
+    knobs = {k for st in solve(options, 2, 2, 0.0) for k in st.knobs.values()}
+    assert 1300 in knobs
+
+
+def _fastest_cases():
+    from kareus.suites import get_suite
+
+    return [(c.workload, c.overrides, c.label) for c in get_suite("paper")] + \
+        [("gpt3-xl", {}, "gpt3-xl")]
+
+
+@pytest.mark.parametrize("workload,overrides,label", _fastest_cases(),
+                         ids=[c[2] for c in _fastest_cases()])
+def test_fastest_perseus_plan_is_the_default_plans_time(workload, overrides, label):
+    """Perseus's last solver step runs the critical path at the top clock, so its iteration is as
+    fast as Megatron-LM's plan (within 0.1 %): the solver sees the P2P transfers the iteration
+    has."""
+    from baselines.perseus import Perseus
+    from kareus.hardware.presets import DEFAULT_GPU
+    from kareus.plan import IterationPlan
+    from kareus.problem import make_problem
+
+    problem = make_problem(workload, gpu=DEFAULT_GPU, **overrides)
+    be, g = problem.backend, problem.graph
+    default = be.evaluate_plan(g, IterationPlan.uniform(g, problem.gpu.clock_max_mhz))
+    fastest = be.evaluate_plan(g, Perseus().optimize(problem)[-1])
+    assert fastest.energy.time_s == pytest.approx(default.energy.time_s, rel=1e-3)

@@ -96,3 +96,9 @@ class Backend(Protocol):
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """One whole iteration."""
         ...
+
+    def p2p_time(self, graph: IterationGraph) -> float:
+        """Time (s) of one activation transfer between adjacent pipeline stages that an
+        iteration's schedule puts between a stage's instruction and the next stage's; 0 when the
+        backend's instruction times already contain it."""
+        ...

@@ -103,3 +103,32 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
         s, ins = missing_pairs[0]
         raise ProfileError(f"{source}: no rows for stage {s} {ins}")
     return df.sort_values(["stage", "instruction", "frequency"]).reset_index(drop=True)
+
+
+def check_clock_sweep(df: pd.DataFrame, source: str = "profile") -> int:
+    """Check that a validated profile sweeps clocks, as a clock tradeoff (Perseus, EnvPipe)
+    needs: every (stage, instruction) at two clocks or more, all clocks on one step grid.
+    Returns the grid's step (MHz); raises :class:`ProfileError` naming the first problem."""
+    for (s, ins), g in df.groupby(["stage", "instruction"]):
+        if len(g) < 2:
+            raise ProfileError(f"{source}: stage {s} {ins} has one clock only "
+                               f"({int(g.frequency.iloc[0])} MHz); a tradeoff needs two or more")
+    step = clock_step_mhz(df["frequency"].to_numpy(dtype=int))
+    off = df[(df["frequency"] - df["frequency"].min()) % step != 0]
+    if not off.empty:
+        r = off.iloc[0]
+        raise ProfileError(f"{source}: clocks are not on a common step grid of {step} MHz "
+                           f"({int(r.frequency)} MHz, stage {r.stage} {r.instruction})")
+    return step
+
+
+def clock_step_mhz(frequencies: "pd.Series | object") -> int:
+    """The clock grid's step (MHz): the most common gap between a profile's sorted distinct
+    clocks (15 MHz on A100 / A40). Clocks off ``min + k · step`` are not on the grid."""
+    import numpy as np
+
+    f = np.unique(np.asarray(frequencies, dtype=int))
+    if f.size < 2:
+        return 0
+    gaps, counts = np.unique(np.diff(f), return_counts=True)
+    return int(gaps[np.argmax(counts)])

@@ -231,6 +231,11 @@ class GPUBackend:
         ranks = self.run_job(self._job("plan", workload=w, plan=plan), graph.num_gpus, graph)
         return aggregate_iteration(graph, ranks, self.static_power_w)
 
+    def p2p_time(self, graph: IterationGraph) -> float:
+        """0: on GPUs the transfers run inside the measured iteration, and instruction
+        profiles are taken without them (as Perseus's profiler does)."""
+        return 0.0
+
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
                              plan: InstructionPlan) -> InstructionCost:
         """Measure one instruction of type ``key`` on its stage's TP group: time (s) and

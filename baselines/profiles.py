@@ -1,0 +1,103 @@
+"""The baselines that run on a measured profile: Perseus and EnvPipe, one command shape.
+
+A Zeus-format profile (``stage,instruction,frequency,time,energy``, see
+:mod:`kareus.hardware.profile`) gives each pipeline instruction type's measured time and energy
+per SM clock, one microbatch on one GPU. That is all Perseus and EnvPipe need: both choose one
+clock per instruction of the 1F1B iteration. The other baselines cannot run on such a profile:
+Megatron-LM's plan is the top clock of the same profile (Perseus's fastest step, no separate
+method), while nanobatching, Nanobatching + Perseus, Kareus and the Zeus power limit change *how*
+an instruction executes (overlap, SM counts, a power cap), which a clock-only profile never
+measured.
+
+``kareus perseus`` and ``kareus envpipe`` call :func:`check_arguments`, then
+:func:`perseus_on_profile` or :func:`envpipe_on_profile`; both return point records with
+``time_s`` and ``energy_j`` for the GPUs the profile describes (one per stage, static included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import pandas as pd
+
+from baselines.envpipe import envpipe_clocks
+from kareus.energy import dynamic_from_measured, iteration_energy
+from kareus.errors import InputError
+from kareus.frontier import pareto_indices
+from kareus.graph import Instruction, schedule_times
+from kareus.hardware.profile import check_clock_sweep
+from kareus.profiling import profile_to_options
+from kareus.tradeoff import evaluate_on_options, solve, solver_energy
+
+
+def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
+                    static_power_w: float, unit_time_s: float) -> None:
+    """Raise :class:`InputError` (one line) when the arguments do not fit the profile, or the
+    profile does not sweep clocks on one grid."""
+    check_clock_sweep(profile, source)
+    if stages < 1 or microbatches < 1:
+        raise InputError("--stages and --microbatches must be positive integers")
+    seen = int(profile.stage.nunique())
+    if seen != stages:
+        raise InputError(f"{source}: profile has {seen} stages, --stages says {stages}")
+    if not (static_power_w > 0 and static_power_w < 1e4):
+        raise InputError(f"--p-static must be a positive number of watts, got {static_power_w}")
+    if not unit_time_s > 0:
+        raise InputError(f"--unit-ms must be positive, got {unit_time_s * 1e3}")
+
+
+def _frequencies(knobs: Mapping[Instruction, Hashable]) -> list[list[Hashable]]:
+    """Per stage, the clocks in 1F1B order (the order the knobs come in)."""
+    freqs: dict[int, list[Hashable]] = {}
+    for ins, knob in knobs.items():
+        freqs.setdefault(ins.stage, []).append(knob)
+    return [freqs[s] for s in sorted(freqs)]
+
+
+def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
+                       static_power_w: float, *, unit_time_s: float = 1e-3,
+                       prefilter: str = "raw", all_iterations: bool = False) -> list[dict]:
+    """Perseus on a Zeus-format profile, as the authors' driver runs it.
+
+    Returns point records: ``time_s`` and ``energy_j`` as the authors' driver reports them (the
+    solver's time, ``quant_time`` units, and its cost plus every stage's static power over that
+    time), solver ``iteration``, ``quant_time``, ``cost``, the plan replayed on the profile
+    (``replay_time_s``, ``replay_energy_j``: measured instruction times on the 1F1B DAG) and the
+    per-stage ``frequencies`` in 1F1B order. All steps in solver order with ``all_iterations``,
+    else the Pareto-optimal ones sorted by time.
+    """
+    options = profile_to_options(profile)
+    points = []
+    for step in solve(options, stages, microbatches, static_power_w, unit_time_s=unit_time_s,
+                      prefilter=prefilter):  # type: ignore[arg-type]
+        t, e = evaluate_on_options(step, options, stages, microbatches, static_power_w)
+        points.append({"time_s": step.real_time_s,
+                       "energy_j": solver_energy(step, stages, static_power_w),
+                       "iteration": step.iteration, "quant_time": step.quant_time,
+                       "cost": step.cost, "replay_time_s": t, "replay_energy_j": e,
+                       "frequencies": _frequencies(step.knobs)})
+    if all_iterations:
+        return points
+    keep = pareto_indices([p["time_s"] for p in points], [p["energy_j"] for p in points])
+    return [points[i] for i in keep]
+
+
+def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
+                       static_power_w: float, *, unit_time_s: float = 1e-3) -> list[dict]:
+    """EnvPipe on a Zeus-format profile: one point.
+
+    Instruction times are quantized down to ``unit_time_s`` (the Perseus emulation's unit), the
+    iteration time is the 1F1B critical path of those times, and the energy is every GPU's
+    instruction energies plus static power over its idle time in the iteration.
+    """
+    options = profile_to_options(profile)
+    clocks = envpipe_clocks(options, stages, microbatches, unit_time_s=unit_time_s)
+    by_knob = {k: {o.knob: o for o in opts} for k, opts in options.items()}
+    durations, dynamic = {}, 0.0
+    for ins, clock in clocks.items():
+        opt = by_knob[ins.type_key][clock]
+        durations[ins] = (opt.time_s // unit_time_s) * unit_time_s
+        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, durations[ins])
+    t = max(end for _, end in schedule_times(stages, microbatches, durations).values())
+    energy = iteration_energy(dynamic, stages, static_power_w, t).total_j
+    return [{"time_s": t, "energy_j": energy, "frequencies": _frequencies(clocks)}]
