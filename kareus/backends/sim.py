@@ -112,6 +112,14 @@ class SimulatorBackend:
             )
         return np.floor((c - g.clock_min_mhz) / g.clock_step_mhz + 1e-6).astype(np.int64)
 
+    def _scalar_index(self, clock_mhz: float) -> int:
+        """:meth:`clock_index` of one clock, memoised (the hot path asks for a handful of clocks
+        thousands of times)."""
+        key = ("idx", clock_mhz)
+        if key not in self._cache:
+            self._cache[key] = int(self.clock_index(clock_mhz)[0])
+        return self._cache[key]  # type: ignore[return-value]
+
     def fits_cap(self, time_s: NDArray[np.float64] | float,
                  dynamic_j: NDArray[np.float64] | float) -> NDArray[np.bool_]:
         """Whether work of ``time_s`` and ``dynamic_j`` keeps the board's average power (static
@@ -371,8 +379,7 @@ class SimulatorBackend:
             self._cache[key] = (grid.time_s[:, 0, 0].tolist(),
                                 grid.dynamic_energy_j[:, 0, 0].tolist(), part)
         t, e, _ = self._cache[key]  # type: ignore[misc]
-        j = int(self.clock_index(clock)[0])
-        return t[j], e[j]
+        return t[self._scalar_index(clock)], e[self._scalar_index(clock)]
 
     def _exposed_cost(self, comm: CommOp, f_idx: int, sched: PartitionSchedule
                       ) -> tuple[float, float]:
@@ -398,7 +405,7 @@ class SimulatorBackend:
         cache_key = ("ins", id(ig), plan)  # the cached entry keeps ``ig`` alive (see below)
         if cache_key in self._cache:
             return self._cache[cache_key][0]  # type: ignore[index]
-        f_idx = int(self.clock_index(plan.clock_mhz)[0])
+        f_idx = self._scalar_index(plan.clock_mhz)
         if plan.nanobatched and ig.partitions:
             unknown = {k for k, _ in plan.schedules} - {p.key for p in ig.partitions}
             if unknown:
