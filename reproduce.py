@@ -69,8 +69,8 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     write summaries of what finished, marking the rest, and re-raise."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kareus.executors import CellTask, execute
-    from kareus.store import ResultsStore
+    from kareus.suite.executors import CellTask, execute
+    from kareus.suite.store import ResultsStore
 
     store = ResultsStore(root)
     records: dict[tuple[str, str], dict] = {}
@@ -121,9 +121,10 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
 def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], seed: int,  # noqa: ANN001
                   records: dict, store) -> dict:  # noqa: ANN001
     """Summary, tables and figures of one configuration from its cell records."""
-    from kareus import __version__, harness, report
-    from kareus.problem import make_problem
-    from kareus.store import record_to_run
+    from kareus import __version__
+    from kareus.suite import harness, report
+    from kareus.suite.problem import make_problem
+    from kareus.suite.store import record_to_run
 
     problem = make_problem(cfg.workload, gpu=gpu, backend=backend, seed=seed,
                            gpu_overrides=cfg.gpu_overrides,
@@ -145,7 +146,7 @@ def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], 
 def _print_tables(summary: dict) -> None:
     from rich.table import Table
 
-    from kareus import report
+    from kareus.suite import report
 
     console = _console()
     for title, frame in (("Max-throughput plan vs Megatron-LM (positive = reduction)",
@@ -167,8 +168,8 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
               force: bool, jobs: int = 1, executor: str = "local",
               backend_options: dict | None = None) -> Path:
     """Every configuration of a suite, then the suite's tables, figures and metadata."""
-    from kareus import report
-    from kareus.suites import PAPER_HEADLINES, get_suite
+    from kareus.suite import report
+    from kareus.suite.suites import PAPER_HEADLINES, get_suite
 
     configs = get_suite(suite)
     t0 = time.perf_counter()
@@ -284,19 +285,16 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
         allow_clock_control: bool, **overrides: int | None) -> None:
     """Run every built-in optimizer on a workload (or a suite) and print the comparison tables."""
     from kareus.hardware.presets import get_preset
-    from kareus.suites import get_suite
+    from kareus.suite.suites import get_suite
 
     from kareus.backends import make_backend
 
-    from kareus.executors import EXECUTORS
+    from kareus.suite.executors import check_settings
 
     backend_options = {"allow_clock_control": True} if allow_clock_control else {}
     make_backend(backend, get_preset(gpu), **backend_options)  # validate before any work
     names = _resolve_optimizers(optimizers)
-    if jobs < 1:
-        raise InputError(f"--jobs must be a positive integer, got {jobs}")
-    if executor not in EXECUTORS:
-        raise InputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    check_settings(executor, jobs)
     if suite is not None:
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "
@@ -311,7 +309,7 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
     from workloads import get_model
 
     get_model(workload)
-    from kareus.suites import SuiteConfig
+    from kareus.suite.suites import SuiteConfig
     from workloads import make_workload
 
     clean = {k: v for k, v in overrides.items() if v is not None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
-from kareus.profiling import clock_tradeoff_plans
+from kareus.methods.profiling import clock_tradeoff_plans
 
 
 class NanobatchPerseus:

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from kareus.datasets import perseus_profile
+from kareus.suite.datasets import perseus_profile
 from kareus.hardware.calibration import calibrate, predict_relative
 from kareus.hardware.presets import get_preset
 from kareus.hardware.profile import load_profile

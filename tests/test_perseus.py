@@ -8,14 +8,14 @@ import pytest
 
 from kareus.cli import main
 from kareus.graph import one_f_one_b
-from kareus.tradeoff import Option, build_1f1b_dag, lowtime_dag_shape, solve
+from kareus.methods.tradeoff import Option, build_1f1b_dag, lowtime_dag_shape, solve
 from tests.conftest import profile_or_skip
 
 
 def _spec_map(stages):
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
 
-    from kareus.tradeoff import fit_exponential_model
+    from kareus.methods.tradeoff import fit_exponential_model
     from lowtime.perseus.instruction import Backward, Forward
 
     out = {}
@@ -112,7 +112,7 @@ def test_perseus_command_names_the_bad_line(capsys, tmp_path):
 
 
 def test_profile_to_options():
-    from kareus.profiling import profile_to_options
+    from kareus.methods.profiling import profile_to_options
     df = pd.DataFrame({"stage": [0, 0], "instruction": ["forward", "backward"],
                        "frequency": [1410, 1410], "time": [0.1, 0.2], "energy": [30.0, 60.0]})
     opts = profile_to_options(df)
@@ -151,7 +151,7 @@ def test_few_pareto_options_are_filtered_with_slack():
 
 
 def _fastest_cases():
-    from kareus.suites import get_suite
+    from kareus.suite.suites import get_suite
 
     return [(c.workload, c.overrides, c.label) for c in get_suite("paper")] + \
         [("gpt3-xl", {}, "gpt3-xl")]
@@ -166,7 +166,7 @@ def test_fastest_perseus_plan_is_the_default_plans_time(workload, overrides, lab
     from baselines.perseus import Perseus
     from kareus.hardware.presets import DEFAULT_GPU
     from kareus.plan import IterationPlan
-    from kareus.problem import make_problem
+    from kareus.suite.problem import make_problem
 
     problem = make_problem(workload, gpu=DEFAULT_GPU, **overrides)
     be, g = problem.backend, problem.graph

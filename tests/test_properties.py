@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kareus import frontier as fr
 from kareus.backends.sim import SimulatorBackend
-from kareus.optimizer import partition_windows
+from kareus.optimizer.kareus import partition_windows
 from kareus.errors import ProfileError
 from kareus.graph import CommOp, ComputeOp, Partition
 from kareus.hardware.presets import get_preset

@@ -192,7 +192,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
     Returns the report (also written to ``report.json``).
     """
     from kareus.hardware.calibration import calibrate
-    from kareus.plugins import KnobSpace
+    from kareus.hardware.knobs import KnobSpace
 
     preset = backend.gpu
     out = Path(out_dir)

@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kareus.errors import USER_ERRORS, InputError
+from kareus.errors import InputError
 
 
 def _log(lines: list[str], msg: str) -> None:
@@ -65,7 +65,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     from kareus.backends.sim import SimulatorBackend
     from kareus.hardware.presets import get_preset
     from kareus.plan import IterationPlan
-    from kareus.records import Point
+    from kareus.backends.base import Point
 
     lines: list[str] = []
     env = probe_environment()
@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     try:
         record = run_check(args)
-    except USER_ERRORS as e:
+    except InputError as e:
         msg = f"error: {e}".splitlines()[0]
         print(msg, file=sys.stderr)
         write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg})
-        return 2
+        return e.exit_status
     except Exception as e:  # a failure on the GPU itself: keep the traceback, leave a record
         traceback.print_exc()
         msg = f"failed: {type(e).__name__}: {e}".splitlines()[0]

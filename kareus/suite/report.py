@@ -25,9 +25,9 @@ from pathlib import Path
 import pandas as pd
 
 from kareus.atomic import atomic_write_text
-from kareus.harness import OptimizerRun
+from kareus.suite.harness import OptimizerRun
 from kareus.plugins import Problem
-from kareus.records import frontier_object
+from kareus.suite.records import frontier_object
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],

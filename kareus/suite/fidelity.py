@@ -25,8 +25,8 @@ from numpy.typing import ArrayLike
 from kareus.errors import InputError
 from kareus.plan import InstructionPlan
 from kareus.plugins import Problem
-from kareus.profiling import profile_instructions
-from kareus.tradeoff import solve, solver_energy
+from kareus.methods.profiling import profile_instructions
+from kareus.methods.tradeoff import solve, solver_energy
 
 #: The two methods the artifact's frontiers cover, and whether each runs nanobatched.
 METHODS = {"perseus": False, "nanobatch-perseus": True}
