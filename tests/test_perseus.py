@@ -41,6 +41,45 @@ def test_lowtime_dag_has_the_1f1b_shape(stages, microbatches):
     assert [ins for ins, _ in nodes] == ours
 
 
+def _resolver_dag(spec_map, stages, microbatches):
+    """The reference driver's DAG: program-order edges, then lowtime's own DependencyResolver."""
+    import itertools
+
+    from lowtime.graph_utils import DependencyResolver
+    from lowtime.perseus.instruction import Instruction as LtInstruction
+    from lowtime.perseus.instruction import backward_dep, forward_dep
+    from lowtime.perseus.schedule import Synchronous1F1B
+
+    dag = nx.DiGraph()
+    node_id = 2
+    for stage in range(stages):
+        ids = []
+        for inst in Synchronous1F1B(num_stages=stages, num_micro_batches=microbatches,
+                                     stage_id=stage, operation_spec_map=spec_map[stage]):
+            dag.add_node(node_id, op=inst)
+            ids.append(node_id)
+            node_id += 1
+        dag.add_edges_from(zip(ids, ids[1:]))
+    resolver = DependencyResolver(dependency_rules=[forward_dep, backward_dep],
+                                  node_type=LtInstruction)
+    data = list(dag.nodes(data=True))
+    for (id1, d1), (id2, d2) in itertools.product(data, data):
+        if resolver.is_dependent(d1["op"], d2["op"]):
+            dag.add_edge(id1, id2)
+    return dag
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 4), (4, 8), (3, 3), (8, 12)])
+def test_lowtime_dag_edges_are_lowtime_resolvers(stages, microbatches):
+    """The DAG built from kareus.graph's dependencies has lowtime's resolver's edges, in the
+    reference driver's order (so the solver's ties break the same way)."""
+    spec_map = _spec_map(stages)
+    dag, _ = build_1f1b_dag(spec_map, stages, microbatches)
+    ref = _resolver_dag(spec_map, stages, microbatches)
+    ours = [e for e in dag.edges() if 0 not in e and 1 not in e]
+    assert ours == list(ref.edges())
+
+
 def _synthetic_options(stages):
     opts = {}
     for s in range(stages):

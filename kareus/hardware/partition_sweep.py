@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from kareus.errors import InputError, SweepError
+from kareus.errors import SweepError
 
 CONFIG_COLUMNS = ("overlap_start", "overlap_end", "comm_sm_number", "comm_block_size")
 _REPEAT = re.compile(r"^(\d+):(time \(s\)|total energy \(J\))$")

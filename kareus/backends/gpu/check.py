@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-nanobatched", dest="nanobatched", action="store_false",
                     help="Measure the default plan only.")
     args = ap.parse_args(argv)
-    from kareus.backends.gpu.measure import write_json_atomic, write_text_atomic
+    from kareus.atomic import atomic_write_json, atomic_write_text
 
     out = Path(args.out)
     try:
@@ -167,16 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         msg = f"error: {e}".splitlines()[0]
         print(msg, file=sys.stderr)
-        write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg})
+        atomic_write_json(out / "gpu_check.json", {"ok": False, "error": msg})
         return e.exit_status
     except Exception as e:  # a failure on the GPU itself: keep the traceback, leave a record
         traceback.print_exc()
         msg = f"failed: {type(e).__name__}: {e}".splitlines()[0]
-        write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg,
+        atomic_write_json(out / "gpu_check.json", {"ok": False, "error": msg,
                                                    "traceback": traceback.format_exc()})
         return 1
-    write_json_atomic(out / "gpu_check.json", record)
-    write_text_atomic(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
+    atomic_write_json(out / "gpu_check.json", record)
+    atomic_write_text(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
     print(json.dumps({"ok": record["ok"], "runs": [
         {"plan": r["plan"], "error_pct": r["error_pct"]} for r in record["runs"]]}, indent=1))
     return 0 if record["ok"] else 1

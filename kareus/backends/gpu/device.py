@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from kareus.errors import ClockPermissionError, DeviceError, InputError
+from kareus.errors import ClockPermissionError, DeviceError
 
 #: What to do when clock control is refused for lack of rights (shared by every message).
 PERMISSION_HINT = (
