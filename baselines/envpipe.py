@@ -20,10 +20,10 @@ import pandas as pd
 
 from kareus.frontier import pareto_indices
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
-from kareus.plan import InstructionPlan, IterationPlan
-from kareus.plugins import Problem
 from kareus.methods.profiling import profile_instructions
 from kareus.methods.tradeoff import Option
+from kareus.plan import InstructionPlan, IterationPlan
+from kareus.plugins import Problem
 
 #: Relative tolerance of "the iteration is as long as the envelope" (float sums).
 _TOLERANCE = 1e-9

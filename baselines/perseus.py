@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kareus.methods.profiling import clock_tradeoff_plans
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
-from kareus.methods.profiling import clock_tradeoff_plans
 
 
 class Perseus:

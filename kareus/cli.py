@@ -192,8 +192,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
-    from kareus.suite.harness import pick_within, run_optimizer
     from kareus.plugins import load_optimizer
+    from kareus.suite.harness import pick_within, run_optimizer
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
 

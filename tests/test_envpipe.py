@@ -69,8 +69,8 @@ def test_a_slow_middle_stage_is_raised_to_the_top():
 
 def test_the_simulator_optimizer_runs_the_same_algorithm(small):
     from baselines.envpipe import EnvPipe
-    from kareus.plan import InstructionPlan
     from kareus.methods.profiling import profile_instructions
+    from kareus.plan import InstructionPlan
 
     plan = EnvPipe().optimize(small)[0]
     g, be = small.graph, small.backend

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kareus.suite.datasets import kareus_artifact
 from kareus.errors import InputError
+from kareus.suite.datasets import kareus_artifact
 from kareus.suite.fidelity import (
     ENDPOINTS,
     FrontierConfig,

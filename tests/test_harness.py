@@ -1,7 +1,7 @@
 import pytest
 
-from kareus.suite import harness
 from kareus.errors import InputError
+from kareus.suite import harness
 from kareus.suite.harness import OptimizerRun, compare, pick_within
 from kareus.suite.records import Point
 

@@ -5,13 +5,13 @@ import ast
 import numpy as np
 import pytest
 
-from kareus.optimizer.compose import merge_fronts
-from kareus.methods.exact import min_energy_within
-from kareus.suite.export import partition_schedules, zeus_frequency_schedule, zeus_solution_text
 from kareus.frontier import pareto_indices, spread_indices
-from kareus.optimizer.kareus import Kareus, kareus_options, partition_space
-from kareus.suite.problem import make_problem
+from kareus.methods.exact import min_energy_within
 from kareus.methods.tradeoff import evaluate_on_options, solve
+from kareus.optimizer.compose import merge_fronts
+from kareus.optimizer.kareus import Kareus, kareus_options, partition_space
+from kareus.suite.export import partition_schedules, zeus_frequency_schedule, zeus_solution_text
+from kareus.suite.problem import make_problem
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def test_options_include_the_sequential_fallback_and_are_pareto(options, small):
 
 
 def test_kareus_plans_beat_nanobatch_at_max_clock(small):
-    from kareus.suite.harness import run_optimizer
     from kareus.plugins import load_optimizer
+    from kareus.suite.harness import run_optimizer
     kareus = run_optimizer("kareus", Kareus(), small)
     nb = run_optimizer("nanobatch", load_optimizer("nanobatch"), small)
     assert kareus.status == "ok", kareus.error

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kareus.suite import harness
 from kareus.errors import InputError
 from kareus.plan import IterationPlan
 from kareus.plugins import load_optimizer, optimizer_names
+from kareus.suite import harness
 from kareus.suite.problem import make_problem
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "uniform_clock"

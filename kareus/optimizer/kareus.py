@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kareus.optimizer.compose import instruction_options
 from kareus.errors import InputError
 from kareus.graph import Partition
-from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, IterationPlan
 from kareus.hardware.knobs import KnobSpace
-from kareus.plugins import Problem
-from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
 from kareus.methods.tradeoff import Option, plans_from_steps, solve
+from kareus.optimizer.compose import instruction_options
+from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
+from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, IterationPlan
+from kareus.plugins import Problem
 
 
 def partition_windows(n_ops: int) -> np.ndarray:

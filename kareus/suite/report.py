@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from kareus.atomic import atomic_path, atomic_write_text
-from kareus.suite.harness import OptimizerRun
 from kareus.plugins import Problem
+from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import frontier_object
 
 

@@ -58,6 +58,7 @@ def _fmt(x: float | None) -> str:
 
 def run_check(args: SimpleNamespace) -> dict[str, Any]:
     """The check itself; returns the JSON record (also written to ``--out``)."""
+    from kareus.backends.base import Point
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.calibrate import snap_to_grid
     from kareus.backends.gpu.device import ZeusDevice
@@ -67,7 +68,6 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
     from kareus.backends.sim import SimulatorBackend
     from kareus.hardware.presets import get_preset
     from kareus.plan import IterationPlan
-    from kareus.backends.base import Point
 
     lines: list[str] = []
     env = probe_environment()
