@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
+import pandas as pd
+
 from kareus.frontier import pareto_indices
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
+from kareus.methods.profiling import profile_instructions
+from kareus.methods.tradeoff import Option
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
-from kareus.profiling import profile_instructions
-from kareus.tradeoff import Option
 
 #: Relative tolerance of "the iteration is as long as the envelope" (float sums).
 _TOLERANCE = 1e-9
@@ -107,3 +109,13 @@ class EnvPipe:
         clock = envpipe_clocks(options, g.stages, g.microbatches, backend.p2p_time(g))
         return [IterationPlan({ins: plan_at[c] for ins, c in clock.items()},  # type: ignore[index]
                               label="envpipe")]
+
+    def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,
+                   static_power_w: float, *, unit_time_s: float,
+                   **options: object) -> list[dict]:
+        """envpipe on a measured Zeus-format profile (``kareus envpipe``); see
+        :func:`baselines.profiles.run_on_profile`."""
+        from baselines.profiles import run_on_profile
+
+        return run_on_profile(self.name, profile, source, stages, microbatches, static_power_w,
+                              unit_time_s=unit_time_s, **options)

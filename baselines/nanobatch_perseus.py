@@ -3,9 +3,9 @@ schedules) profiled per clock, then the same Perseus time–cost tradeoff."""
 
 from __future__ import annotations
 
+from kareus.methods.profiling import clock_tradeoff_plans
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
-from kareus.profiling import clock_tradeoff_plans
 
 
 class NanobatchPerseus:

@@ -9,9 +9,11 @@ solver on an external Zeus-format profile (``kareus perseus``).
 
 from __future__ import annotations
 
+import pandas as pd
+
+from kareus.methods.profiling import clock_tradeoff_plans
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
-from kareus.profiling import clock_tradeoff_plans
 
 
 class Perseus:
@@ -21,3 +23,13 @@ class Perseus:
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
         return clock_tradeoff_plans(problem, nanobatched=False, label="perseus")
+
+    def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,
+                   static_power_w: float, *, unit_time_s: float,
+                   **options: object) -> list[dict]:
+        """perseus on a measured Zeus-format profile (``kareus perseus``); see
+        :func:`baselines.profiles.run_on_profile`."""
+        from baselines.profiles import run_on_profile
+
+        return run_on_profile(self.name, profile, source, stages, microbatches, static_power_w,
+                              unit_time_s=unit_time_s, **options)

@@ -9,9 +9,11 @@ method), while nanobatching, Nanobatching + Perseus, Kareus and the Zeus power l
 an instruction executes (overlap, SM counts, a power cap), which a clock-only profile never
 measured.
 
-``kareus perseus`` and ``kareus envpipe`` call :func:`check_arguments`, then
-:func:`perseus_on_profile` or :func:`envpipe_on_profile`; both return point records with
-``time_s`` and ``energy_j`` for the GPUs the profile describes (one per stage, static included).
+``kareus perseus`` and ``kareus envpipe`` reach these through the registry: the optimizer's
+``on_profile`` (:class:`kareus.plugins.ProfileRunner`) calls :func:`run_on_profile`, which checks
+the arguments (:func:`check_arguments`), then runs :func:`perseus_on_profile` or
+:func:`envpipe_on_profile`; both return point records with ``time_s`` and ``energy_j`` for the
+GPUs the profile describes (one per stage, static included).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from kareus.errors import InputError
 from kareus.frontier import pareto_indices
 from kareus.graph import Instruction, schedule_times
 from kareus.hardware.profile import check_clock_sweep
-from kareus.profiling import profile_to_options
-from kareus.tradeoff import evaluate_on_options, solve, solver_energy
+from kareus.methods.profiling import profile_to_options
+from kareus.methods.tradeoff import evaluate_on_options, solve, solver_energy
 
 
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
@@ -101,3 +103,14 @@ def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     t = max(end for _, end in schedule_times(stages, microbatches, durations).values())
     energy = iteration_energy(dynamic, stages, static_power_w, t).total_j
     return [{"time_s": t, "energy_j": energy, "frequencies": _frequencies(clocks)}]
+
+
+def run_on_profile(method: str, profile: pd.DataFrame, source: str, stages: int,
+                   microbatches: int, static_power_w: float, *, unit_time_s: float,
+                   **options: object) -> list[dict]:
+    """Check the arguments against ``profile`` (read from ``source``), then run ``method``
+    (``"perseus"`` or ``"envpipe"``) on it with ``options``."""
+    check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
+    run = perseus_on_profile if method == "perseus" else envpipe_on_profile
+    return run(profile, stages, microbatches, static_power_w, unit_time_s=unit_time_s,
+               **options)  # type: ignore[arg-type]

@@ -15,10 +15,10 @@ import sys
 
 import click
 
-from kareus.datasets import perseus_profile
 from kareus.hardware.calibration import calibrate, predict_relative
 from kareus.hardware.presets import get_preset
 from kareus.hardware.profile import load_profile
+from kareus.suite.datasets import perseus_profile
 
 CASES = [("a100-sxm4-80gb", "a100_sxm"), ("a40", "a40")]
 

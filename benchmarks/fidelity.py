@@ -5,7 +5,7 @@
 1. **Iteration frontiers** (``shared/kareus_artifact/calibration_frontiers.csv``): for each
    configuration and method (Perseus, Nanobatching + Perseus), the four frontier endpoints
    (fastest time, energy there, least energy, time there) measured and simulated, in the
-   artifact's own view (:mod:`kareus.fidelity`), with each error and the MAPE; and the ratio of
+   artifact's own view (:mod:`kareus.suite.fidelity`), with each error and the MAPE; and the ratio of
    Nanobatching + Perseus's fastest time to Perseus's, simulated against measured.
 2. **The partition law** (``attention_partition``): the fit of ``kareus calibrate
    --partition-sweep`` (time and energy MAPE), its hold-out, and where the measured fastest
@@ -28,8 +28,8 @@ import click
 import numpy as np
 import pandas as pd
 
-from kareus.datasets import kareus_artifact
-from kareus.fidelity import (
+from kareus.suite.datasets import kareus_artifact
+from kareus.suite.fidelity import (
     FrontierConfig,
     compare,
     load_measured,
@@ -37,7 +37,7 @@ from kareus.fidelity import (
     measured_endpoints,
 )
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
-from kareus.problem import make_problem
+from kareus.suite.problem import make_problem
 
 #: Parameters the measured frontiers calibrate, with their bounds (lo, hi).
 FIT_PARAMETERS = {
@@ -156,8 +156,8 @@ def nanobatch_breakdown(cfg: FrontierConfig, gpu: str) -> list[dict[str, object]
 
 def paper_predictions(gpu: str) -> pd.DataFrame:
     """The artifact-view endpoints of both methods on the paper's ten configurations."""
-    from kareus.fidelity import METHODS, artifact_frontier, endpoints
-    from kareus.suites import get_suite
+    from kareus.suite.fidelity import METHODS, artifact_frontier, endpoints
+    from kareus.suite.suites import get_suite
 
     rows = []
     for cell in get_suite("paper"):

@@ -21,13 +21,13 @@ from collections import defaultdict
 import click
 import numpy as np
 
-from kareus import harness
-from kareus.exact import min_energy_within
 from kareus.frontier import pareto_indices, spread_indices
-from kareus.optimizer import kareus_options
+from kareus.methods.exact import min_energy_within
+from kareus.methods.tradeoff import evaluate_on_options, solve
+from kareus.optimizer.kareus import kareus_options
 from kareus.plugins import load_optimizer
-from kareus.problem import make_problem
-from kareus.tradeoff import evaluate_on_options, solve
+from kareus.suite import harness
+from kareus.suite.problem import make_problem
 
 CONFIGS = [("llama3.2-3b", dict(tp=8)), ("llama3.2-3b", dict(tp=4, cp=2)),
            ("qwen3-1.7b", dict(tp=8)), ("qwen3-1.7b", dict(tp=4, cp=2))]

@@ -25,8 +25,8 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.profiles import envpipe_on_profile, perseus_on_profile  # noqa: E402
-from kareus.datasets import perseus_profile  # noqa: E402
 from kareus.hardware.profile import load_profile  # noqa: E402
+from kareus.suite.datasets import perseus_profile  # noqa: E402
 from tests.perseus_reference import reference_frontier  # noqa: E402
 
 #: (profile, blocked-on-P2P power W, time unit ms): the Perseus artifact's values.
@@ -85,8 +85,8 @@ def _fastest_table() -> None:
     from baselines.perseus import Perseus
     from kareus.hardware.presets import DEFAULT_GPU
     from kareus.plan import IterationPlan
-    from kareus.problem import make_problem
-    from kareus.suites import get_suite
+    from kareus.suite.problem import make_problem
+    from kareus.suite.suites import get_suite
 
     click.echo(f"\n== Perseus's fastest plan against the default plan (simulator, {DEFAULT_GPU})")
     cases = [(c.label, c.workload, c.overrides) for c in get_suite("paper")]

@@ -15,7 +15,7 @@ import click
 from kareus.backends.sim import SimulatorBackend
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.plan import IterationPlan
-from kareus.records import iteration_details
+from kareus.suite.records import iteration_details
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 

@@ -29,8 +29,8 @@ import click
 import numpy as np
 
 from kareus.graph import Partition
-from kareus.problem import make_problem
-from kareus.search import Evaluator, PartitionSpace, SearchResult, make_search
+from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
+from kareus.suite.problem import make_problem
 
 GPU = "a100-sxm4-40gb"
 #: (workload, label, parallelism overrides, partition keys of stage 0)

@@ -17,7 +17,7 @@ import numpy as np
 
 from kareus.backends.sim import SimulatorBackend
 from kareus.hardware.presets import get_preset
-from kareus.optimizer import partition_windows
+from kareus.optimizer.kareus import partition_windows
 from kareus.plan import LIBRARY_DEFAULT, IterationPlan, PartitionSchedule
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph

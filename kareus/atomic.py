@@ -1,23 +1,31 @@
-"""Crash-safe file writes: a reader sees the whole new file or the old one, never a part."""
+"""Crash-safe file writes: a reader sees the whole new file or the old one, never a part.
+
+The suite's one atomic writer: :func:`atomic_path` hands out a temporary file in the target's
+folder and renames it into place once it is complete; :func:`atomic_write_text`,
+:func:`atomic_write_json` and the figures of :mod:`kareus.suite.report` all go through it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder, flushed to disk, then
-    renamed into place (atomic on POSIX file systems)."""
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path in ``path``'s folder (created if missing) to write the new file
+    to; on success it is renamed to ``path`` (atomic on POSIX file systems), on any failure
+    removed. ``suffix`` keeps a file type for writers that infer the format from the name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -25,3 +33,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder, flushed to disk, then
+    renamed into place."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_json(path: str | Path, obj: object) -> None:
+    """Write ``obj`` as JSON (indent 2) to ``path`` atomically; an object JSON cannot encode
+    raises before anything is written."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False))

@@ -121,7 +121,7 @@ def simulate(workload: str, gpu: str, as_json: bool, **overrides: int | None) ->
     """Simulate one iteration of the default (Megatron-LM) plan: max clock, no overlap."""
     from kareus.backends.sim import SimulatorBackend
     from kareus.plan import IterationPlan
-    from kareus.records import Point, frontier_object, iteration_details
+    from kareus.suite.records import Point, frontier_object, iteration_details
     from workloads.graph_builder import build_iteration_graph
 
     preset = get_preset(gpu)
@@ -192,10 +192,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
-    from kareus.harness import pick_within, run_optimizer
     from kareus.plugins import load_optimizer
-    from kareus.problem import make_problem
-    from kareus.records import frontier_object
+    from kareus.suite.harness import pick_within, run_optimizer
+    from kareus.suite.problem import make_problem
+    from kareus.suite.records import frontier_object
 
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
@@ -219,7 +219,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         from pathlib import Path
 
         from kareus.atomic import atomic_write_text
-        from kareus.export import partition_schedules, zeus_solution_text
+        from kareus.suite.export import partition_schedules, zeus_solution_text
 
         pick = chosen if chosen is not None else run.frontier[0]
         plan = run.plans[pick.plan_id]
@@ -289,13 +289,16 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
                      p_static: float, unit_ms: float, as_json: bool,
                      **kwargs: object) -> None:
     """Load and check the profile, run ``optimizer`` on it, print its points."""
-    from baselines.profiles import check_arguments, envpipe_on_profile, perseus_on_profile
+    from kareus.errors import InputError
     from kareus.hardware.profile import load_profile
+    from kareus.plugins import ProfileRunner, load_optimizer
 
+    runner = load_optimizer(optimizer)
+    if not isinstance(runner, ProfileRunner):
+        raise InputError(f"optimizer {optimizer!r} cannot run on a measured profile")
     df = load_profile(profile_path)
-    check_arguments(df, profile_path, stages, microbatches, p_static, unit_ms / 1e3)
-    run = perseus_on_profile if optimizer == "perseus" else envpipe_on_profile
-    points = run(df, stages, microbatches, p_static, unit_time_s=unit_ms / 1e3, **kwargs)
+    points = runner.on_profile(df, profile_path, stages, microbatches, p_static,
+                               unit_time_s=unit_ms / 1e3, **kwargs)
     obj = {"profile": profile_path, "optimizer": optimizer, "stages": stages,
            "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms, **kwargs,
            "num_gpus": stages, "points": points,
@@ -465,7 +468,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
         import pandas as pd
 
         from kareus.backends.partition_calibration import predict
-        from kareus.report import plot_partition_fit
+        from kareus.suite.report import plot_partition_fit
 
         t, _ = predict(part, sweep.configs, cal.apply(preset), cal.clock_mhz,
                        np.array(cal.op_work), np.array(cal.op_host))

@@ -1,10 +1,26 @@
-"""Typed errors. :class:`InputError` and its subclasses are user mistakes (exit status 2)."""
+"""The suite's exceptions, under one root, :class:`KareusError`.
 
-from workloads.errors import WorkloadError
+Each class says how a command ends when it escapes: its ``exit_status`` (2: the user's input
+cannot work, one line naming the problem; 1: an internal failure). :mod:`kareus.exit_status` reads
+it; nothing else maps errors to statuses.
+"""
 
 
-class InputError(ValueError):
+class KareusError(Exception):
+    """Root of every error the suite raises on purpose."""
+
+    #: Exit status of a command that this error ends (1: internal failure).
+    exit_status: int = 1
+
+
+class InputError(KareusError, ValueError):
     """Bad user input: unknown name, malformed file, impossible setting (exit status 2)."""
+
+    exit_status = 2
+
+
+class WorkloadError(InputError):
+    """A model name, parallel configuration or shape that is invalid (user input error)."""
 
 
 class ProfileError(InputError):
@@ -19,5 +35,17 @@ class PlanError(InputError):
     """A plan that does not fit its iteration graph (unknown instruction, clock off the grid)."""
 
 
-#: Every exception type that means "the user gave bad input".
-USER_ERRORS: tuple[type[Exception], ...] = (InputError, WorkloadError)
+class SweepError(InputError):
+    """A partition sweep or configuration list that cannot be used."""
+
+
+class PluginError(InputError):
+    """An optimizer returned something the harness cannot evaluate."""
+
+
+class ClockPermissionError(InputError):
+    """Clock or power-limit control was asked for without the permission to do it."""
+
+
+class DeviceError(KareusError, RuntimeError):
+    """NVML failed for a reason other than permissions (internal failure, exit status 1)."""

@@ -1,6 +1,7 @@
 """The outside contract's exit statuses, applied to a click command: 0 success; 2 bad input (one
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
-traceback); 130 / 143 interrupted by SIGINT / SIGTERM."""
+traceback); 130 / 143 interrupted by SIGINT / SIGTERM. A :class:`~kareus.errors.KareusError`
+chooses its status by class (``exit_status``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 
 import click
 
-from kareus.errors import USER_ERRORS
+from kareus.errors import KareusError
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
@@ -30,12 +31,13 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
     except click.ClickException as e:
         click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
         return 2
-    except USER_ERRORS as e:
-        click.echo(f"error: {e}".splitlines()[0], err=True)
-        return 2
     except click.exceptions.Exit as e:
         return e.exit_code
     except Exception as e:
+        status = e.exit_status if isinstance(e, KareusError) else 1
+        if status != 1:
+            click.echo(f"error: {e}".splitlines()[0], err=True)
+            return status
         if os.environ.get("KAREUS_DEBUG"):
             raise
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kareus.backends.sim import SimulatorBackend
-from kareus.datasets import perseus_profile
 from kareus.hardware.presets import get_preset
+from kareus.suite.datasets import perseus_profile
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 

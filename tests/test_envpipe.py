@@ -8,7 +8,7 @@ import pytest
 from baselines.envpipe import envelope_time, envpipe_clocks, in_envelope
 from kareus.cli import main
 from kareus.graph import Instruction, schedule_times
-from kareus.tradeoff import Option
+from kareus.methods.tradeoff import Option
 from tests.conftest import profile_or_skip
 
 CLOCKS = (1200, 1215, 1230, 1245, 1260)
@@ -16,7 +16,7 @@ CLOCKS = (1200, 1215, 1230, 1245, 1260)
 
 @pytest.fixture(scope="module")
 def small():
-    from kareus.problem import make_problem
+    from kareus.suite.problem import make_problem
 
     return make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=8, pp=2, mbs=8, microbatches=4,
                         seq=2048)
@@ -69,8 +69,8 @@ def test_a_slow_middle_stage_is_raised_to_the_top():
 
 def test_the_simulator_optimizer_runs_the_same_algorithm(small):
     from baselines.envpipe import EnvPipe
+    from kareus.methods.profiling import profile_instructions
     from kareus.plan import InstructionPlan
-    from kareus.profiling import profile_instructions
 
     plan = EnvPipe().optimize(small)[0]
     g, be = small.graph, small.backend

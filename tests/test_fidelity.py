@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kareus.datasets import kareus_artifact
 from kareus.errors import InputError
-from kareus.fidelity import (
+from kareus.suite.datasets import kareus_artifact
+from kareus.suite.fidelity import (
     ENDPOINTS,
     FrontierConfig,
     artifact_frontier,
@@ -18,7 +18,7 @@ from kareus.fidelity import (
 )
 from kareus.graph import schedule_times
 from kareus.plan import IterationPlan
-from kareus.problem import make_problem
+from kareus.suite.problem import make_problem
 
 
 def test_endpoints_of_a_u_shaped_frontier():

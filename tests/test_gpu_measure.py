@@ -13,8 +13,8 @@ from kareus.backends.gpu.measure import (
     CounterMeter,
     MeasureConfig,
     measure_window,
-    write_json_atomic,
 )
+from kareus.atomic import atomic_write_json as write_json_atomic
 
 
 class FakeClock:

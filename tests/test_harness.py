@@ -1,9 +1,9 @@
 import pytest
 
-from kareus import harness
 from kareus.errors import InputError
-from kareus.harness import OptimizerRun, compare, pick_within
-from kareus.records import Point
+from kareus.suite import harness
+from kareus.suite.harness import OptimizerRun, compare, pick_within
+from kareus.suite.records import Point
 
 
 def _run(name, pts):
@@ -47,7 +47,7 @@ def test_budgets():
 
 def test_spread_marks_the_fastest_and_up_to_ten_more():
     from kareus.plugins import load_optimizer
-    from kareus.problem import make_problem
+    from kareus.suite.problem import make_problem
     problem = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, mbs=2, microbatches=4)
     run = harness.run_optimizer("perseus", load_optimizer("perseus"), problem)
     assert run.status == "ok" and len(run.frontier) > 11

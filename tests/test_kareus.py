@@ -5,13 +5,13 @@ import ast
 import numpy as np
 import pytest
 
-from kareus.compose import merge_fronts
-from kareus.exact import min_energy_within
-from kareus.export import partition_schedules, zeus_frequency_schedule, zeus_solution_text
 from kareus.frontier import pareto_indices, spread_indices
-from kareus.optimizer import Kareus, kareus_options, partition_space
-from kareus.problem import make_problem
-from kareus.tradeoff import evaluate_on_options, solve
+from kareus.methods.exact import min_energy_within
+from kareus.methods.tradeoff import evaluate_on_options, solve
+from kareus.optimizer.compose import merge_fronts
+from kareus.optimizer.kareus import Kareus, kareus_options, partition_space
+from kareus.suite.export import partition_schedules, zeus_frequency_schedule, zeus_solution_text
+from kareus.suite.problem import make_problem
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +76,8 @@ def test_options_include_the_sequential_fallback_and_are_pareto(options, small):
     assert kinds == {True, False}
     # every sequential clock would be in the candidate set before the front filter: at least one
     # sequential option survives somewhere only if it is not dominated; check it is considered
-    from kareus.compose import instruction_options
-    from kareus.optimizer import search_partitions
+    from kareus.optimizer.compose import instruction_options
+    from kareus.optimizer.kareus import search_partitions
     res = search_partitions(small)
     opts = instruction_options(small.backend, small.graph, (0, "forward"), res,
                                small.knobs.clocks_mhz)
@@ -85,8 +85,8 @@ def test_options_include_the_sequential_fallback_and_are_pareto(options, small):
 
 
 def test_kareus_plans_beat_nanobatch_at_max_clock(small):
-    from kareus.harness import run_optimizer
     from kareus.plugins import load_optimizer
+    from kareus.suite.harness import run_optimizer
     kareus = run_optimizer("kareus", Kareus(), small)
     nb = run_optimizer("nanobatch", load_optimizer("nanobatch"), small)
     assert kareus.status == "ok", kareus.error
@@ -102,7 +102,7 @@ def test_kareus_plans_beat_nanobatch_at_max_clock(small):
 
 def test_export_formats(small, options):
     steps = list(solve(options, 2, 2, small.gpu.static_power_w))
-    from kareus.tradeoff import plans_from_steps
+    from kareus.methods.tradeoff import plans_from_steps
     plan = plans_from_steps(steps[-1:], lambda k: k, "kareus")[0]
     sched = zeus_frequency_schedule(small.graph, plan)
     assert len(sched) == 2 and all(len(s) == 4 for s in sched)
@@ -118,7 +118,7 @@ def test_export_formats(small, options):
 
 def test_zeus_solution_file_is_what_pointsolution_evaluates(tmp_path, small, options):
     steps = list(solve(options, 2, 2, small.gpu.static_power_w))
-    from kareus.tradeoff import plans_from_steps
+    from kareus.methods.tradeoff import plans_from_steps
     plan = plans_from_steps(steps[:1], lambda k: k, "kareus")[0]
     value = ast.literal_eval(zeus_solution_text(small.graph, plan))
     assert value == [[tuple(x) for x in s] for s in zeus_frequency_schedule(small.graph, plan)]

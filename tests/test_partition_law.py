@@ -14,10 +14,10 @@ import pytest
 from kareus.backends.partition_calibration import PartitionCalibration, fit_partition, predict
 from kareus.backends.sim import SimulatorBackend
 from kareus.cli import main
-from kareus.datasets import kareus_artifact
 from kareus.errors import InputError
 from kareus.hardware.partition_sweep import PartitionConfigs, SweepError, load_configs, load_sweep
 from kareus.hardware.presets import get_preset
+from kareus.suite.datasets import kareus_artifact
 from workloads.errors import WorkloadError
 from workloads.partition_spec import PartitionSpec
 

@@ -8,14 +8,14 @@ import pytest
 
 from kareus.cli import main
 from kareus.graph import one_f_one_b
-from kareus.tradeoff import Option, build_1f1b_dag, lowtime_dag_shape, solve
+from kareus.methods.tradeoff import Option, build_1f1b_dag, lowtime_dag_shape, solve
 from tests.conftest import profile_or_skip
 
 
 def _spec_map(stages):
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
 
-    from kareus.tradeoff import fit_exponential_model
+    from kareus.methods.tradeoff import fit_exponential_model
     from lowtime.perseus.instruction import Backward, Forward
 
     out = {}
@@ -39,6 +39,45 @@ def test_lowtime_dag_has_the_1f1b_shape(stages, microbatches):
     # lowtime's Synchronous1F1B order is the suite's own 1F1B order, stage by stage
     ours = [i for s in range(stages) for i in one_f_one_b(stages, microbatches)[s]]
     assert [ins for ins, _ in nodes] == ours
+
+
+def _resolver_dag(spec_map, stages, microbatches):
+    """The reference driver's DAG: program-order edges, then lowtime's own DependencyResolver."""
+    import itertools
+
+    from lowtime.graph_utils import DependencyResolver
+    from lowtime.perseus.instruction import Instruction as LtInstruction
+    from lowtime.perseus.instruction import backward_dep, forward_dep
+    from lowtime.perseus.schedule import Synchronous1F1B
+
+    dag = nx.DiGraph()
+    node_id = 2
+    for stage in range(stages):
+        ids = []
+        for inst in Synchronous1F1B(num_stages=stages, num_micro_batches=microbatches,
+                                     stage_id=stage, operation_spec_map=spec_map[stage]):
+            dag.add_node(node_id, op=inst)
+            ids.append(node_id)
+            node_id += 1
+        dag.add_edges_from(zip(ids, ids[1:]))
+    resolver = DependencyResolver(dependency_rules=[forward_dep, backward_dep],
+                                  node_type=LtInstruction)
+    data = list(dag.nodes(data=True))
+    for (id1, d1), (id2, d2) in itertools.product(data, data):
+        if resolver.is_dependent(d1["op"], d2["op"]):
+            dag.add_edge(id1, id2)
+    return dag
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 4), (4, 8), (3, 3), (8, 12)])
+def test_lowtime_dag_edges_are_lowtime_resolvers(stages, microbatches):
+    """The DAG built from kareus.graph's dependencies has lowtime's resolver's edges, in the
+    reference driver's order (so the solver's ties break the same way)."""
+    spec_map = _spec_map(stages)
+    dag, _ = build_1f1b_dag(spec_map, stages, microbatches)
+    ref = _resolver_dag(spec_map, stages, microbatches)
+    ours = [e for e in dag.edges() if 0 not in e and 1 not in e]
+    assert ours == list(ref.edges())
 
 
 def _synthetic_options(stages):
@@ -112,7 +151,7 @@ def test_perseus_command_names_the_bad_line(capsys, tmp_path):
 
 
 def test_profile_to_options():
-    from kareus.profiling import profile_to_options
+    from kareus.methods.profiling import profile_to_options
     df = pd.DataFrame({"stage": [0, 0], "instruction": ["forward", "backward"],
                        "frequency": [1410, 1410], "time": [0.1, 0.2], "energy": [30.0, 60.0]})
     opts = profile_to_options(df)
@@ -151,7 +190,7 @@ def test_few_pareto_options_are_filtered_with_slack():
 
 
 def _fastest_cases():
-    from kareus.suites import get_suite
+    from kareus.suite.suites import get_suite
 
     return [(c.workload, c.overrides, c.label) for c in get_suite("paper")] + \
         [("gpt3-xl", {}, "gpt3-xl")]
@@ -166,7 +205,7 @@ def test_fastest_perseus_plan_is_the_default_plans_time(workload, overrides, lab
     from baselines.perseus import Perseus
     from kareus.hardware.presets import DEFAULT_GPU
     from kareus.plan import IterationPlan
-    from kareus.problem import make_problem
+    from kareus.suite.problem import make_problem
 
     problem = make_problem(workload, gpu=DEFAULT_GPU, **overrides)
     be, g = problem.backend, problem.graph

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kareus import harness
 from kareus.errors import InputError
 from kareus.plan import IterationPlan
 from kareus.plugins import load_optimizer, optimizer_names
-from kareus.problem import make_problem
+from kareus.suite import harness
+from kareus.suite.problem import make_problem
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "uniform_clock"
 

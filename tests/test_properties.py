@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from kareus import frontier as fr
 from kareus.backends.sim import SimulatorBackend
-from kareus.optimizer import partition_windows
 from kareus.errors import ProfileError
 from kareus.graph import CommOp, ComputeOp, Partition
 from kareus.hardware.presets import get_preset
 from kareus.hardware.profile import validate_profile
+from kareus.optimizer.kareus import partition_windows
 
 finite = st.floats(min_value=0.01, max_value=1e4, allow_nan=False, allow_infinity=False)
 points = st.lists(st.tuples(finite, finite), min_size=1, max_size=40)

@@ -10,9 +10,9 @@ import pytest
 
 from kareus.errors import InputError
 from kareus.graph import Partition
-from kareus.optimizer import partition_space, partition_windows
-from kareus.problem import make_problem
-from kareus.search import Evaluator, PartitionSearch, PartitionSpace, SearchResult, make_search
+from kareus.optimizer.kareus import partition_space, partition_windows
+from kareus.optimizer.search import Evaluator, PartitionSearch, PartitionSpace, SearchResult, make_search
+from kareus.suite.problem import make_problem
 
 SAMPLERS = ("nsga2", "surrogate")
 

@@ -133,7 +133,7 @@ def test_nanobatching_hides_tp_communication(sim, llama_tp8):
 
 def test_best_schedule_moves_with_the_clock(sim, llama_tp8, a100):
     """For some partition, the fastest (SMs, window) at a low clock differs from a high clock's."""
-    from kareus.optimizer import partition_windows
+    from kareus.optimizer.kareus import partition_windows
 
     ks, clocks = np.arange(3, 31, 3), np.array([900.0, 1410.0])
     moved = []

@@ -1,5 +1,6 @@
-"""Errors raised for workloads that cannot exist or cannot run."""
+"""Errors raised for workloads that cannot exist or cannot run: :class:`WorkloadError`, whose
+home is :mod:`kareus.errors` (one error root for the suite)."""
 
+from kareus.errors import WorkloadError
 
-class WorkloadError(ValueError):
-    """A model name, parallel configuration or shape that is invalid (user input error)."""
+__all__ = ["WorkloadError"]

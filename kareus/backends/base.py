@@ -74,6 +74,27 @@ class IterationResult:
         return self.energy.time_s
 
 
+@dataclass(frozen=True)
+class Point:
+    """One measured plan: iteration time (s) and whole-cluster energy (J)."""
+
+    time_s: float
+    energy_j: float
+    dynamic_energy_j: float
+    static_energy_j: float
+    plan_id: int = 0
+
+    @staticmethod
+    def from_result(result: IterationResult, plan_id: int = 0) -> "Point":
+        e = result.energy
+        return Point(e.time_s, e.total_j, e.dynamic_j, e.static_j, plan_id)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"time_s": self.time_s, "energy_j": self.energy_j,
+                "dynamic_energy_j": self.dynamic_energy_j,
+                "static_energy_j": self.static_energy_j}
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Measures time and energy. The simulator and the GPU backend implement this."""

@@ -18,14 +18,10 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from kareus.errors import InputError
+from kareus.errors import SweepError
 
 CONFIG_COLUMNS = ("overlap_start", "overlap_end", "comm_sm_number", "comm_block_size")
 _REPEAT = re.compile(r"^(\d+):(time \(s\)|total energy \(J\))$")
-
-
-class SweepError(InputError):
-    """A partition sweep or configuration list that cannot be used."""
 
 
 @dataclass(frozen=True)

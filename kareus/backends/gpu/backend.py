@@ -111,7 +111,8 @@ class GPUBackend:
         env = env if env is not None else probe_environment()
         name = check_environment(env, gpu, accept_unlisted_gpu=accept_unlisted_gpu)
         if allow_clock_control:
-            from kareus.backends.gpu.device import ClockPermissionError, open_device
+            from kareus.backends.gpu.device import open_device
+            from kareus.errors import ClockPermissionError
 
             ok, why = open_device(0, fake=bool(kwargs.get("fake_device"))).control_permission()
             if not ok:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kareus.atomic import atomic_write_json, atomic_write_text
 from kareus.backends.gpu.backend import GPUBackend
-from kareus.backends.gpu.measure import write_json_atomic, write_text_atomic
 from kareus.energy import measured_energy
 from kareus.errors import InputError
 from kareus.hardware.presets import GPUPreset
@@ -192,7 +192,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
     Returns the report (also written to ``report.json``).
     """
     from kareus.hardware.calibration import calibrate
-    from kareus.plugins import KnobSpace
+    from kareus.hardware.knobs import KnobSpace
 
     preset = backend.gpu
     out = Path(out_dir)
@@ -211,7 +211,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
     profile = measure_profile(backend, workload, clocks_mhz, nanobatched=nanobatched)
     buf = io.StringIO()
     profile.to_csv(buf, index=False)
-    write_text_atomic(out / "profile.csv", buf.getvalue())
+    atomic_write_text(out / "profile.csv", buf.getvalue())
     report: dict[str, Any] = {
         "gpu": preset.name, "workload": workload.name, "layers": workload.model.layers,
         "parallel": asdict(workload.parallel), "backend": backend.describe(),
@@ -231,7 +231,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
         ref = calibrate(simulated[["stage", "instruction", "frequency", "time", "energy"]],
                         preset, static_power_w=backend.static_power_w)
         fitted = res.fitted_preset(preset, reference=ref)
-        write_json_atomic(out / "fitted_preset.json", {
+        atomic_write_json(out / "fitted_preset.json", {
             "base": preset.name, "static_power_w": res.static_power_w,
             "overrides": {k: getattr(fitted, k) for k in
                           ("sm_dyn_power_w", "knee_mhz", "v_ratio")},
@@ -262,5 +262,5 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
     if partitions and workload.parallel.nanobatches > 1:
         report["partitions"] = measure_partitions(backend, workload, [max(clocks_mhz)],
                                                   partition_sms, partition_slots)
-    write_json_atomic(out / "report.json", report)
+    atomic_write_json(out / "report.json", report)
     return report

@@ -16,7 +16,6 @@ describes and no ``--gpu``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -24,9 +23,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from kareus.errors import USER_ERRORS, InputError
+import click
+
+from kareus.errors import InputError
 
 
 def _log(lines: list[str], msg: str) -> None:
@@ -54,8 +56,9 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}"
 
 
-def run_check(args: argparse.Namespace) -> dict[str, Any]:
+def run_check(args: SimpleNamespace) -> dict[str, Any]:
     """The check itself; returns the JSON record (also written to ``--out``)."""
+    from kareus.backends.base import Point
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.calibrate import snap_to_grid
     from kareus.backends.gpu.device import ZeusDevice
@@ -65,7 +68,6 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     from kareus.backends.sim import SimulatorBackend
     from kareus.hardware.presets import get_preset
     from kareus.plan import IterationPlan
-    from kareus.records import Point
 
     lines: list[str] = []
     env = probe_environment()
@@ -142,44 +144,57 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="Folder for gpu_check.json and gpu_check.log.")
-    ap.add_argument("--workload", default="qwen3-1.7b")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--mbs", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--microbatches", type=int, default=4)
-    ap.add_argument("--warmup", type=float, default=3.0, help="Warm-up seconds.")
-    ap.add_argument("--window", type=float, default=5.0, help="Measurement window seconds.")
-    ap.add_argument("--cooldown", type=float, default=2.0, help="Idle seconds before warm-up.")
-    ap.add_argument("--gpu", default=None,
-                    help="Preset (default: the one matching GPU 0); also runs a GPU no preset "
-                         "describes (e.g. an H200 NVL) with this preset.")
-    ap.add_argument("--no-nanobatched", dest="nanobatched", action="store_false",
-                    help="Measure the default plan only.")
-    args = ap.parse_args(argv)
-    from kareus.backends.gpu.measure import write_json_atomic, write_text_atomic
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--out", required=True, help="Folder for gpu_check.json and gpu_check.log.")
+@click.option("--workload", default="qwen3-1.7b", show_default=True)
+@click.option("--layers", type=int, default=4, show_default=True)
+@click.option("--mbs", type=int, default=4, show_default=True)
+@click.option("--seq", type=int, default=2048, show_default=True)
+@click.option("--microbatches", type=int, default=4, show_default=True)
+@click.option("--warmup", type=float, default=3.0, show_default=True, help="Warm-up seconds.")
+@click.option("--window", type=float, default=5.0, show_default=True,
+              help="Measurement window seconds.")
+@click.option("--cooldown", type=float, default=2.0, show_default=True,
+              help="Idle seconds before warm-up.")
+@click.option("--gpu", default=None,
+              help="Preset (default: the one matching GPU 0); also runs a GPU no preset "
+                   "describes (e.g. an H200 NVL) with this preset.")
+@click.option("--no-nanobatched", "nanobatched", is_flag=True, flag_value=False, default=True,
+              help="Measure the default plan only.")
+def check(**params: Any) -> int:
+    """Run the check, write its record to ``--out`` and return the exit status."""
+    args = SimpleNamespace(**params)
+    from kareus.atomic import atomic_write_json, atomic_write_text
 
     out = Path(args.out)
     try:
         record = run_check(args)
-    except USER_ERRORS as e:
+    except InputError as e:
         msg = f"error: {e}".splitlines()[0]
         print(msg, file=sys.stderr)
-        write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg})
-        return 2
+        atomic_write_json(out / "gpu_check.json", {"ok": False, "error": msg})
+        return e.exit_status
     except Exception as e:  # a failure on the GPU itself: keep the traceback, leave a record
         traceback.print_exc()
         msg = f"failed: {type(e).__name__}: {e}".splitlines()[0]
-        write_json_atomic(out / "gpu_check.json", {"ok": False, "error": msg,
+        atomic_write_json(out / "gpu_check.json", {"ok": False, "error": msg,
                                                    "traceback": traceback.format_exc()})
         return 1
-    write_json_atomic(out / "gpu_check.json", record)
-    write_text_atomic(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
+    atomic_write_json(out / "gpu_check.json", record)
+    atomic_write_text(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
     print(json.dumps({"ok": record["ok"], "runs": [
         {"plan": r["plan"], "error_pct": r["error_pct"]} for r in record["runs"]]}, indent=1))
     return 0 if record["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; a usage error exits 2 with click's message."""
+    try:
+        return check.main(args=argv, prog_name="python -m kareus.backends.gpu.check",
+                          standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

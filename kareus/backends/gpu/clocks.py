@@ -26,7 +26,8 @@ import threading
 from collections.abc import Sequence
 from types import FrameType, TracebackType
 
-from kareus.backends.gpu.device import ClockPermissionError, Device, DeviceError
+from kareus.backends.gpu.device import Device
+from kareus.errors import ClockPermissionError, DeviceError
 
 #: Signals whose arrival restores the clocks before the process acts on them.
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from kareus.errors import InputError
+from kareus.errors import ClockPermissionError, DeviceError
 
 #: What to do when clock control is refused for lack of rights (shared by every message).
 PERMISSION_HINT = (
@@ -27,14 +27,6 @@ PERMISSION_HINT = (
     "(zeusd, with ZEUSD_SOCK_PATH set); run as such a user, or drop --allow-clock-control to "
     "run at the GPU's current clocks"
 )
-
-
-class DeviceError(RuntimeError):
-    """NVML failed for a reason other than permissions (internal failure, exit status 1)."""
-
-
-class ClockPermissionError(InputError):
-    """Clock or power-limit control was asked for without the permission to do it."""
 
 
 @runtime_checkable

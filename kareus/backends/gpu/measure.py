@@ -9,23 +9,20 @@ Across ranks, ``agree`` makes every rank run the same number of steps (the large
 starts the windows together; the caller then takes time = max over ranks and energy = sum over
 GPUs.
 
-Also here: :class:`ClockSampler` (mean SM clock during a window, read from NVML) and
-:func:`write_json_atomic` (results are written to a temporary file and renamed, so a run killed
+Also here: :class:`ClockSampler` (mean SM clock during a window, read from NVML). Results are
+written with :func:`kareus.atomic.atomic_write_json` (a temporary file, renamed, so a run killed
 mid-write leaves no half-written result).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Protocol
 
-from kareus.atomic import atomic_write_text
 from kareus.backends.gpu.device import Device
 
 
@@ -208,14 +205,3 @@ def measure_window(step: Callable[[], None], meter: Meter, cfg: MeasureConfig, *
     t, e = meter.end()
     clock = sampler.stop() if sampler else None
     return WindowResult(time_s=t, energy_j=e, steps=n, sm_clock_mhz=clock)
-
-
-def write_json_atomic(path: str | Path, obj: object) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file in the same folder and an atomic
-    rename: readers see the whole file or none."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False))
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file + rename)."""
-    atomic_write_text(path, text)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from kareus.atomic import atomic_write_json
 from kareus.backends.gpu.clocks import ClockController
 from kareus.backends.gpu.device import Device, open_device
 from kareus.backends.gpu.engine import ForwardState, GroupComm, NanoCtx, Schedule, StageEngine
@@ -45,7 +46,6 @@ from kareus.backends.gpu.measure import (
     WindowResult,
     ZeusMeter,
     measure_window,
-    write_json_atomic,
 )
 from kareus.backends.gpu.serialize import Job, check_supported, plan_sms
 from kareus.errors import InputError
@@ -758,7 +758,7 @@ def execute(job: Job, out_dir: str | Path, *, graph: IterationGraph | None = Non
         setup = _Setup(job, r, device, dtype, dev, graph)
         result = MODES[job.mode](setup)
         result["job_mode"] = job.mode
-        write_json_atomic(Path(out_dir) / f"rank{rank}.json", result)
+        atomic_write_json(Path(out_dir) / f"rank{rank}.json", result)
         return result
     finally:
         if inited and dist.is_initialized():

@@ -14,7 +14,7 @@ import json
 import sys
 import traceback
 
-from kareus.errors import USER_ERRORS
+from kareus.errors import InputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args[0]) as f:
             job = Job.from_dict(json.load(f))
         execute(job, args[1])
-    except USER_ERRORS as e:
+    except InputError as e:
         print(f"error: {e}".splitlines()[0], file=sys.stderr)
-        return 2
+        return e.exit_status
     except Exception:  # noqa: BLE001 - report and fail this rank; torchrun stops the others
         traceback.print_exc()
         return 1

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kareus.atomic import atomic_write_text
-from kareus.harness import OptimizerRun
-from kareus.records import Point
+from kareus.suite.harness import OptimizerRun
+from kareus.suite.records import Point
 
 
 def run_to_record(run: OptimizerRun, key: dict) -> dict:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from kareus.backends import make_backend
+from kareus.hardware.knobs import KnobSpace
 from kareus.hardware.presets import get_preset
-from kareus.plugins import KnobSpace, Problem
+from kareus.plugins import Problem
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 

@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kareus.errors import InputError
-from kareus.search.base import Evaluator, SearchResult, resolve_budget
+from kareus.optimizer.search.base import Evaluator, SearchResult, resolve_budget
 
 #: Smallest budget any sampling strategy accepts (fewer points give no front to speak of).
 MIN_BUDGET = 4

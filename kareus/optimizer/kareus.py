@@ -1,13 +1,13 @@
 """The Kareus optimizer: joint per-partition clock / SM / window search, composition into
 instruction options, and the iteration-level time–cost tradeoff.
 
-1. **Per-partition search** (:mod:`kareus.search`) over (SM clock, communication SMs, window: the
+1. **Per-partition search** (:mod:`kareus.optimizer.search`) over (SM clock, communication SMs, window: the
    compute op the collective is launched before and the one after which compute waits for it)
    for every distinct partition of the iteration, measured on the problem's backend; the search
    keeps the time vs dynamic-energy and time vs total-energy fronts.
-2. **Composition** (:mod:`kareus.compose`): per instruction type and clock, the Pareto set of the
+2. **Composition** (:mod:`kareus.optimizer.compose`): per instruction type and clock, the Pareto set of the
    partitions' combined schedules, measured as whole instructions, plus the sequential execution.
-3. **Iteration frontier** (:mod:`kareus.tradeoff`): lowtime's Phillips–Dessouky solver on the 1F1B
+3. **Iteration frontier** (:mod:`kareus.methods.tradeoff`): lowtime's Phillips–Dessouky solver on the 1F1B
    DAG exactly as Perseus, each option's knob being (clock, per-partition SMs and window). Every
    solver step is a plan.
 
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kareus.compose import instruction_options
 from kareus.errors import InputError
 from kareus.graph import Partition
+from kareus.hardware.knobs import KnobSpace
+from kareus.methods.tradeoff import Option, plans_from_steps, solve
+from kareus.optimizer.compose import instruction_options
+from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
 from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, IterationPlan
-from kareus.plugins import KnobSpace, Problem
-from kareus.search import Evaluator, PartitionSpace, SearchResult, make_search
-from kareus.tradeoff import Option, plans_from_steps, solve
+from kareus.plugins import Problem
 
 
 def partition_windows(n_ops: int) -> np.ndarray:

@@ -1,11 +1,11 @@
 """Per-partition multi-objective search strategies behind one interface
-(:class:`~kareus.search.base.PartitionSearch`): ``exhaustive``, ``nsga2`` (pymoo) and
+(:class:`~kareus.optimizer.search.base.PartitionSearch`): ``exhaustive``, ``nsga2`` (pymoo) and
 ``surrogate`` (tree-ensemble surrogate with hypervolume-improvement acquisition)."""
 
 from __future__ import annotations
 
 from kareus.errors import InputError
-from kareus.search.base import Evaluator, PartitionSearch, PartitionSpace, SearchResult
+from kareus.optimizer.search.base import Evaluator, PartitionSearch, PartitionSpace, SearchResult
 
 STRATEGIES = ("exhaustive", "nsga2", "surrogate")
 
@@ -13,15 +13,15 @@ STRATEGIES = ("exhaustive", "nsga2", "surrogate")
 def make_search(name: str) -> PartitionSearch:
     """The strategy called ``name``; heavy dependencies are imported only when chosen."""
     if name == "exhaustive":
-        from kareus.search.exhaustive import ExhaustiveSearch
+        from kareus.optimizer.search.exhaustive import ExhaustiveSearch
 
         return ExhaustiveSearch()
     if name == "nsga2":
-        from kareus.search.nsga2 import NSGA2Search
+        from kareus.optimizer.search.nsga2 import NSGA2Search
 
         return NSGA2Search()
     if name == "surrogate":
-        from kareus.search.surrogate import SurrogateSearch
+        from kareus.optimizer.search.surrogate import SurrogateSearch
 
         return SurrogateSearch()
     raise InputError(f"unknown search strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")

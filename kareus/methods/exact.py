@@ -23,7 +23,7 @@ from scipy.sparse import lil_matrix
 from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError
 from kareus.graph import Direction, Instruction, dag_dependencies, topological_order
-from kareus.tradeoff import Option
+from kareus.methods.tradeoff import Option
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ and cost; the authors report exactly those (:func:`solver_energy`). Evaluating t
 
 from __future__ import annotations
 
-import itertools
 import logging
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
@@ -42,7 +41,7 @@ import networkx as nx
 
 from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError
-from kareus.graph import Direction, Instruction
+from kareus.graph import Direction, Instruction, dag_dependencies
 
 Prefilter = Literal["raw", "effective"]
 
@@ -229,37 +228,40 @@ def _exponential(coefficients: tuple[float, float, float]) -> object:
 def build_1f1b_dag(spec_map: Mapping[int, Mapping[type, object]], stages: int, microbatches: int
                    ) -> tuple[nx.DiGraph, list[tuple[Instruction, object]]]:
     """The activity-on-node 1F1B DAG of ``lowtime.perseus`` as the reference driver builds it:
-    ``Synchronous1F1B`` instructions per stage (nodes 2, 3, ...), program-order edges within a
-    stage, forward/backward dependency edges between stages, dummy source 0 and sink 1.
+    ``Synchronous1F1B`` instructions per stage (nodes 2, 3, ...), dummy source 0 and sink 1.
+
+    The edges are the suite's one 1F1B dependency definition
+    (:func:`kareus.graph.dag_dependencies`: program order within a stage, forward/backward
+    dependencies between stages), added in the order the reference driver adds them (program
+    order stage by stage, then the cross-stage edges by node id), so lowtime visits the graph as
+    it does there; ``tests/test_perseus.py`` checks them against lowtime's own resolver.
 
     ``spec_map[stage]`` maps lowtime's ``Forward`` / ``Backward`` classes to operation specs.
     Returns the DAG and, in 1F1B order per stage, (our instruction, lowtime's instruction).
     """
-    from lowtime.graph_utils import DependencyResolver, add_sink_node, add_source_node
-    from lowtime.perseus.instruction import Forward, backward_dep, forward_dep
-    from lowtime.perseus.instruction import Instruction as LtInstruction
+    from lowtime.graph_utils import add_sink_node, add_source_node
+    from lowtime.perseus.instruction import Forward
     from lowtime.perseus.schedule import Synchronous1F1B
 
     dag = nx.DiGraph()
     node_id = 2  # 0 and 1 are the dummy source and sink, as in the reference driver
     nodes: list[tuple[Instruction, object]] = []
+    ids: dict[Instruction, int] = {}
     for stage in range(stages):
-        ids = []
         for inst in Synchronous1F1B(num_stages=stages, num_micro_batches=microbatches,
                                      stage_id=stage, operation_spec_map=spec_map[stage]):  # type: ignore[arg-type]
             dag.add_node(node_id, op=inst)
             direction: Direction = "forward" if isinstance(inst, Forward) else "backward"
-            nodes.append((Instruction(stage, inst.micro_batch_id, direction), inst))
-            ids.append(node_id)
+            ins = Instruction(stage, inst.micro_batch_id, direction)
+            nodes.append((ins, inst))
+            ids[ins] = node_id
             node_id += 1
-        for a, b in zip(ids, ids[1:]):
-            dag.add_edge(a, b)
-    resolver = DependencyResolver(dependency_rules=[forward_dep, backward_dep],
-                                  node_type=LtInstruction)
-    data = list(dag.nodes(data=True))
-    for (id1, d1), (id2, d2) in itertools.product(data, data):
-        if resolver.is_dependent(d1["op"], d2["op"]):
-            dag.add_edge(id1, id2)
+    deps = dag_dependencies(stages, microbatches)
+    edges = sorted((ids[p], ids[ins]) for ins, preds in deps.items() for p in preds)
+    same_stage = {(ids[p], ids[ins]) for ins, preds in deps.items() for p in preds
+                  if p.stage == ins.stage}
+    dag.add_edges_from(e for e in edges if e in same_stage)
+    dag.add_edges_from(e for e in edges if e not in same_stage)
     add_source_node(dag, 0)
     add_sink_node(dag, 1)
     dag.graph["source_node"] = 0

@@ -43,8 +43,8 @@ from numpy.typing import NDArray
 
 from kareus.errors import InputError
 from kareus.frontier import hypervolume, pareto_indices
-from kareus.search.base import Evaluator, PartitionSpace, SearchResult
-from kareus.search.base import resolve_budget
+from kareus.optimizer.search.base import Evaluator, PartitionSpace, SearchResult
+from kareus.optimizer.search.base import resolve_budget
 
 #: Smallest initial design (and so the smallest budget) the surrogate accepts.
 MIN_INITIAL = 8

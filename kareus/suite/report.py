@@ -17,17 +17,15 @@ half-written file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
-from kareus.atomic import atomic_write_text
-from kareus.harness import OptimizerRun
+from kareus.atomic import atomic_path, atomic_write_text
 from kareus.plugins import Problem
-from kareus.records import frontier_object
+from kareus.suite.harness import OptimizerRun
+from kareus.suite.records import frontier_object
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
@@ -261,16 +259,9 @@ def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
 
 
 def _savefig(fig, path: Path) -> None:  # noqa: ANN001
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
+    """Save ``fig`` to ``path`` atomically (the format from its suffix)."""
+    with atomic_path(path, suffix=path.suffix) as tmp:
         fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun],

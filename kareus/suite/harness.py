@@ -17,17 +17,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kareus import frontier as fr
-from kareus.errors import InputError
+from kareus.errors import InputError, PluginError
 from kareus.plan import IterationPlan
 from kareus.plugins import Optimizer, Problem
-from kareus.records import Point
+from kareus.suite.records import Point
 
 #: Plans spread over each frontier in addition to the fastest one.
 SPREAD = 10
-
-
-class PluginError(InputError):
-    """An optimizer returned something the harness cannot evaluate."""
 
 
 @dataclass
@@ -187,28 +183,36 @@ def pick_within(run: OptimizerRun, *, time_budget_s: float | None = None,
     return min(ok, key=lambda p: (p.time_s, p.energy_j))
 
 
+def load_and_run(name: str, problem: Problem,
+                 on_plan: Callable[[int, int], None] | None = None) -> OptimizerRun:
+    """Load the registered optimizer ``name`` and run it on ``problem``. An unknown name is the
+    user's mistake and raises :class:`InputError`; a plugin that cannot even be imported is
+    recorded as failed, like one that fails while running. The suite's one plugin-loading path
+    (:func:`run_all`, :func:`kareus.suite.executors.run_task`)."""
+    from kareus.plugins import load_optimizer
+
+    try:
+        opt = load_optimizer(name)
+    except InputError:
+        raise
+    except Exception as e:  # broken plugin import: it fails alone
+        return OptimizerRun(name=name, status="failed",
+                            error=f"{type(e).__name__}: {e}".splitlines()[0])
+    return run_optimizer(name, opt, problem, on_plan)
+
+
 def run_all(problem: Problem, names: Sequence[str],
             on_start: Callable[[str], None] | None = None,
             on_plan: Callable[[str, int, int], None] | None = None,
             on_done: Callable[[OptimizerRun], None] | None = None) -> dict[str, OptimizerRun]:
     """Run registered optimizers by name, in order; a plugin that cannot even be loaded is
     recorded as failed like one that fails while running."""
-    from kareus.plugins import load_optimizer
-
     runs: dict[str, OptimizerRun] = {}
     for name in names:
         if on_start is not None:
             on_start(name)
-        try:
-            opt = load_optimizer(name)
-        except InputError:
-            raise  # an unknown name is the user's mistake, not the plugin's
-        except Exception as e:  # broken plugin import
-            runs[name] = OptimizerRun(name=name, status="failed",
-                                      error=f"{type(e).__name__}: {e}".splitlines()[0])
-        else:
-            cb = (lambda d, t, _n=name: on_plan(_n, d, t)) if on_plan else None
-            runs[name] = run_optimizer(name, opt, problem, cb)
+        cb = (lambda d, t, _n=name: on_plan(_n, d, t)) if on_plan else None
+        runs[name] = load_and_run(name, problem, cb)
         if on_done is not None:
             on_done(runs[name])
     return runs

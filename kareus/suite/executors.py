@@ -37,28 +37,29 @@ class CellTask:
 def run_task(task: CellTask) -> dict:
     """Run one cell and save its record (also returned). Plugin failures are recorded, not
     raised; a problem that cannot be built raises InputError."""
-    from kareus.harness import OptimizerRun, run_optimizer
-    from kareus.plugins import load_optimizer
-    from kareus.problem import make_problem
-    from kareus.store import ResultsStore, run_to_record
+    from kareus.suite.harness import load_and_run
+    from kareus.suite.problem import make_problem
+    from kareus.suite.store import ResultsStore, run_to_record
 
     problem = make_problem(task.workload, gpu=task.gpu, backend=task.backend, seed=task.seed,
                            options=dict(task.options), gpu_overrides=dict(task.gpu_overrides),
                            backend_options=dict(task.backend_options),
                            **{k: (tuple(v) if isinstance(v, list) else v)
                               for k, v in task.overrides.items() if v is not None})
-    try:
-        opt = load_optimizer(task.optimizer)
-    except InputError:
-        raise
-    except Exception as e:  # a plugin that cannot even be imported fails alone
-        run = OptimizerRun(name=task.optimizer, status="failed",
-                           error=f"{type(e).__name__}: {e}".splitlines()[0])
-    else:
-        run = run_optimizer(task.optimizer, opt, problem)
+    run = load_and_run(task.optimizer, problem)
     record = run_to_record(run, task.key)
     ResultsStore(task.store_root).save(task.config, task.optimizer, record)
     return record
+
+
+def check_settings(executor: str, jobs: int) -> None:
+    """Raise :class:`InputError` unless ``jobs`` is a positive integer and ``executor`` one of
+    :data:`EXECUTORS`. The one check of these settings (``reproduce.py`` calls it before any work,
+    :func:`execute` again)."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise InputError(f"--jobs must be a positive integer, got {jobs!r}")
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
 
 
 def execute(tasks: Sequence[CellTask], *, executor: str = "local", jobs: int = 1,
@@ -67,10 +68,7 @@ def execute(tasks: Sequence[CellTask], *, executor: str = "local", jobs: int = 1
     local process pool; ``executor="ray"`` submits to Ray (a running cluster if ``ray.init`` can
     find one, else a local instance with ``jobs`` CPUs). KeyboardInterrupt (SIGINT, or SIGTERM
     mapped to it by the caller) cancels what has not finished; finished cells are already saved."""
-    if executor not in EXECUTORS:
-        raise InputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
-    if not isinstance(jobs, int) or jobs < 1:
-        raise InputError(f"--jobs must be a positive integer, got {jobs!r}")
+    check_settings(executor, jobs)
     if executor == "ray":
         _execute_ray(tasks, jobs, on_done)
     elif jobs == 1 or len(tasks) <= 1:

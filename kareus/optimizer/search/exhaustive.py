@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kareus.search.base import Evaluator, SearchResult
+from kareus.optimizer.search.base import Evaluator, SearchResult
 
 
 class ExhaustiveSearch:

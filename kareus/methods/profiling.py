@@ -14,8 +14,8 @@ import pandas as pd
 from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.graph import Direction, IterationGraph
+from kareus.methods.tradeoff import Option, plans_from_steps, solve
 from kareus.plan import InstructionPlan, IterationPlan
-from kareus.tradeoff import Option, plans_from_steps, solve
 
 if TYPE_CHECKING:
     from kareus.plugins import Problem

@@ -23,10 +23,10 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from kareus.errors import InputError
+from kareus.methods.profiling import profile_instructions
+from kareus.methods.tradeoff import solve, solver_energy
 from kareus.plan import InstructionPlan
 from kareus.plugins import Problem
-from kareus.profiling import profile_instructions
-from kareus.tradeoff import solve, solver_energy
 
 #: The two methods the artifact's frontiers cover, and whether each runs nanobatched.
 METHODS = {"perseus": False, "nanobatch-perseus": True}

@@ -21,9 +21,9 @@ from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.frontier import pareto_indices, spread_indices
 from kareus.graph import Direction, IterationGraph, Partition
+from kareus.methods.tradeoff import Option
+from kareus.optimizer.search.base import SearchResult
 from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, PartitionSchedule
-from kareus.search.base import SearchResult
-from kareus.tradeoff import Option
 
 #: Cap on combinations kept per merge (spread over the front's time range); Pareto fronts of
 #: sums stay far below it in practice.

@@ -1,34 +1,13 @@
 """JSON records of the outside contract (``../shared/architecture.md``): points and frontier-like
-objects. Every command that prints or writes a frontier builds it here."""
+objects. Every command that prints or writes a frontier builds it here. :class:`Point` lives with
+the backend interface (:mod:`kareus.backends.base`), which produces the results it records."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from kareus.backends.base import IterationResult
+from kareus.backends.base import IterationResult, Point
 from kareus.hardware.presets import GPUPreset
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measured plan: iteration time (s) and whole-cluster energy (J)."""
-
-    time_s: float
-    energy_j: float
-    dynamic_energy_j: float
-    static_energy_j: float
-    plan_id: int = 0
-
-    @staticmethod
-    def from_result(result: IterationResult, plan_id: int = 0) -> "Point":
-        e = result.energy
-        return Point(e.time_s, e.total_j, e.dynamic_j, e.static_j, plan_id)
-
-    def to_dict(self) -> dict[str, float]:
-        return {"time_s": self.time_s, "energy_j": self.energy_j,
-                "dynamic_energy_j": self.dynamic_energy_j,
-                "static_energy_j": self.static_energy_j}
 
 
 def frontier_object(*, workload: str, optimizer: str, backend: str, gpu: str, num_gpus: int,

@@ -1,0 +1,211 @@
+"""Running a comparison: every (configuration, optimizer) cell, reused from the results store
+when it already finished, then each configuration's summary, tables and figures, and for a suite
+the cross-configuration tables (``tables.md``) and metadata, with a progress bar on stderr.
+``reproduce.py`` is the command line over this module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+#: The repository (the git commit recorded in a suite's metadata).
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_console(stderr: bool = False):  # noqa: ANN201
+    """A rich console (120 columns unless stdout is a terminal)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, width=120 if not sys.stdout.isatty() else None)
+
+
+def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
+             overrides: dict, gpu_overrides: dict, options: dict | None = None) -> dict:
+    """Everything that determines one cell's result."""
+    from kareus import __version__
+
+    return {"suite_version": __version__, "workload": workload, "gpu": gpu, "backend": backend,
+            "optimizer": optimizer, "options": dict(sorted((options or {}).items())),
+            "seed": seed,
+            "overrides": {k: (list(v) if isinstance(v, tuple) else v)
+                          for k, v in sorted(overrides.items()) if v is not None},
+            "gpu_overrides": dict(sorted(gpu_overrides.items()))}
+
+
+def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[str], seed: int,
+                *, force: bool = False, jobs: int = 1, executor: str = "local",
+                backend_options: dict | None = None) -> dict[str, dict]:
+    """Run (or reuse) every (configuration, optimizer) cell, then write each configuration's
+    results; returns the summaries by configuration label. Interrupted runs (SIGINT/SIGTERM)
+    write summaries of what finished, marking the rest, and re-raise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kareus.suite.executors import CellTask, execute
+    from kareus.suite.store import ResultsStore
+
+    store = ResultsStore(root)
+    records: dict[tuple[str, str], dict] = {}
+    tasks: list[CellTask] = []
+    for cfg in configs:
+        for name in names:
+            key = cell_key(cfg.workload, gpu, backend, name, seed, cfg.overrides,
+                            cfg.gpu_overrides)
+            old = None if force else store.load(cfg.label, name, key)
+            if old is not None:
+                records[(cfg.label, name)] = old
+            else:
+                tasks.append(CellTask(config=cfg.label, workload=cfg.workload, optimizer=name,
+                                      gpu=gpu, backend=backend, seed=seed, key=key,
+                                      store_root=str(root),
+                                      overrides={k: (list(v) if isinstance(v, tuple) else v)
+                                                 for k, v in cfg.overrides.items()},
+                                      gpu_overrides=dict(cfg.gpu_overrides),
+                                      backend_options=dict(backend_options or {})))
+    console = make_console(stderr=True)
+    reused = len(records)
+    if reused:
+        console.print(f"reusing {reused} finished cell(s); computing {len(tasks)}")
+    interrupted: BaseException | None = None
+    with Progress(TextColumn("{task.description:<58}"), BarColumn(bar_width=24),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("cells (configuration x optimizer)", total=len(tasks))
+
+        def done(task: CellTask, record: dict) -> None:
+            records[(task.config, task.optimizer)] = record
+            status = "ok" if record["status"] == "ok" else "FAILED"
+            progress.update(bar, advance=1,
+                            description=f"{task.config}: {task.optimizer} {status}")
+
+        try:
+            execute(tasks, executor=executor, jobs=jobs, on_done=done)
+        except KeyboardInterrupt as e:
+            interrupted = e
+    summaries = {}
+    for cfg in configs:
+        summaries[cfg.label] = _write_config(cfg, root / cfg.label, gpu, backend, names, seed,
+                                             records, store)
+    if interrupted is not None:
+        raise interrupted
+    return summaries
+
+
+def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], seed: int,  # noqa: ANN001
+                  records: dict, store) -> dict:  # noqa: ANN001
+    """Summary, tables and figures of one configuration from its cell records."""
+    from kareus import __version__
+    from kareus.suite import harness, report
+    from kareus.suite.problem import make_problem
+    from kareus.suite.store import record_to_run
+
+    problem = make_problem(cfg.workload, gpu=gpu, backend=backend, seed=seed,
+                           gpu_overrides=cfg.gpu_overrides,
+                           **{k: v for k, v in cfg.overrides.items() if v is not None})
+    runs = {}
+    for name in names:
+        rec = records.get((cfg.label, name))
+        runs[name] = record_to_run(rec) if rec is not None else harness.OptimizerRun(
+            name=name, status="missing", error="not run (the sweep was interrupted)")
+    complete = all(r.status != "missing" for r in runs.values())
+    summary = report.summary_object(problem, runs, harness.compare(runs),
+                                    suite_version=__version__, complete=complete)
+    with store.lock(cfg.label):
+        report.write_results(out_dir, summary, runs, report.timings_object(
+            runs, sum(r.wall_s for r in runs.values())))
+    return summary
+
+
+def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, out: Path,
+              force: bool, jobs: int = 1, executor: str = "local",
+              backend_options: dict | None = None) -> Path:
+    """Every configuration of a suite, then the suite's tables, figures and metadata."""
+    from kareus.suite import report
+    from kareus.suite.suites import PAPER_HEADLINES, get_suite
+
+    configs = get_suite(suite)
+    t0 = time.perf_counter()
+    summaries = run_configs(configs, out, gpu, backend, names, seed, force=force, jobs=jobs,
+                            executor=executor, backend_options=backend_options)
+    console = make_console(stderr=True)
+    import pandas as pd
+
+    frames = {label: pd.read_csv(out / label / "frontiers.csv") for label in summaries}
+    mt, fr_ = report.suite_tables(summaries)
+    title = f"suite {suite}, {gpu} ({backend})"
+    report.atomic_write_text(out / "max_throughput.csv", mt.to_csv(index=False))
+    report.atomic_write_text(out / "frontier.csv", fr_.to_csv(index=False))
+    focus = [n for n in ("perseus", "nanobatch-perseus", "kareus") if n in names]
+    mt_cols = ["config"] + [c for n in focus for c in (f"{n} ΔT %", f"{n} ΔE %") if c in mt]
+    fr_cols = ["config"] + [c for n in focus if n != "perseus"
+                            for c in (f"{n} iso-time ΔE %", f"{n} iso-energy ΔT %") if c in fr_]
+    fr_show = fr_[fr_cols].copy()
+    if {"nanobatch-perseus iso-time ΔE %", "kareus iso-time ΔE %"} <= set(fr_show.columns):
+        fr_show["Kareus ≥ NB-Perseus ≥ Perseus"] = [
+            "yes" if all(v is not None and v == v for v in (k1, k2, n1, n2))
+            and k1 >= n1 - 1e-9 and k2 >= n2 - 1e-9 and n1 >= 0 and n2 >= 0 else "no"
+            for k1, k2, n1, n2 in zip(fr_["kareus iso-time ΔE %"],
+                                      fr_["kareus iso-energy ΔT %"],
+                                      fr_["nanobatch-perseus iso-time ΔE %"],
+                                      fr_["nanobatch-perseus iso-energy ΔT %"])]
+    lines = [f"# Suite `{suite}` on {gpu} ({backend} backend)", "",
+             "Every optimizer's numbers are in max_throughput.csv and frontier.csv; the tables "
+             "below show the methods the paper compares.", "",
+             "## Max-throughput plan vs Megatron-LM (ΔT %, ΔE %; positive = reduction)", "",
+             report.format_pct_table(mt[mt_cols]), "",
+             "## Frontier vs Perseus (iso-time ΔE %, iso-energy ΔT %; n/a = not attainable)", "",
+             report.format_pct_table(fr_show), ""]
+    if suite == "paper" and "kareus" in names:
+        k_time = [v for v in fr_.get("kareus iso-time ΔE %", []) if v == v and v is not None]
+        k_energy = [v for v in fr_.get("kareus iso-energy ΔT %", []) if v == v and v is not None]
+        big = fr_[fr_.config.str.startswith("llama3.3-70b")]
+        lines += ["## Beside the paper's headline numbers", "",
+                  "| metric | paper | this suite |", "|---|---|---|",
+                  f"| best iso-time energy reduction vs Perseus | up to "
+                  f"{PAPER_HEADLINES['iso_time_energy_reduction_pct_max']} % | "
+                  f"{max(k_time):.1f} % |" if k_time else "",
+                  f"| best iso-energy time reduction vs Perseus | up to "
+                  f"{PAPER_HEADLINES['iso_energy_time_reduction_pct_max']} % | "
+                  f"{max(k_energy):.1f} % |" if k_energy else ""]
+        if not big.empty:
+            lines += [
+                f"| Llama 3.3 70B iso-time energy reduction | "
+                f"{PAPER_HEADLINES['llama3.3-70b_iso_time_energy_reduction_pct']} % | "
+                f"{big['kareus iso-time ΔE %'].iloc[0]:.1f} % |",
+                f"| Llama 3.3 70B iso-energy time reduction | "
+                f"{PAPER_HEADLINES['llama3.3-70b_iso_energy_time_reduction_pct']} % | "
+                f"{big['kareus iso-energy ΔT %'].iloc[0]:.1f} % |"]
+        lines.append("")
+    report.atomic_write_text(out / "tables.md", "\n".join(line for line in lines) + "\n")
+    report.plot_suite_frontiers(frames, out / "frontiers_grid.png", title)
+    report.plot_suite_breakdown(summaries, out / "energy_breakdown.png", title)
+    report.atomic_write_text(out / "metadata.json", json.dumps(
+        _metadata(suite, gpu, backend, names, time.perf_counter() - t0), indent=2) + "\n")
+    console.print(f"Suite {suite}: {len(configs)} configurations in "
+                  f"{time.perf_counter() - t0:.1f} s -> {out}")
+    make_console().print((out / "tables.md").read_text())
+    return out
+
+
+def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: float) -> dict:
+    import platform
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    from kareus import __version__
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    packages = {}
+    for pkg in ("numpy", "pandas", "scipy", "lowtime", "pymoo", "scikit-learn", "torch"):
+        try:
+            packages[pkg] = version(pkg)
+        except PackageNotFoundError:
+            packages[pkg] = None
+    return {"suite": suite, "suite_version": __version__, "git_commit": commit, "gpu": gpu,
+            "backend": backend, "optimizers": names, "python": platform.python_version(),
+            "packages": packages, "wall_s_this_run": round(wall_s, 1)}
