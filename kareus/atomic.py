@@ -15,6 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+#: Mode of a file written for the first time: readable by all, writable by its owner.
+_NEW_FILE_MODE = 0o644
+
+
 @contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path in ``path``'s folder (created if missing) to write the new file
@@ -26,6 +30,8 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        # mkstemp makes the file private (0600); give it the old file's mode, or a normal one
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else _NEW_FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -139,3 +139,16 @@ def test_check_failure_on_the_gpu_leaves_a_record(monkeypatch, tmp_path, capsys)
     rec = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rec["ok"] is False and rec["error"].startswith("failed: RuntimeError: CUDA error")
     assert "Traceback" in rec["traceback"] and "Traceback" in capsys.readouterr().err
+
+
+def test_atomic_writes_keep_a_files_mode(tmp_path):
+    """A new file is readable by all (not mkstemp's private 0600); a rewrite keeps the mode."""
+    import os
+    import stat
+
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"a": 1})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    os.chmod(path, 0o600)
+    write_json_atomic(path, {"a": 2})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
