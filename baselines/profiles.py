@@ -29,7 +29,7 @@ from kareus.frontier import pareto_indices
 from kareus.graph import Instruction, schedule_times
 from kareus.hardware.profile import check_clock_sweep
 from kareus.methods.profiling import profile_to_options
-from kareus.methods.tradeoff import evaluate_on_options, solve, solver_energy
+from kareus.methods.tradeoff import solve, solver_energy
 
 
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
@@ -63,21 +63,19 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
 
     Returns point records: ``time_s`` and ``energy_j`` as the authors' driver reports them (the
     solver's time, ``quant_time`` units, and its cost plus every stage's static power over that
-    time), solver ``iteration``, ``quant_time``, ``cost``, the plan replayed on the profile
-    (``replay_time_s``, ``replay_energy_j``: measured instruction times on the 1F1B DAG) and the
-    per-stage ``frequencies`` in 1F1B order. All steps in solver order with ``all_iterations``,
+    time), solver ``iteration``, ``quant_time``, ``cost`` and the per-stage ``frequencies`` in
+    1F1B order (replay them on the profile with :func:`kareus.methods.tradeoff.
+    evaluate_on_options` for measured-time views). All steps in solver order with ``all_iterations``,
     else the Pareto-optimal ones sorted by time.
     """
     options = profile_to_options(profile)
     points = []
     for step in solve(options, stages, microbatches, static_power_w, unit_time_s=unit_time_s,
                       prefilter=prefilter):  # type: ignore[arg-type]
-        t, e = evaluate_on_options(step, options, stages, microbatches, static_power_w)
         points.append({"time_s": step.real_time_s,
                        "energy_j": solver_energy(step, stages, static_power_w),
                        "iteration": step.iteration, "quant_time": step.quant_time,
-                       "cost": step.cost, "replay_time_s": t, "replay_energy_j": e,
-                       "frequencies": _frequencies(step.knobs)})
+                       "cost": step.cost, "frequencies": _frequencies(step.knobs)})
     if all_iterations:
         return points
     keep = pareto_indices([p["time_s"] for p in points], [p["energy_j"] for p in points])
