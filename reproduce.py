@@ -43,21 +43,15 @@ def _resolve_optimizers(optimizers: str | None) -> list[str]:
 
 
 def _print_tables(summary: dict) -> None:
-    from rich.table import Table
-
     from kareus.suite import report
+    from kareus.suite.tables import frame_table
 
     console = make_console()
     for title, frame in (("Max-throughput plan vs Megatron-LM (positive = reduction)",
                           report.max_throughput_table(summary)),
                          ("Frontier vs Perseus (n/a = not attainable)",
                           report.frontier_table(summary))):
-        table = Table(title=title)
-        for col in frame.columns:
-            table.add_column(str(col), justify="left" if col in ("optimizer", "status") else "right")
-        for _, row in frame.iterrows():
-            table.add_row(*("" if (isinstance(v, float) and v != v) else str(v) for v in row))
-        console.print(table)
+        console.print(frame_table(frame, title, left=("optimizer", "status")))
     for name, obj in summary["optimizers"].items():
         if obj["status"] != "ok":
             console.print(f"[red]{name} failed:[/red] {obj['error']}")

@@ -40,6 +40,13 @@ def build_workload(workload: str, **overrides: int | None):  # noqa: ANN201
     return make_workload(workload, **overrides)
 
 
+def render(*args: Any, **kwargs: Any) -> str:
+    """A table as text (:func:`kareus.suite.tables.render`, imported when first used)."""
+    from kareus.suite.tables import render as _render
+
+    return _render(*args, **kwargs)
+
+
 def _emit(obj: object, as_json: bool, text: Callable[[], str]) -> None:
     if as_json:
         click.echo(json.dumps(obj, indent=2, sort_keys=False))
@@ -71,15 +78,13 @@ def workloads(as_json: bool) -> None:
         })
 
     def text() -> str:
-        lines = [f"{'workload':14s} {'params':>7s} {'L':>3s} {'hidden':>6s} {'heads':>9s} "
-                 f"{'ffn':>6s} {'vocab':>7s} {'mlp':7s} default shape"]
-        for r in rows:
-            lines.append(
-                f"{r['name']:14s} {r['params_b']:6.2f}B {r['layers']:3d} {r['hidden']:6d} "
-                f"{r['heads']:4d}/{r['kv_heads']:<4d} {r['ffn']:6d} {r['vocab']:7d} "
-                f"{r['mlp'] + ('+qkn' if r['qk_norm'] else ''):7s} seq {r['seq']}, {r['default']}"
-            )
-        return "\n".join(lines)
+        return render(
+            ["workload", "params", "L", "hidden", "heads/kv", "ffn", "vocab", "mlp",
+             "default shape"],
+            ([r["name"], f"{r['params_b']:.2f}B", r["layers"], r["hidden"],
+              f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"],
+              r["mlp"] + ("+qkn" if r["qk_norm"] else ""), f"seq {r['seq']}, {r['default']}"]
+             for r in rows), left=("workload", "mlp", "default shape"))
 
     _emit(rows, as_json, text)
 
@@ -98,17 +103,14 @@ def gpus(as_json: bool) -> None:
         }
 
     def text() -> str:
-        lines = [f"{'gpu':16s} {'SMs':>4s} {'bf16 TF':>8s} {'clock MHz':>10s} {'HBM TB/s':>8s} "
-                 f"{'limit W':>7s} {'static W':>8s} {'knee':>6s}" + ("  (default)")]
-        for name, p in PRESETS.items():
-            lines.append(
-                f"{name:16s} {p.sms:4d} {p.peak_flops / 1e12:8.0f} "
-                f"{p.clock_min_mhz:4.0f}-{p.clock_max_mhz:<5.0f} {p.hbm_bw / 1e12:8.2f} "
-                f"{p.power_limit_w:7.0f} {p.static_power_w:8.2f} {p.knee_mhz:6.0f}"
-                + ("  *" if name == DEFAULT_GPU else "")
-            )
-        lines.append("Sources of every number: `kareus gpus --json`.")
-        return "\n".join(lines)
+        return render(
+            ["gpu", "SMs", "bf16 TF", "clock MHz", "HBM TB/s", "limit W", "static W", "knee",
+             "default"],
+            ([name, p.sms, f"{p.peak_flops / 1e12:.0f}",
+              f"{p.clock_min_mhz:.0f}-{p.clock_max_mhz:.0f}", f"{p.hbm_bw / 1e12:.2f}",
+              f"{p.power_limit_w:.0f}", f"{p.static_power_w:.2f}", f"{p.knee_mhz:.0f}",
+              "*" if name == DEFAULT_GPU else ""] for name, p in PRESETS.items()),
+            left=("gpu",), caption="Sources of every number: `kareus gpus --json`.")
 
     _emit(out, as_json, text)
 
@@ -236,15 +238,15 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                           points=run.frontier, evaluated_plans=len(run.points), **extra)
 
     def text() -> str:
-        lines = [f"{optimizer_name} on {problem.workload.name} ({g.num_gpus} x {problem.gpu.name}"
-                 f", {problem.backend.name}): {len(run.points)} plans, {len(run.frontier)} on "
-                 "the frontier", f"{'time s':>9s} {'energy kJ':>10s} {'dynamic':>9s} "
-                 f"{'static':>9s}"]
-        for p in run.frontier:
-            mark = "  <- choice" if chosen is not None and p.plan_id == chosen.plan_id else ""
-            lines.append(f"{p.time_s:9.4f} {p.energy_j / 1e3:10.3f} "
-                         f"{p.dynamic_energy_j / 1e3:9.3f} {p.static_energy_j / 1e3:9.3f}{mark}")
-        return "\n".join(lines)
+        return render(
+            ["time s", "energy kJ", "dynamic kJ", "static kJ", ""],
+            ([f"{p.time_s:.4f}", f"{p.energy_j / 1e3:.3f}", f"{p.dynamic_energy_j / 1e3:.3f}",
+              f"{p.static_energy_j / 1e3:.3f}",
+              "<- choice" if chosen is not None and p.plan_id == chosen.plan_id else ""]
+             for p in run.frontier),
+            title=f"{optimizer_name} on {problem.workload.name} ({g.num_gpus} x "
+                  f"{problem.gpu.name}, {problem.backend.name}): {len(run.points)} plans, "
+                  f"{len(run.frontier)} on the frontier", left=("",))
 
     _emit(obj, as_json, text)
 
@@ -307,12 +309,11 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
 
     def text() -> str:
         what = "solver steps" if kwargs.get("all_iterations") else "frontier points"
-        lines = [f"{optimizer} on {profile_path}: {len(points)} "
-                 f"{what if optimizer == 'perseus' else 'point'}",
-                 f"{'iter':>5s} {'time s':>9s} {'energy J':>11s}"]
-        lines += [f"{p.get('iteration', 1):5d} {p['time_s']:9.4f} {p['energy_j']:11.2f}"
-                  for p in points]
-        return "\n".join(lines)
+        return render(["iter", "time s", "energy J"],
+                      ([p.get("iteration", 1), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}"]
+                       for p in points),
+                      title=f"{optimizer} on {profile_path}: {len(points)} "
+                            f"{what if optimizer == 'perseus' else 'point'}")
 
     _emit(obj, as_json, text)
 
@@ -545,14 +546,12 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
            "calibration": calibration_path, "points": points}
 
     def text() -> str:
-        lines = [f"{len(points)} configurations of {spec_path} on {gpu} at "
-                 f"{'the default clock' if clock is None else f'{clock:.0f} MHz'}",
-                 f"{'start':>5s} {'end':>4s} {'SMs':>4s} {'block':>5s} {'time ms':>8s} "
-                 f"{'energy J':>9s}"]
-        lines += [f"{p['overlap_start']:5d} {p['overlap_end']:4d} {p['comm_sm_number']:4d} "
-                  f"{p['comm_block_size']:5d} {p['time_s'] * 1e3:8.3f} {p['energy_j']:9.4f}"
-                  for p in points]
-        return "\n".join(lines)
+        return render(["start", "end", "SMs", "block", "time ms", "energy J"],
+                      ([p["overlap_start"], p["overlap_end"], p["comm_sm_number"],
+                        p["comm_block_size"], f"{p['time_s'] * 1e3:.3f}",
+                        f"{p['energy_j']:.4f}"] for p in points),
+                      title=f"{len(points)} configurations of {spec_path} on {gpu} at "
+                            f"{'the default clock' if clock is None else f'{clock:.0f} MHz'}")
 
     _emit(obj, as_json, text)
 

@@ -141,3 +141,11 @@ def test_a_forbidden_import_is_caught(module, source):
 ])
 def test_an_allowed_import_passes(module, source):
     assert not violations(module, source)
+
+
+def test_tables_have_one_home():
+    """Printed tables come from kareus.suite.tables alone: nothing else builds a rich Table."""
+    owners = [module_name(p) for p in project_modules()
+              if any(m.startswith("rich.table") for _, m in imported_modules(
+                  module_name(p), p.read_text(), p.name == "__init__.py"))]
+    assert owners == ["kareus.suite.tables"]
