@@ -68,8 +68,6 @@ _ENERGY_PARAMS: tuple[tuple[str, str, float], ...] = (
 _CAP_SPAN_MHZ = 300.0
 #: The collective's own law: identified by the sequential window, where it runs alone.
 _COMM_ALONE = {"tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction"}
-#: Time residuals are weighted by ``(fastest time / time) ** this``.
-_FAST_WEIGHT = 0.0
 #: Weight of the penalty pulling log(work factor) towards 0 (relative-error units).
 _WORK_PRIOR = 0.02
 #: Function evaluations each least-squares stage may spend per free parameter: a fit on part of
@@ -231,8 +229,6 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     n = len(partition.compute)
     t_meas, e_meas = sweep.time_s, sweep.energy_j
     m = len(_TIME_PARAMS)
-    # Configurations near the fastest weigh more: they are the ones an optimizer picks.
-    weight = (t_meas.min() / t_meas) ** _FAST_WEIGHT
 
     def unpack_time(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
         law = {name: _decode(kind, v) for (name, kind, _), v in zip(_TIME_PARAMS, x)}
@@ -241,7 +237,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     def time_resid(x: NDArray) -> NDArray:
         law, work, host = unpack_time(x)
         t, _ = predict(partition, sweep.configs, gpu.with_overrides(**law), clock_mhz, work, host)
-        return np.concatenate([weight * (t / t_meas - 1), _WORK_PRIOR * np.log(work),
+        return np.concatenate([t / t_meas - 1, _WORK_PRIOR * np.log(work),
                                _WORK_PRIOR * np.log(host)])
 
     x0 = np.array([_encode(k, v) for _, k, v in _TIME_PARAMS] + [0.0] * (2 * n))
@@ -284,7 +280,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     def joint_resid(x: NDArray) -> NDArray:
         law, work, host = unpack(x)
         t, e = predict(partition, sweep.configs, gpu.with_overrides(**law), clock_mhz, work, host)
-        return np.concatenate([weight * (t / t_meas - 1), e / e_meas - 1,
+        return np.concatenate([t / t_meas - 1, e / e_meas - 1,
                                _WORK_PRIOR * np.log(work), _WORK_PRIOR * np.log(host)])
 
     res = least_squares(joint_resid, np.concatenate([best.x, p0]),  # type: ignore[union-attr]
