@@ -3,7 +3,8 @@
 A :class:`ModelSpec` is the architecture of one decoder-only transformer: everything the iteration
 graph needs to count FLOPs and bytes, and everything the torch implementation in
 :mod:`workloads.torch_model` needs to build the same block. Shapes come from the models' published
-configurations (GPT-3 paper, Table 2.1; Llama 3.2 / 3.3 and Qwen 3 ``config.json`` files).
+configurations (GPT-3 paper, Table 2.1; Llama 3.2 / 3.3 and Qwen 3 ``config.json`` files); any other
+dense decoder comes from its own ``config.json`` (:mod:`workloads.hf_config`).
 """
 
 from __future__ import annotations
@@ -119,10 +120,16 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def get_model(name: str) -> ModelSpec:
-    """Look a model up by name; raises :class:`WorkloadError` naming the valid choices."""
-    try:
+    """A built-in model by name, or the model of a Hugging Face ``config.json`` (a path to it or
+    its folder; see :mod:`workloads.hf_config`). Raises :class:`WorkloadError` (one line) naming
+    the valid choices or what is wrong with the file."""
+    if name in MODELS:
         return MODELS[name]
-    except KeyError:
-        raise WorkloadError(
-            f"unknown workload {name!r}; choose one of: {', '.join(MODELS)}"
-        ) from None
+    from workloads.hf_config import load_model, looks_like_path
+
+    if looks_like_path(name):
+        return load_model(name)
+    raise WorkloadError(
+        f"unknown workload {name!r}; choose one of: {', '.join(MODELS)}, or give the path of a "
+        "Hugging Face config.json (or its folder)"
+    )

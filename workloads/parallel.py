@@ -2,7 +2,8 @@
 
 The default shape of every workload is the Kareus paper's testbed (2 nodes x 8 A100): PP=2, TP=8,
 micro-batch size 8, 8 microbatches, the model's native sequence length and full activation
-recomputation.
+recomputation. A model whose heads, KV heads or FFN width TP=8 does not divide (a Hugging Face
+config, e.g. GPT-2's 12 heads) gets TP halved until it divides them all (GPT-2: TP=4).
 """
 
 from __future__ import annotations
@@ -150,6 +151,15 @@ class Workload:
             if b > gpu_memory_bytes
         ]
 
+    def memory_warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
+        """:meth:`check_fits`'s messages to print as warnings; with ``strict`` (``--strict``) a
+        workload that does not fit raises :class:`WorkloadError` (one line with the estimate)."""
+        fits = self.check_fits(gpu_memory_bytes)
+        if fits and strict:
+            raise WorkloadError(f"{self.name} does not fit in GPU memory (--strict): "
+                                f"{'; '.join(fits)}; raise TP/PP or lower the micro-batch size")
+        return fits
+
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
@@ -202,6 +212,13 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             )
 
 
+def default_tp(model: ModelSpec, tp: int) -> int:
+    """``tp``, halved until it divides the model's heads, KV heads and FFN width (1 at worst)."""
+    while tp > 1 and math.gcd(model.heads, model.kv_heads, model.ffn) % tp:
+        tp //= 2
+    return tp
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -219,9 +236,11 @@ def make_workload(
     recompute: bool | None = None,
     layer_split: tuple[int, ...] | None = None,
 ) -> Workload:
-    """Build a validated workload: the paper's testbed shape with the given overrides."""
+    """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
+    is a built-in model or a Hugging Face config path (:func:`workloads.models.get_model`)."""
     model = get_model(name)
     parallel = ParallelConfig(seq=model.native_seq)
+    parallel = replace(parallel, tp=default_tp(model, parallel.tp))
     overrides = {
         k: v
         for k, v in dict(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, seq=seq,

@@ -1,0 +1,242 @@
+"""A Hugging Face ``config.json`` as a :class:`~workloads.models.ModelSpec`.
+
+``-w PATH`` (a ``config.json`` or a folder holding one) names a model the suite does not ship. The
+file is read with transformers' ``AutoConfig`` (the optional extra ``.[hf]``; nothing is
+downloaded: ``local_files_only``) and mapped to the fields the iteration graph and the torch model
+use. Supported are dense decoder-only families:
+
+- ``llama``, ``mistral``, ``qwen2``, ``qwen3``: RMSNorm, RoPE, SwiGLU (``hidden_act`` silu),
+  grouped-query attention; ``qwen3`` adds the per-head QK RMSNorm. Ignored, as they change neither
+  the shapes nor (measurably) the work: the QKV bias of ``qwen2`` and ``attention_bias`` /
+  ``mlp_bias`` of ``llama`` (the spec counts no biases for these families), RoPE scaling, and the
+  sliding window of ``mistral`` / ``qwen2`` (attention is costed as full causal attention).
+- ``gpt2``: ``n_embd``, ``n_head``, ``n_layer``, ``n_inner`` (``None``: 4 x ``n_embd``),
+  learned positions (no RoPE), LayerNorm, GELU, biases, tied embeddings.
+- ``gpt_neox``: LayerNorm, GELU, biases, rotary embeddings (a partial rotary fraction counts as
+  RoPE), ``tie_word_embeddings``. The parallel residual (``use_parallel_residual``) is ignored:
+  the layer is costed and built as the sequential pre-norm block, which has the same matrices.
+
+``head_dim`` is the config's when it gives one, else ``hidden_size / num_attention_heads``;
+``num_key_value_heads`` defaults to the number of heads (no GQA).
+
+Default sequence length (``native_seq``): ``min(max_position_embeddings, 4096)``, i.e. the
+model's context when it is short (GPT-2: 1024) and 4096 otherwise (Llama 3.2 3B: 131072 -> 4096,
+the built-in ``llama3.2-3b``'s default). ``--seq`` overrides it.
+
+Name: the last component of the config's ``_name_or_path`` when it has one, else the folder
+holding the file (a hub cache snapshot ``models--org--name/snapshots/<hash>`` gives ``name``),
+else the file's stem; lower-cased, with characters other than letters, digits, ``.``, ``_`` and
+``-`` replaced by ``-``, and ``-hf`` appended when it would equal a built-in model's name (so its
+results never overwrite the built-in's ``results/<name>/``).
+
+Refused with one line naming what is unsupported: mixture-of-experts models, encoder-decoder
+models, and every other ``model_type``. Missing files, malformed JSON and missing, non-positive or
+contradictory sizes are refused the same way (:class:`WorkloadError`, exit status 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from workloads.errors import WorkloadError
+from workloads.models import MODELS, ModelSpec
+
+#: The ``model_type`` values this module maps.
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
+#: Families whose MLP is gated (gate, up, down) with RMSNorm and RoPE.
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+#: Keys that only mixture-of-experts configs carry.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "moe_layer_freq", "n_shared_experts")
+#: The default sequence length is the model's context, capped at this many tokens.
+NATIVE_SEQ_CAP = 4096
+#: Pip's name for the optional dependency.
+EXTRA_HINT = "pip install -e '.[hf]'"
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` (not a built-in model) names a file or folder rather than a model."""
+    return os.sep in name or "/" in name or name.endswith(".json") or Path(name).exists()
+
+
+def config_file(path: str | os.PathLike[str]) -> Path:
+    """The ``config.json`` that ``path`` names (itself, or the one in the folder ``path``)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise WorkloadError(f"folder {path} holds no config.json")
+        return p / "config.json"
+    if not p.is_file():
+        raise WorkloadError(f"config file {path} does not exist")
+    return p
+
+
+def workload_ref(name: str) -> str:
+    """What to store to rebuild ``name``'s workload in another process or a later run: a built-in
+    model's name as is, a config path as the absolute path of its ``config.json``."""
+    if name in MODELS or not looks_like_path(name):
+        return name
+    return str(config_file(name).resolve())
+
+
+def read_raw(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """The config file ``path`` names and its JSON object (raises :class:`WorkloadError`)."""
+    file = config_file(path)
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"cannot read {file}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{file} is not a JSON object (a model config)")
+    return file, raw
+
+
+def refusal(raw: dict[str, Any]) -> str | None:
+    """Why the architecture ``raw`` describes is unsupported (``None``: it is supported)."""
+    model_type = raw.get("model_type")
+    if raw.get("is_encoder_decoder"):
+        return f"encoder-decoder models are not supported (model_type {model_type!r})"
+    moe = [k for k in _MOE_KEYS if raw.get(k)]
+    if moe or (isinstance(model_type, str) and re.search(r"moe|mixtral|deepseek|dbrx", model_type)):
+        why = f"{moe[0]} = {raw[moe[0]]}" if moe else f"model_type {model_type!r}"
+        return f"mixture of experts is not supported ({why}); dense decoders only"
+    if not isinstance(model_type, str) or not model_type:
+        return f"no model_type given; supported: {', '.join(SUPPORTED)}"
+    if model_type not in SUPPORTED:
+        return f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
+    return None
+
+
+def model_name(file: Path, raw: dict[str, Any]) -> str:
+    """The derived model's name (rule in the module docstring)."""
+    given = raw.get("_name_or_path")
+    base = ""
+    if isinstance(given, str) and given.strip("/\\ "):
+        base = re.split(r"[/\\]", given.strip("/\\ "))[-1]
+    elif file.name == "config.json":
+        folder = file.resolve().parent
+        base = folder.name
+        if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+            base = folder.parent.parent.name.split("--")[-1]
+    if not base:
+        base = file.stem
+    name = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip(".-") or "hf-model"
+    return f"{name}-hf" if name in MODELS else name
+
+
+def load_model(path: str | os.PathLike[str]) -> ModelSpec:
+    """The :class:`ModelSpec` of the Hugging Face config ``path`` (a file or its folder).
+
+    Raises :class:`WorkloadError` (one line) for a missing or malformed file, an unsupported
+    architecture, missing / non-positive / contradictory sizes, or transformers not installed.
+    """
+    file, raw = read_raw(path)
+    why = refusal(raw)
+    if why:
+        raise WorkloadError(f"{file}: {why}")
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        raise WorkloadError(f"reading a Hugging Face config needs transformers: {EXTRA_HINT}") \
+            from None
+    model_type = raw["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        import transformers
+
+        raise WorkloadError(f"{file}: transformers {transformers.__version__} does not know "
+                            f"model_type {model_type!r}; upgrade it: {EXTRA_HINT}")
+    _check_raw(file, raw, CONFIG_MAPPING[model_type].attribute_map)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its warnings (e.g. token ids) are not about the shapes
+    try:
+        cfg = AutoConfig.from_pretrained(str(file), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers' validators raise many kinds
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        raise WorkloadError(f"{file}: transformers rejects it: "
+                            f"{lines[-1] if lines else type(e).__name__}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return _spec(file, raw, cfg)
+
+
+def _check_raw(file: Path, raw: dict[str, Any], alias: dict[str, str]) -> None:
+    """Sizes the file gives must be positive integers that divide as attention needs, checked
+    before transformers (some of its versions divide by them, or accept them silently)."""
+    def get(field: str) -> tuple[str, Any]:
+        key = alias.get(field, field)
+        return key, raw.get(key)
+
+    for field, optional in (("hidden_size", False), ("num_attention_heads", False),
+                            ("num_hidden_layers", False), ("vocab_size", False),
+                            ("num_key_value_heads", True), ("head_dim", True),
+                            ("intermediate_size", True), ("n_inner", True),
+                            ("max_position_embeddings", True)):
+        key, value = get(field)
+        if value is None and (optional or key not in raw):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise WorkloadError(f"{file}: {key} must be a positive integer, got {value!r}")
+    (hk, hidden), (ak, heads), (kk, kv) = (get("hidden_size"), get("num_attention_heads"),
+                                           get("num_key_value_heads"))
+    if heads is not None and kv is not None and heads % kv:
+        raise WorkloadError(f"{file}: {ak} = {heads} is not divisible by {kk} = {kv}")
+    if raw.get("head_dim") is None and hidden is not None and heads is not None and hidden % heads:
+        raise WorkloadError(f"{file}: {hk} = {hidden} is not divisible by {ak} = {heads} "
+                            "(and no head_dim is given)")
+
+
+def _spec(file: Path, raw: dict[str, Any], cfg: Any) -> ModelSpec:
+    """Map a transformers config of a supported family to a validated :class:`ModelSpec`."""
+    family = cfg.model_type
+    hidden, heads = cfg.hidden_size, cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) if raw.get("head_dim") is not None else None
+    if head_dim is None:
+        if hidden % heads:
+            raise WorkloadError(f"{file}: hidden size {hidden} is not divisible by {heads} "
+                                "attention heads (and no head_dim is given)")
+        head_dim = hidden // heads
+    context = getattr(cfg, "max_position_embeddings", None) or NATIVE_SEQ_CAP
+    common: dict[str, Any] = dict(
+        name=model_name(file, raw), hidden=hidden, heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
+        native_seq=min(context, NATIVE_SEQ_CAP),
+        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)))
+    if family in _LLAMA_LIKE:
+        act = getattr(cfg, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise WorkloadError(f"{file}: hidden_act {act!r} is not supported for {family} "
+                                "(gated MLP: SwiGLU, silu, only)")
+        spec = ModelSpec(**common, ffn=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm",
+                         qk_norm=family == "qwen3", rope=True)
+    else:  # gpt2, gpt_neox
+        act = getattr(cfg, "activation_function" if family == "gpt2" else "hidden_act", "gelu")
+        if not str(act).startswith("gelu"):
+            raise WorkloadError(f"{file}: activation {act!r} is not supported for {family} "
+                                "(GELU only)")
+        ffn = (cfg.n_inner or 4 * hidden) if family == "gpt2" else cfg.intermediate_size
+        spec = ModelSpec(**common, ffn=ffn, mlp="gelu", norm="layernorm",
+                         rope=family == "gpt_neox")
+    _check_spec(file, spec)
+    return spec
+
+
+def _check_spec(file: Path, m: ModelSpec) -> None:
+    """Every size positive, and KV heads dividing heads (also for values from the defaults)."""
+    for field in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "layers", "vocab",
+                  "native_seq"):
+        value = getattr(m, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise WorkloadError(f"{file}: {field} must be a positive integer, got {value!r}")
+    if m.heads % m.kv_heads:
+        raise WorkloadError(f"{file}: {m.heads} attention heads are not divisible by "
+                            f"{m.kv_heads} key/value heads")
