@@ -3,13 +3,16 @@
 
     python reproduce.py --workload gpt3-xl
     python reproduce.py --workload llama3.2-3b --tp 4 --cp 2 --optimizers megatron,perseus
+    python reproduce.py --workload path/to/config.json     # any dense decoder ('.[hf]' extra)
     python reproduce.py --suite paper [--gpu h100-sxm]      # the paper's configurations
     python reproduce.py --suite static-sweep | scale        # what-if studies
 
-A single workload writes results/<workload>/ (summary.json, frontiers.csv, comparison.md,
+A single workload writes results/<workload>/ (for a config.json, the derived model's name; see
+workloads/hf_config.py) (summary.json, frontiers.csv, comparison.md,
 frontiers.png, energy_breakdown.png). A suite writes results/<suite>[-<gpu>]/ with one such folder
 per configuration plus the cross-configuration tables and figures; finished configurations are
-reused on a rerun (``--force`` recomputes). Exit status 0 on success, 2 on bad input, 1 on
+reused on a rerun (``--force`` recomputes). ``--strict`` refuses a configuration whose estimated
+memory exceeds the GPU's (otherwise a warning). Exit status 0 on success, 2 on bad input, 1 on
 internal failure.
 """
 
@@ -19,12 +22,17 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kareus.errors import InputError
 from kareus.hardware.presets import DEFAULT_GPU
 from kareus.suite.sweep import make_console, run_configs, run_suite
+
+if TYPE_CHECKING:
+    from kareus.hardware.presets import GPUPreset
+    from workloads import Workload
 
 ROOT = Path(__file__).resolve().parent
 
@@ -58,7 +66,9 @@ def _print_tables(summary: dict) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--workload", "-w", default=None, help="Workload name (see `kareus workloads`).")
+@click.option("--workload", "-w", default=None,
+              help="Workload name (see `kareus workloads`), or a Hugging Face config.json or the "
+                   "folder holding one (pip install -e '.[hf]').")
 @click.option("--suite", default=None, help="paper | static-sweep | scale | smoke")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
 @click.option("--backend", default="sim", show_default=True, help="sim | gpu")
@@ -79,16 +89,18 @@ def _print_tables(summary: dict) -> None:
 @click.option("--mbs", type=int, default=None)
 @click.option("--seq", type=int, default=None)
 @click.option("--microbatches", type=int, default=None)
+@click.option("--strict", is_flag=True,
+              help="Refuse (exit 2) a layout whose estimated memory exceeds the GPU's, instead "
+                   "of warning.")
 def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimizers: str | None,
         out: str | None, seed: int, force: bool, jobs: int, executor: str,
-        allow_clock_control: bool, **overrides: int | None) -> None:
+        allow_clock_control: bool, strict: bool, **overrides: int | None) -> None:
     """Run every built-in optimizer on a workload (or a suite) and print the comparison tables."""
-    from kareus.hardware.presets import get_preset
-    from kareus.suite.suites import get_suite
-
     from kareus.backends import make_backend
-
+    from kareus.hardware.presets import get_preset
     from kareus.suite.executors import check_settings
+    from kareus.suite.suites import get_suite
+    from workloads import make_workload, workload_ref
 
     backend_options = {"allow_clock_control": True} if allow_clock_control else {}
     make_backend(backend, get_preset(gpu), **backend_options)  # validate before any work
@@ -98,29 +110,36 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "
                              "parallelism overrides")
-        get_suite(suite)
+        for cfg in get_suite(suite):
+            _check_memory(make_workload(cfg.workload, **cfg.overrides),
+                          get_preset(gpu).with_overrides(**cfg.gpu_overrides)
+                          if cfg.gpu_overrides else get_preset(gpu), strict)
         default = ROOT / "results" / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
         run_suite(suite, gpu, backend, names, seed, Path(out) if out else default, force,
                   jobs, executor, backend_options)
         return
     if workload is None:
         raise InputError("give --workload NAME (see `kareus workloads`) or --suite paper")
-    from workloads import get_model
-
-    get_model(workload)
     from kareus.suite.suites import SuiteConfig
-    from workloads import make_workload
 
+    ref = workload_ref(workload)  # a config path, absolute: cells rebuild it in any process
     clean = {k: v for k, v in overrides.items() if v is not None}
-    make_workload(workload, **clean)  # validate before any work
-    out_dir = Path(out) if out else ROOT / "results" / workload
+    w = make_workload(ref, **clean)  # validate before any work
+    _check_memory(w, get_preset(gpu), strict)
+    out_dir = Path(out) if out else ROOT / "results" / w.name
     t0 = time.perf_counter()
-    cfg = SuiteConfig(label=out_dir.name, workload=workload, overrides=clean)
+    cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
                           jobs=jobs, executor=executor,
                           backend_options=backend_options)[cfg.label]
     _print_tables(summary)
     make_console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
+
+
+def _check_memory(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:
+    """Warn on stderr when ``w`` does not fit ``gpu``'s memory; refuse it with ``strict``."""
+    for message in w.memory_warnings(gpu.memory_bytes, strict):
+        click.echo(f"warning: {w.name}: {message}", err=True)
 
 
 def _sigterm(signum: int, frame: object) -> None:

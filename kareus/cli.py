@@ -16,10 +16,24 @@ import click
 from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
 
 
+WORKLOAD_HELP = ("Model name (see `kareus workloads`), or a Hugging Face config.json or the folder "
+                 "holding one (needs the extra: pip install -e '.[hf]').")
+STRICT_OPTION = click.option(
+    "--strict", is_flag=True,
+    help="Refuse (exit 2) a layout whose estimated memory exceeds the GPU's, instead of warning.")
+
+
+def warn(messages: list[str]) -> None:
+    """Print each memory warning on stderr (one line each)."""
+    for m in messages:
+        click.echo(f"warning: {m}", err=True)
+
+
 def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--workload`` and the parallelism overrides shared by every command taking a workload."""
+    """``--workload``, the parallelism overrides and ``--strict``, shared by every command taking
+    a workload (``strict`` is passed as its own argument, the overrides as keywords)."""
     options = [
-        click.option("--workload", "-w", required=True, help="Model name (see `kareus workloads`)."),
+        click.option("--workload", "-w", required=True, help=WORKLOAD_HELP),
         click.option("--tp", type=int, default=None, help="Tensor-parallel degree."),
         click.option("--cp", type=int, default=None, help="Context-parallel degree."),
         click.option("--pp", type=int, default=None, help="Pipeline stages."),
@@ -27,6 +41,7 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--mbs", type=int, default=None, help="Micro-batch size."),
         click.option("--seq", type=int, default=None, help="Sequence length (tokens)."),
         click.option("--microbatches", type=int, default=None, help="Microbatches per iteration."),
+        STRICT_OPTION,
     ]
     for opt in reversed(options):
         f = opt(f)
@@ -60,10 +75,17 @@ def cli() -> None:
 
 
 @cli.command()
+@click.option("--show", "show", default=None, metavar="NAME|PATH",
+              help="Show one workload's derived shape: a built-in name, or a Hugging Face "
+                   "config.json or its folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def workloads(as_json: bool) -> None:
-    """List the workloads and their default (paper testbed) shape."""
+def workloads(show: str | None, as_json: bool) -> None:
+    """List the workloads and their default (paper testbed) shape, or --show one."""
     from workloads import MODELS, make_workload
+
+    if show is not None:
+        _show_workload(show, as_json)
+        return
 
     rows = []
     for name, m in MODELS.items():
@@ -87,6 +109,36 @@ def workloads(as_json: bool) -> None:
              for r in rows), left=("workload", "mlp", "default shape"))
 
     _emit(rows, as_json, text)
+
+
+def _show_workload(name: str, as_json: bool) -> None:
+    """``kareus workloads --show``: the model's fields, parameters and default parallel shape."""
+    from dataclasses import asdict
+
+    from workloads import MODELS, make_workload, workload_ref
+
+    w = make_workload(name)
+    m, p = w.model, w.parallel
+    obj = {
+        "name": w.name, "source": None if name in MODELS else workload_ref(name),
+        "model": asdict(m), "params": m.total_params(),
+        "default_parallel": {k: getattr(p, k) for k in ("tp", "cp", "pp", "dp", "mbs",
+                                                        "microbatches", "seq", "recompute")},
+        "num_gpus": p.num_gpus, "stage_layers": list(w.stage_layers()),
+    }
+
+    def text() -> str:
+        rows = [["source", obj["source"] or "built-in"]]
+        rows += [[k, v] for k, v in obj["model"].items()]
+        rows += [["params", f"{m.total_params() / 1e9:.3f}B ({m.total_params():,})"],
+                 ["default shape",
+                  f"TP{p.tp} PP{p.pp} CP{p.cp} DP{p.dp} MBS{p.mbs} x{p.microbatches}, "
+                  f"seq {p.seq} ({p.num_gpus} GPUs, layers "
+                  f"{'+'.join(map(str, w.stage_layers()))})"]]
+        return render(["field", "value"], rows, title=f"workload {w.name}",
+                      left=("field", "value"))
+
+    _emit(obj, as_json, text)
 
 
 @cli.command()
@@ -119,7 +171,8 @@ def gpus(as_json: bool) -> None:
 @workload_options
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
-def simulate(workload: str, gpu: str, as_json: bool, **overrides: int | None) -> None:
+def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
+             **overrides: int | None) -> None:
     """Simulate one iteration of the default (Megatron-LM) plan: max clock, no overlap."""
     from kareus.backends.sim import SimulatorBackend
     from kareus.plan import IterationPlan
@@ -128,7 +181,7 @@ def simulate(workload: str, gpu: str, as_json: bool, **overrides: int | None) ->
 
     preset = get_preset(gpu)
     w = build_workload(workload, **overrides)
-    fits = w.check_fits(preset.memory_bytes)
+    fits = w.memory_warnings(preset.memory_bytes, strict)
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
     result = sim.evaluate_plan(graph, IterationPlan.uniform(graph, preset.clock_max_mhz,
@@ -189,7 +242,7 @@ def optimizers(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
-             allow_clock_control: bool, export_dir: str | None, as_json: bool,
+             allow_clock_control: bool, export_dir: str | None, strict: bool, as_json: bool,
              **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
@@ -206,6 +259,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                            backend_options={"allow_clock_control": True}
                            if allow_clock_control else None,
                            **{k: v for k, v in overrides.items() if v is not None})
+    warn(problem.workload.memory_warnings(problem.gpu.memory_bytes, strict))
     opt = load_optimizer(optimizer_name)
     run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
@@ -355,7 +409,9 @@ def envpipe(profile_path: str, stages: int, microbatches: int, p_static: float, 
 @click.option("--gpu-measure", is_flag=True,
               help="Measure a profile on this machine's GPU first (GPU backend), then fit.")
 @click.option("--workload", "-w", default="qwen3-1.7b", show_default=True,
-              help="--gpu-measure: workload to profile.")
+              help="--gpu-measure: workload to profile (a name, or a Hugging Face config.json "
+                   "or its folder).")
+@STRICT_OPTION
 @click.option("--layers", type=int, default=None, help="--gpu-measure: layers to run per stage.")
 @click.option("--clocks", default=None, help="--gpu-measure: comma-separated clocks, MHz.")
 @click.option("--out", "out_path", default=None,
@@ -372,7 +428,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
               static_power: float | None, power_limit: float | None, gpu_measure: bool,
               workload: str, layers: int | None, clocks: str | None, out_path: str | None,
               partitions: bool, figure_path: str | None, allow_clock_control: bool,
-              as_json: bool) -> None:
+              strict: bool, as_json: bool) -> None:
     """Fit a preset's clock->time and clock->power curves to a measured profile (or measure one
     on this machine's GPU with --gpu-measure), or fit the partition law to a measured partition
     sweep (--partition-sweep)."""
@@ -401,7 +457,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     if gpu_measure:
         report = _gpu_measure(get_preset(gpu), workload, layers, clocks,
                               out_path or "results/calibration", partitions,
-                              allow_clock_control, static_power)
+                              allow_clock_control, static_power, strict)
         _emit(report, as_json, lambda: json.dumps(report, indent=2))
         return
     if profile_path is None:
@@ -557,8 +613,8 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
 
 
 def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | None,
-                 out_dir: str, partitions: bool, allow: bool, static_power: float | None
-                 ) -> dict:
+                 out_dir: str, partitions: bool, allow: bool, static_power: float | None,
+                 strict: bool = False) -> dict:
     """``kareus calibrate --gpu-measure``: profile on the GPU backend, fit, report the error."""
     from kareus.errors import InputError
 
@@ -575,9 +631,10 @@ def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | N
     from kareus.backends.gpu.measure import MeasureConfig
     from kareus.backends.gpu.serialize import reduced_workload
 
+    w = reduced_workload(workload, layers) if layers else build_workload(workload)
+    warn(w.memory_warnings(preset.memory_bytes, strict))
     backend = GPUBackend.create(preset, allow_clock_control=allow, static_power_w=static_power,
                                 measure=MeasureConfig(window_s=5, cooldown_s=5))
-    w = reduced_workload(workload, layers) if layers else build_workload(workload)
     return gpu_measure(backend, w, out_dir, clocks_mhz=clock_list, nanobatched=False, ops=True,
                        partitions=partitions)
 

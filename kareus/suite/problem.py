@@ -16,13 +16,18 @@ def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0
                  backend_options: dict[str, object] | None = None, **overrides: object) -> Problem:
     """Validated problem: workload with parallelism overrides, its graph, the backend, the
     default knob space of the GPU (whose parameters ``gpu_overrides`` may change, e.g. the static
-    power of a what-if study). Raises InputError / WorkloadError on bad input."""
+    power of a what-if study). ``workload`` is a model name or a Hugging Face config path
+    (:func:`workloads.get_model`). A backend that runs a workload rather than a graph (the GPU
+    backend's ``bind``) is handed it, so it never has to recover the model from the graph's name.
+    Raises InputError / WorkloadError on bad input."""
     preset = get_preset(gpu)
     if gpu_overrides:
         preset = preset.with_overrides(**gpu_overrides)
     w = make_workload(workload, **overrides)  # type: ignore[arg-type]
     knobs = KnobSpace.default(preset)
     knobs.validate(preset)
-    return Problem(workload=w, graph=build_iteration_graph(w),
-                   backend=make_backend(backend, preset, **(backend_options or {})),
-                   gpu=preset, knobs=knobs, seed=seed, options=dict(options or {}))
+    runner = make_backend(backend, preset, **(backend_options or {}))
+    bind = getattr(runner, "bind", None)
+    graph = bind(w) if callable(bind) else build_iteration_graph(w)
+    return Problem(workload=w, graph=graph, backend=runner, gpu=preset, knobs=knobs, seed=seed,
+                   options=dict(options or {}))

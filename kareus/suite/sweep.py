@@ -23,16 +23,31 @@ def make_console(stderr: bool = False):  # noqa: ANN201
 
 
 def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
-             overrides: dict, gpu_overrides: dict, options: dict | None = None) -> dict:
-    """Everything that determines one cell's result."""
+             overrides: dict, gpu_overrides: dict, options: dict | None = None,
+             model: dict | None = None) -> dict:
+    """Everything that determines one cell's result. ``model``: the fields of a model read from a
+    config file (``workload`` is then its path), so that editing the file invalidates the cell;
+    built-in models leave it out (their name determines them)."""
     from kareus import __version__
 
-    return {"suite_version": __version__, "workload": workload, "gpu": gpu, "backend": backend,
-            "optimizer": optimizer, "options": dict(sorted((options or {}).items())),
-            "seed": seed,
-            "overrides": {k: (list(v) if isinstance(v, tuple) else v)
-                          for k, v in sorted(overrides.items()) if v is not None},
-            "gpu_overrides": dict(sorted(gpu_overrides.items()))}
+    key = {"suite_version": __version__, "workload": workload, "gpu": gpu, "backend": backend,
+           "optimizer": optimizer, "options": dict(sorted((options or {}).items())),
+           "seed": seed,
+           "overrides": {k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in sorted(overrides.items()) if v is not None},
+           "gpu_overrides": dict(sorted(gpu_overrides.items()))}
+    if model is not None:
+        key["model"] = model
+    return key
+
+
+def model_fields(workload: str) -> dict | None:
+    """The fields of ``workload``'s model when it comes from a config file (``None``: built-in)."""
+    from dataclasses import asdict
+
+    from workloads import MODELS, get_model
+
+    return None if workload in MODELS else asdict(get_model(workload))
 
 
 def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[str], seed: int,
@@ -50,9 +65,10 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     records: dict[tuple[str, str], dict] = {}
     tasks: list[CellTask] = []
     for cfg in configs:
+        model = model_fields(cfg.workload)
         for name in names:
             key = cell_key(cfg.workload, gpu, backend, name, seed, cfg.overrides,
-                            cfg.gpu_overrides)
+                           cfg.gpu_overrides, model=model)
             old = None if force else store.load(cfg.label, name, key)
             if old is not None:
                 records[(cfg.label, name)] = old

@@ -157,7 +157,7 @@ class GPUBackend:
         w = next((w for g, w in self._bound if g is graph), None) or \
             next((w for g, w in self._bound if g == graph), None)
         if w is None:
-            w = workload_from_graph(graph)
+            w = workload_from_graph(graph, {b.name: b.model for _, b in self._bound})
             self._bound.append((graph, w))
         check_supported(w)
         return w

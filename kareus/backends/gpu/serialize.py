@@ -6,6 +6,7 @@ workload an iteration graph was built from), so the backend can run a graph it i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -44,8 +45,9 @@ def check_supported(w: Workload) -> None:
 
 
 def reduced_workload(name: str, layers: int, **overrides: Any) -> Workload:
-    """``name``'s model with only ``layers`` transformer layers (a short GPU check), the
-    parallelism overrides of :func:`workloads.make_workload` applied; keeps the model's name."""
+    """``name``'s model (a built-in name or a Hugging Face config path) with only ``layers``
+    transformer layers (a short GPU check), the parallelism overrides of
+    :func:`workloads.make_workload` applied; keeps the model's name."""
     from workloads import make_workload
 
     base = make_workload(name, **{k: v for k, v in overrides.items() if v is not None})
@@ -56,16 +58,18 @@ def reduced_workload(name: str, layers: int, **overrides: Any) -> Workload:
     return Workload(model=model, parallel=par, name=base.name)
 
 
-def workload_from_graph(graph: IterationGraph) -> Workload:
+def workload_from_graph(graph: IterationGraph,
+                        models: Mapping[str, ModelSpec] | None = None) -> Workload:
     """The workload ``graph`` was built from, read back from its ops and verified by rebuilding.
 
-    Works for the suite's models (``graph.workload`` names one), any layer count (reduced runs)
-    and any TP/CP/PP/DP/MBS/seq/microbatch/recompute setting; raises :class:`InputError`
-    otherwise (bind the workload to the backend instead).
+    Works for the suite's models and those in ``models`` (models by workload name, e.g. of the
+    workloads bound to the backend, which may come from a Hugging Face config), any layer count
+    (reduced runs) and any TP/CP/PP/DP/MBS/seq/microbatch/recompute setting; raises
+    :class:`InputError` otherwise (bind the workload to the backend instead).
     """
     from workloads.graph_builder import build_iteration_graph
 
-    base = MODELS.get(graph.workload)
+    base = (models or {}).get(graph.workload) or MODELS.get(graph.workload)
     if base is None:
         raise InputError(f"the GPU backend cannot tell which model graph {graph.workload!r} "
                          "describes; pass the workload with GPUBackend.bind(workload)")
