@@ -111,9 +111,10 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
             raise InputError("--suite runs fixed configurations; drop --workload and the "
                              "parallelism overrides")
         for cfg in get_suite(suite):
+            preset = get_preset(cfg.gpu or gpu)
             _check_memory(make_workload(cfg.workload, **cfg.overrides),
-                          get_preset(gpu).with_overrides(**cfg.gpu_overrides)
-                          if cfg.gpu_overrides else get_preset(gpu), strict)
+                          preset.with_overrides(**cfg.gpu_overrides)
+                          if cfg.gpu_overrides else preset, strict)
         default = ROOT / "results" / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
         run_suite(suite, gpu, backend, names, seed, Path(out) if out else default, force,
                   jobs, executor, backend_options)

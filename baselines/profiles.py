@@ -29,7 +29,8 @@ from kareus.frontier import pareto_indices
 from kareus.graph import Instruction, schedule_times
 from kareus.hardware.profile import check_clock_sweep
 from kareus.methods.profiling import profile_to_options
-from kareus.methods.tradeoff import solve, solver_energy
+from kareus.methods.tradeoff import solve, solver_energy, solver_span
+from kareus.progress import SILENT, Progress
 
 
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
@@ -58,7 +59,8 @@ def _frequencies(knobs: Mapping[Instruction, Hashable]) -> list[list[Hashable]]:
 
 def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
                        static_power_w: float, *, unit_time_s: float = 1e-3,
-                       prefilter: str = "raw", all_iterations: bool = False) -> list[dict]:
+                       prefilter: str = "raw", all_iterations: bool = False,
+                       progress: Progress = SILENT) -> list[dict]:
     """Perseus on a Zeus-format profile, as the authors' driver runs it.
 
     Returns point records: ``time_s`` and ``energy_j`` as the authors' driver reports them (the
@@ -66,16 +68,22 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     time), solver ``iteration``, ``quant_time``, ``cost`` and the per-stage ``frequencies`` in
     1F1B order (replay them on the profile with :func:`kareus.methods.tradeoff.
     evaluate_on_options` for measured-time views). All steps in solver order with ``all_iterations``,
-    else the Pareto-optimal ones sorted by time.
+    else the Pareto-optimal ones sorted by time. ``progress`` counts the solver's steps.
     """
     options = profile_to_options(profile)
     points = []
-    for step in solve(options, stages, microbatches, static_power_w, unit_time_s=unit_time_s,
-                      prefilter=prefilter):  # type: ignore[arg-type]
-        points.append({"time_s": step.real_time_s,
-                       "energy_j": solver_energy(step, stages, static_power_w),
-                       "iteration": step.iteration, "quant_time": step.quant_time,
-                       "cost": step.cost, "frequencies": _frequencies(step.knobs)})
+    span = solver_span(options, stages, microbatches, 0.0)
+    task = progress.start("perseus: solver steps", total=max(1, round(span / unit_time_s)))
+    try:
+        for step in solve(options, stages, microbatches, static_power_w,
+                          unit_time_s=unit_time_s, prefilter=prefilter):  # type: ignore[arg-type]
+            points.append({"time_s": step.real_time_s,
+                           "energy_j": solver_energy(step, stages, static_power_w),
+                           "iteration": step.iteration, "quant_time": step.quant_time,
+                           "cost": step.cost, "frequencies": _frequencies(step.knobs)})
+            task.advance()
+    finally:
+        task.done()
     if all_iterations:
         return points
     keep = pareto_indices([p["time_s"] for p in points], [p["energy_j"] for p in points])
@@ -105,10 +113,14 @@ def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
 
 def run_on_profile(method: str, profile: pd.DataFrame, source: str, stages: int,
                    microbatches: int, static_power_w: float, *, unit_time_s: float,
-                   **options: object) -> list[dict]:
+                   progress: Progress = SILENT, **options: object) -> list[dict]:
     """Check the arguments against ``profile`` (read from ``source``), then run ``method``
-    (``"perseus"`` or ``"envpipe"``) on it with ``options``."""
+    (``"perseus"`` or ``"envpipe"``) on it with ``options``; Perseus reports its solver steps
+    to ``progress`` (EnvPipe takes about a second)."""
     check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
-    run = perseus_on_profile if method == "perseus" else envpipe_on_profile
-    return run(profile, stages, microbatches, static_power_w, unit_time_s=unit_time_s,
-               **options)  # type: ignore[arg-type]
+    if method == "perseus":
+        return perseus_on_profile(profile, stages, microbatches, static_power_w,
+                                  unit_time_s=unit_time_s, progress=progress,
+                                  **options)  # type: ignore[arg-type]
+    return envpipe_on_profile(profile, stages, microbatches, static_power_w,
+                              unit_time_s=unit_time_s, **options)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ import numpy as np
 
 from kareus.frontier import pareto_indices, spread_indices
 from kareus.methods.exact import min_energy_within
-from kareus.methods.tradeoff import evaluate_on_options, solve
+from kareus.methods.tradeoff import SlackReclaimer, evaluate_on_options, solve
 from kareus.optimizer.kareus import kareus_options
 from kareus.plugins import load_optimizer
 from kareus.suite import harness
@@ -62,26 +62,52 @@ def schedule_table(problem, run) -> list[dict]:  # noqa: ANN001
     return rows
 
 
+#: MILP instances: (workload, layout) with 8 options per instruction type.
+GAP_INSTANCES = [("gpt3-xl", dict(tp=8, pp=2, microbatches=m)) for m in (2, 3, 4)] + [
+    ("gpt3-xl", dict(tp=8, pp=3, microbatches=3)), ("gpt3-xl", dict(tp=8, pp=4, microbatches=4)),
+    ("llama3.2-3b", dict(tp=4, cp=2, pp=2, microbatches=4)),
+]
+
+
 def optimality_gaps() -> list[dict]:
+    """Energy above the MILP optimum at equal time (%), at 10 points spread over the Kareus
+    options' lowtime frontier: the solver's plans as they are, and after slack reclamation
+    (what the Kareus optimizer returns)."""
     out = []
-    for micro in (2, 3, 4):
-        p = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=8, pp=2, microbatches=micro)
+    for workload, layout in GAP_INSTANCES:
+        p = make_problem(workload, gpu="a100-sxm4-40gb", **layout)
+        stages, micro = p.graph.stages, p.graph.microbatches
         opts = kareus_options(p)
         thin = {k: [v[i] for i in spread_indices([o.time_s for o in v], 8)]
                 for k, v in opts.items()}
         ps = p.gpu.static_power_w
-        steps = list(solve(thin, 2, micro, ps))
-        pts = [evaluate_on_options(s, thin, 2, micro, ps) for s in steps]
+        steps = list(solve(thin, stages, micro, ps))
+        reclaim = SlackReclaimer(thin, stages, micro, ps)
+        pts = [evaluate_on_options(s, thin, stages, micro, ps) for s in steps]
         keep = pareto_indices([a for a, _ in pts], [b for _, b in pts])
-        gaps = []
+        gaps, after = [], []
         for i in spread_indices([pts[k][0] for k in keep], 10):
+            step = steps[keep[i]]
             t, e = pts[keep[i]]
-            ex = min_energy_within(thin, 2, micro, ps, t)
+            better = reclaim(step.knobs)
+            t2, e2 = evaluate_on_options(_Knobs(better), thin, stages, micro, ps)
+            ex = min_energy_within(thin, stages, micro, ps, t)
             gaps.append(100 * (e - ex.energy_j) / ex.energy_j)
-        out.append({"instance": f"2 stages x {micro} microbatches, 8 options per type",
+            ex2 = ex if t2 >= t else min_energy_within(thin, stages, micro, ps, t2)
+            after.append(100 * (e2 - ex2.energy_j) / ex2.energy_j)
+        out.append({"instance": f"{workload} {stages} stages x {micro} microbatches"
+                                f"{' CP2' if layout.get('cp') else ''}, 8 options per type",
                     "gap_mean_pct": float(np.mean(gaps)), "gap_max_pct": float(np.max(gaps)),
-                    "points": len(gaps)})
+                    "reclaimed_mean_pct": float(np.mean(after)),
+                    "reclaimed_max_pct": float(np.max(after)), "points": len(gaps)})
     return out
+
+
+class _Knobs:
+    """A plan's knobs in the shape :func:`evaluate_on_options` reads (``.knobs``)."""
+
+    def __init__(self, knobs: dict) -> None:
+        self.knobs = knobs
 
 
 @click.command()
@@ -118,8 +144,10 @@ def main(as_json: bool) -> None:
                        f"   slot {r['slot_low']:4.2f} -> {r['slot_high']:4.2f}")
     click.echo("\noptimality gap of the lowtime frontier vs the MILP optimum:")
     for g in report["gaps"]:
-        click.echo(f"  {g['instance']}: mean {g['gap_mean_pct']:.2f} %, max "
-                   f"{g['gap_max_pct']:.2f} % over {g['points']} frontier points")
+        click.echo(f"  {g['instance']}: lowtime's plans mean {g['gap_mean_pct']:.2f} %, max "
+                   f"{g['gap_max_pct']:.2f} %; after slack reclamation mean "
+                   f"{g['reclaimed_mean_pct']:.2f} %, max {g['reclaimed_max_pct']:.2f} % "
+                   f"({g['points']} frontier points)")
 
 
 if __name__ == "__main__":

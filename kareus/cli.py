@@ -239,11 +239,14 @@ def optimizers(as_json: bool) -> None:
 @click.option("--export", "export_dir", default=None, type=click.Path(file_okay=False),
               help="Write the chosen (or fastest) plan for deployment: freqs_pipeline.py (Zeus "
                    "pipeline-frequency PointSolution) and schedules.json (per-partition SMs/slot).")
+@click.option("--solver", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
+              help="Time-cost solver: fast folds long pipelines' steady state; exact solves "
+                   "the whole 1F1B DAG step for step as lowtime does.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
-             allow_clock_control: bool, export_dir: str | None, strict: bool, as_json: bool,
-             **overrides: int | None) -> None:
+             allow_clock_control: bool, export_dir: str | None, solver: str, strict: bool,
+             as_json: bool, **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
@@ -255,13 +258,17 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
-    problem = make_problem(workload, gpu=gpu, backend=backend, seed=seed,
-                           backend_options={"allow_clock_control": True}
-                           if allow_clock_control else None,
-                           **{k: v for k, v in overrides.items() if v is not None})
-    warn(problem.workload.memory_warnings(problem.gpu.memory_bytes, strict))
-    opt = load_optimizer(optimizer_name)
-    run = run_optimizer(optimizer_name, opt, problem)
+    from kareus.suite.progress import terminal_progress
+
+    with terminal_progress(not as_json) as progress:
+        problem = make_problem(workload, gpu=gpu, backend=backend, seed=seed,
+                               options={"solver": solver}, progress=progress,
+                               backend_options={"allow_clock_control": True}
+                               if allow_clock_control else None,
+                               **{k: v for k, v in overrides.items() if v is not None})
+        warn(problem.workload.memory_warnings(problem.gpu.memory_bytes, strict))
+        opt = load_optimizer(optimizer_name)
+        run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
         raise RuntimeError(f"optimizer {optimizer_name} failed: {run.error}")
     g = problem.graph
@@ -352,9 +359,12 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
     runner = load_optimizer(optimizer)
     if not isinstance(runner, ProfileRunner):
         raise InputError(f"optimizer {optimizer!r} cannot run on a measured profile")
+    from kareus.suite.progress import terminal_progress
+
     df = load_profile(profile_path)
-    points = runner.on_profile(df, profile_path, stages, microbatches, p_static,
-                               unit_time_s=unit_ms / 1e3, **kwargs)
+    with terminal_progress(not as_json) as progress:
+        points = runner.on_profile(df, profile_path, stages, microbatches, p_static,
+                                   unit_time_s=unit_ms / 1e3, progress=progress, **kwargs)
     obj = {"profile": profile_path, "optimizer": optimizer, "stages": stages,
            "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms, **kwargs,
            "num_gpus": stages, "points": points,
@@ -517,7 +527,10 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
         raise InputError(f"--out {out_path} is a folder; give the calibration file's path")
     part = spec.partition()
     sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
-    cal = fit_partition(part, sweep, preset, spec.sha256)
+    from kareus.suite.progress import terminal_progress
+
+    with terminal_progress(not as_json) as progress:
+        cal = fit_partition(part, sweep, preset, spec.sha256, progress=progress)
     obj = {**cal.to_dict(), "sweep": sweep_path, "spec": spec_path, "out": out_path}
     atomic_write_text(Path(out_path), json.dumps(cal.to_dict(), indent=2) + "\n")
     if figure_path is not None:

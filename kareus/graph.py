@@ -18,6 +18,8 @@ Everything here is plain data; the simulator and the GPU backend give it time an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -238,36 +240,74 @@ def dag_dependencies(stages: int, microbatches: int) -> dict[Instruction, list[I
 
 
 def topological_order(stages: int, microbatches: int) -> list[Instruction]:
-    """All instructions in an order where every predecessor comes first."""
+    """All instructions in an order where every predecessor comes first (Kahn's algorithm,
+    linear in the instructions)."""
+    from collections import deque
+
     deps = dag_dependencies(stages, microbatches)
-    done: set[Instruction] = set()
+    successors: dict[Instruction, list[Instruction]] = {ins: [] for ins in deps}
+    waiting: dict[Instruction, int] = {}
+    for ins, preds in deps.items():
+        waiting[ins] = len(preds)
+        for p in preds:
+            successors[p].append(ins)
+    ready = deque(ins for ins, n in waiting.items() if n == 0)
     out: list[Instruction] = []
-    pending = list(deps)
-    while pending:
-        rest = []
-        for ins in pending:
-            if all(p in done for p in deps[ins]):
-                done.add(ins)
-                out.append(ins)
-            else:
-                rest.append(ins)
-        if len(rest) == len(pending):  # pragma: no cover - 1F1B is acyclic by construction
-            raise RuntimeError("cycle in the 1F1B DAG")
-        pending = rest
+    while ready:
+        ins = ready.popleft()
+        out.append(ins)
+        for nxt in successors[ins]:
+            waiting[nxt] -= 1
+            if waiting[nxt] == 0:
+                ready.append(nxt)
+    if len(out) != len(deps):  # pragma: no cover - 1F1B is acyclic by construction
+        raise RuntimeError("cycle in the 1F1B DAG")
     return out
 
 
-def schedule_times(stages: int, microbatches: int, durations: dict[Instruction, float],
+def schedule_times(stages: int, microbatches: int, durations: Mapping[Instruction, float],
                    p2p_s: float = 0.0) -> dict[Instruction, tuple[float, float]]:
     """Earliest (start, end) of every instruction of the 1F1B DAG given their durations (s);
-    ``p2p_s`` delays every cross-stage dependency (the activation transfer)."""
-    deps = dag_dependencies(stages, microbatches)
+    ``p2p_s`` delays every cross-stage dependency (the activation transfer).
+
+    Each stage runs its program order (:func:`one_f_one_b`) as far as the other stages allow;
+    an instruction starts when its stage's previous one and its cross-stage predecessor
+    (:func:`dag_dependencies`) have ended. Linear in the instructions.
+    """
+    order = one_f_one_b(stages, microbatches)
+    forward_end: list[list[float | None]] = [[None] * microbatches for _ in range(stages)]
+    backward_end: list[list[float | None]] = [[None] * microbatches for _ in range(stages)]
+    position = [0] * stages
+    free = [0.0] * stages
     times: dict[Instruction, tuple[float, float]] = {}
-    for ins in topological_order(stages, microbatches):
-        start = 0.0
-        for d in deps[ins]:
-            start = max(start, times[d][1] + (p2p_s if d.stage != ins.stage else 0.0))
-        times[ins] = (start, start + durations[ins])
+    left = sum(len(seq) for seq in order.values())
+    while left:
+        moved = False
+        for s in range(stages):
+            seq, i = order[s], position[s]
+            while i < len(seq):
+                ins = seq[i]
+                m = ins.microbatch
+                if ins.direction == "forward":
+                    ready = forward_end[s - 1][m] if s > 0 else 0.0
+                else:
+                    ready = backward_end[s + 1][m] if s < stages - 1 else 0.0
+                if ready is None:
+                    break
+                start = free[s] if i > 0 else 0.0
+                if (s > 0 and ins.direction == "forward") or (
+                        s < stages - 1 and ins.direction == "backward"):
+                    start = max(start, ready + p2p_s)
+                end = start + durations[ins]
+                times[ins] = (start, end)
+                (forward_end if ins.direction == "forward" else backward_end)[s][m] = end
+                free[s] = end
+                i += 1
+                left -= 1
+                moved = True
+            position[s] = i
+        if not moved:  # pragma: no cover - 1F1B is acyclic by construction
+            raise RuntimeError("cycle in the 1F1B DAG")
     return times
 
 

@@ -22,6 +22,7 @@ from kareus.graph import IterationGraph
 from kareus.hardware.knobs import KnobSpace
 from kareus.hardware.presets import GPUPreset
 from kareus.plan import IterationPlan
+from kareus.progress import SILENT, Progress
 from workloads.parallel import Workload
 
 ENTRY_POINT_GROUP = "kareus.optimizers"
@@ -39,6 +40,8 @@ class Problem:
         knobs: The knob space.
         seed: Seed for randomised optimizers.
         options: Optimizer-specific settings (``name -> value``), from the command line.
+        progress: Where long work (solver steps, partition searches) reports its progress
+            (:mod:`kareus.progress`); silent unless a face shows it.
     """
 
     workload: Workload
@@ -48,6 +51,7 @@ class Problem:
     knobs: KnobSpace
     seed: int = 0
     options: dict[str, object] = field(default_factory=dict)
+    progress: Progress = field(default=SILENT, repr=False, compare=False)
 
 
 @runtime_checkable
@@ -72,7 +76,8 @@ class ProfileRunner(Protocol):
                    static_power_w: float, *, unit_time_s: float,
                    **options: object) -> list[dict]:
         """Check the arguments against ``profile`` (read from ``source``; raise
-        :class:`InputError`), run on it, and return point records (``time_s``, ``energy_j``)."""
+        :class:`InputError`), run on it, and return point records (``time_s``, ``energy_j``).
+        ``options`` may carry ``progress`` (:class:`kareus.progress.Progress`) for long runs."""
         ...
 
 

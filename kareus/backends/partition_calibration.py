@@ -37,6 +37,7 @@ from kareus.errors import InputError
 from kareus.graph import Partition
 from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
 from kareus.hardware.presets import GPUPreset
+from kareus.progress import SILENT, Progress, ProgressTask
 
 CALIBRATION_KIND = "kareus-partition-calibration"
 CALIBRATION_VERSION = 1
@@ -289,13 +290,26 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
 
 
 def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, spec_sha256: str,
-                  clock_mhz: float | None = None, holdout: bool = True) -> PartitionCalibration:
+                  clock_mhz: float | None = None, holdout: bool = True,
+                  progress: Progress = SILENT) -> PartitionCalibration:
     """Fit the partition law to ``sweep`` and measure its errors.
 
     The hold-out splits the sweep's windows in two alternating halves (by window order), fits on
     one half and predicts the other, both ways; it reports the errors on the predicted halves.
+    ``progress`` counts the fits (one, or three with the hold-out).
     """
+    task = progress.start("partition law: fits", total=3 if holdout else 1)
+    try:
+        return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task)
+    finally:
+        task.done()
+
+
+def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
+                   spec_sha256: str, clock_mhz: float | None, holdout: bool,
+                   task: ProgressTask) -> PartitionCalibration:
     law, work, host = _fit_law(partition, sweep, gpu, clock_mhz)
+    task.advance()
     fitted = gpu.with_overrides(**law)
     t, e = predict(partition, sweep.configs, fitted, clock_mhz, work, host)
     fit: dict[str, object] = {
@@ -311,6 +325,7 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
         for train, test in (halves, halves[::-1]):
             in_test = _in_windows(sweep.configs, test)
             law_h, work_h, host_h = _fit_law(partition, sweep.subset(~in_test), gpu, clock_mhz)
+            task.advance()
             held = sweep.subset(in_test)
             th, eh = predict(partition, held.configs, gpu.with_overrides(**law_h), clock_mhz,
                              work_h, host_h)

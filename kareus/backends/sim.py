@@ -43,7 +43,6 @@ from kareus.graph import (
     Partition,
     Segment,
     schedule_times,
-    topological_order,
 )
 from kareus.backends.partition_timeline import partition_timeline
 from kareus.hardware.power import sm_power_scale
@@ -472,7 +471,7 @@ class SimulatorBackend:
         if plan.power_limit_w is not None and plan.power_limit_w != self.power_limit_w:
             return self._with_limit(plan.power_limit_w).evaluate_plan(
                 graph, IterationPlan(plan.instructions, None, plan.label, plan.meta))
-        order = topological_order(graph.stages, graph.microbatches)
+        order = [ins for seq in graph.schedule().values() for ins in seq]
         missing = [ins for ins in order if ins not in plan.instructions]
         if missing:
             raise PlanError(f"plan has no entry for {len(missing)} instruction(s), e.g. {missing[0]}")
@@ -486,8 +485,11 @@ class SimulatorBackend:
                                self.p2p_time(graph))
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
         ends = {}
+        last_end = [0.0] * graph.stages
+        for ins, (_, end) in times.items():
+            last_end[ins.stage] = max(last_end[ins.stage], end)
         for s in range(graph.stages):
-            last = max(end for ins, (_, end) in times.items() if ins.stage == s)
+            last = last_end[s]
             tail_t = 0.0
             for seg in graph.stage_tail.get(s, ()):
                 st, se = self._segment_cost(seg, f_top)

@@ -14,7 +14,18 @@ import pandas as pd
 from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.graph import Direction, IterationGraph
-from kareus.methods.tradeoff import Option, plans_from_steps, solve
+from kareus.errors import InputError
+from kareus.methods.tradeoff import (
+    MAX_STEPS,
+    Option,
+    SlackReclaimer,
+    folded_microbatches,
+    plan_budget,
+    plans_from_steps,
+    solve,
+    solver_span,
+    time_unit,
+)
 from kareus.plan import InstructionPlan, IterationPlan
 
 if TYPE_CHECKING:
@@ -46,17 +57,63 @@ def profile_to_options(profile: pd.DataFrame) -> dict[tuple[int, Direction], lis
     return out
 
 
+#: How the iteration-level tradeoff is solved (``problem.options["solver"]``).
+SOLVERS = ("fast", "exact")
+
+
+def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list[Option]],
+                   make_plan: Callable[[Hashable], InstructionPlan], label: str,
+                   reclaim: bool = False) -> list[IterationPlan]:
+    """Solve the time–cost tradeoff over ``options`` on ``problem`` and return the plans.
+
+    Settings (``problem.options``): ``unit_ms`` (the time unit, 1 ms), ``prefilter`` (raw or
+    effective) and ``solver``: ``"fast"`` (default) folds the steady state of long pipelines
+    (:func:`kareus.methods.tradeoff.folded_microbatches`), coarsens the unit when a solve would
+    take more than :data:`~kareus.methods.tradeoff.MAX_STEPS` steps
+    (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at most
+    :func:`~kareus.methods.tradeoff.plan_budget` plans spread over the solve; ``"exact"`` solves
+    the whole DAG as Perseus does, lowtime's steps exactly, and keeps every step. With
+    ``reclaim``, every kept plan's instructions are given the least-energy measured option their
+    slack allows (:class:`~kareus.methods.tradeoff.SlackReclaimer`).
+    """
+    opts = problem.options
+    mode = str(opts.get("solver", "fast"))
+    if mode not in SOLVERS:
+        raise InputError(f"unknown solver {mode!r}; choose one of: {', '.join(SOLVERS)}")
+    graph = problem.graph
+    fast = mode == "fast"
+    p2p = problem.backend.p2p_time(graph)
+    unit = float(opts.get("unit_ms", 1.0)) / 1e3  # type: ignore[arg-type]
+    solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
+    span = solver_span(options, graph.stages, solved, p2p)
+    if fast:
+        max_steps = opts.get("max_steps", MAX_STEPS)
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise InputError(f"max_steps must be a positive integer, got {max_steps!r}")
+        unit = time_unit(span, unit, max_steps)
+    task = problem.progress.start(f"{label}: solver steps", total=max(1, round(span / unit)))
+    steps = []
+    try:
+        for step in solve(options, graph.stages, graph.microbatches, problem.gpu.static_power_w,
+                          unit_time_s=unit,
+                          prefilter=str(opts.get("prefilter", "raw")),  # type: ignore[arg-type]
+                          p2p_time_s=p2p, fast=fast):
+            steps.append(step)
+            task.advance()
+    finally:
+        task.done()
+    instructions = 2 * graph.stages * graph.microbatches
+    limit = plan_budget(instructions) if fast else None
+    refine = SlackReclaimer(options, graph.stages, graph.microbatches,
+                            problem.gpu.static_power_w, p2p) if reclaim else None
+    return plans_from_steps(steps, make_plan, label, limit, refine)
+
+
 def clock_tradeoff_plans(problem: "Problem", *, nanobatched: bool, label: str
                          ) -> list[IterationPlan]:
     """Perseus's procedure on ``problem``: profile every instruction type per clock (sequential,
-    or nanobatched with default collective schedules), solve the time–cost tradeoff, and return
-    one plan per solver step."""
-    opts = problem.options
+    or nanobatched with default collective schedules), solve the time–cost tradeoff
+    (:func:`tradeoff_plans`), and return one plan per solver step."""
     make = lambda clock: InstructionPlan.make(float(clock), nanobatched)  # noqa: E731
     options = profile_instructions(problem.backend, problem.graph, problem.knobs.clocks_mhz, make)
-    steps = list(solve(options, problem.graph.stages, problem.graph.microbatches,
-                       problem.gpu.static_power_w,
-                       unit_time_s=float(opts.get("unit_ms", 1.0)) / 1e3,  # type: ignore[arg-type]
-                       prefilter=str(opts.get("prefilter", "raw")),  # type: ignore[arg-type]
-                       p2p_time_s=problem.backend.p2p_time(problem.graph)))
-    return plans_from_steps(steps, make, label)
+    return tradeoff_plans(problem, options, make, label)

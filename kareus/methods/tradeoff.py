@@ -32,16 +32,17 @@ and cost; the authors report exactly those (:func:`solver_energy`). Evaluating t
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import networkx as nx
 
 from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError
-from kareus.graph import Direction, Instruction, dag_dependencies
+from kareus.graph import Direction, Instruction, dag_dependencies, one_f_one_b
 
 Prefilter = Literal["raw", "effective"]
 
@@ -68,27 +69,86 @@ class Option:
 
 
 @dataclass(frozen=True)
+class StepLayout:
+    """Every instruction of the iteration and the solved DAG node whose knob it takes.
+
+    Attributes:
+        instructions: All ``2·S·M`` instructions of the iteration.
+        source: For each, the index of the solved DAG's instruction it copies (itself when the
+            solve was not folded).
+    """
+
+    instructions: tuple[Instruction, ...]
+    source: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class SolverStep:
     """One Phillips–Dessouky step.
 
     Attributes:
         iteration: Solver iteration (1-based, as ``lowtime`` counts).
-        knobs: Chosen option knob of every instruction.
-        quant_time: Iteration time in time units, as the solver sees it.
+        quant_time: Iteration time in time units, as the solver sees it (of the folded DAG when
+            the solve was folded, see :func:`folded_microbatches`).
         real_time_s: ``quant_time · unit_time`` (s).
         cost: Solver's total effective cost (J, from the fitted cost models).
+        layout: Where every instruction's knob comes from in ``assigned`` (shared by steps).
+        assigned: Chosen option knob of every instruction of the solved DAG.
     """
 
     iteration: int
-    knobs: dict[Instruction, Hashable]
     quant_time: int
     real_time_s: float
     cost: float
+    layout: StepLayout = field(repr=False)
+    assigned: tuple[Hashable, ...] = field(repr=False)
+
+    @property
+    def knobs(self) -> dict[Instruction, Hashable]:
+        """Chosen option knob of every instruction of the iteration."""
+        a = self.assigned
+        return {ins: a[k] for ins, k in zip(self.layout.instructions, self.layout.source)}
+
+
+#: Microbatches up to which even the fast solver solves the whole DAG (folded_microbatches).
+FOLD_MIN_MICROBATCHES = 32
+
+
+def folded_microbatches(stages: int, microbatches: int) -> int:
+    """Microbatches of the DAG the fast solver solves: ``max(2·S + 2, FOLD_MIN_MICROBATCHES)``,
+    or all of them when there are not more.
+
+    In synchronous 1F1B every stage's instructions after its warm-up and before its drain repeat
+    one period: the same forward and backward, with the same slack, microbatch after
+    microbatch. The solved DAG's first ``h = (F − 1) // 2`` microbatches (``F`` solved) and its
+    last ``F − h − 1`` hold every stage's warm-up (``S − 1`` microbatches at most) and drain;
+    the iteration's first and last microbatches keep those options, and every microbatch
+    between them takes the options the solver chose for microbatch ``h``, the steadiest one
+    (:func:`fold_map`). The solver's work per step falls with the DAG, and its number of steps
+    with the shorter iteration; the plans are evaluated on the full iteration.
+    """
+    return min(microbatches, max(2 * stages + 2, FOLD_MIN_MICROBATCHES))
+
+
+def fold_map(stages: int, microbatches: int, solved: int) -> Callable[[int], int]:
+    """The microbatch of the solved (folded) DAG whose options microbatch ``m`` takes."""
+    head = (solved - 1) // 2
+    tail = solved - head - 1
+
+    def source(m: int) -> int:
+        if solved == microbatches or m < head:
+            return m
+        if m >= microbatches - tail:
+            return m - (microbatches - solved)
+        return head
+
+    return source
 
 
 def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
           microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
-          prefilter: Prefilter = "raw", p2p_time_s: float = 0.0) -> Iterator[SolverStep]:
+          prefilter: Prefilter = "raw", p2p_time_s: float = 0.0,
+          fast: bool = False) -> Iterator[SolverStep]:
     """Run the Perseus time–cost tradeoff; yield every solver step in solver order.
 
     Args:
@@ -100,10 +160,15 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         prefilter: ``"raw"`` or ``"effective"`` Pareto pre-filter (see module docstring).
         p2p_time_s: Activation transfer between adjacent stages (s), a fixed operation on every
             cross-stage edge; 0 for none.
+        fast: Solve the DAG of :func:`folded_microbatches`, giving the steady-state
+            microbatches the options of its middle one, with OR-tools' minimum cuts
+            (:class:`~kareus.methods.phillips_dessouky.IncrementalPhillipsDessouky`); ``False``
+            solves the whole DAG and reproduces lowtime's steps exactly, as Perseus does.
     """
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
     from lowtime.perseus.instruction import Backward, Forward
-    from lowtime.solver import PhillipsDessouky
+
+    from kareus.methods.phillips_dessouky import IncrementalPhillipsDessouky
 
     if prefilter not in ("raw", "effective"):
         raise InputError(f"unknown pre-filter {prefilter!r}; choose raw or effective")
@@ -139,22 +204,37 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
             spec_map[stage][cls] = OperationSpec[int](options=cand,
                                                       cost_model=fit_exponential_model(cand))
 
-    dag, nodes = build_1f1b_dag(spec_map, stages, microbatches)
+    solved = folded_microbatches(stages, microbatches) if fast else microbatches
+    dag, nodes = build_1f1b_dag(spec_map, stages, solved)
+    layout = _layout(nodes, stages, microbatches, solved)
     if p2p_time_s > 0:
         _add_transfers(dag, nodes, p2p_time_s, unit_time_s)
-    solver = PhillipsDessouky(dag)
+    solver = IncrementalPhillipsDessouky(dag, cut="ortools" if fast else "lowtime")
     quiet = logging.getLogger("lowtime")
     level = quiet.level
     quiet.setLevel(max(level, logging.WARNING))
     try:
+        tables = [knob_tables[(ins.stage, ins.direction)] for ins, _ in nodes]
         for result in solver.run():
-            knobs = {ins: knob_tables[(ins.stage, ins.direction)][lt.assigned_knob]  # type: ignore[attr-defined]
-                     for ins, lt in nodes}
-            yield SolverStep(iteration=result.iteration, knobs=knobs,
-                             quant_time=int(result.quant_time),
-                             real_time_s=float(result.real_time), cost=float(result.cost))
+            assigned = tuple(table[lt.assigned_knob]  # type: ignore[attr-defined]
+                             for table, (_, lt) in zip(tables, nodes))
+            yield SolverStep(iteration=result.iteration, quant_time=int(result.quant_time),
+                             real_time_s=float(result.real_time), cost=float(result.cost),
+                             layout=layout, assigned=assigned)
     finally:
         quiet.setLevel(level)
+
+
+def _layout(nodes: Sequence[tuple[Instruction, object]], stages: int, microbatches: int,
+            solved: int) -> StepLayout:
+    """Every instruction of the ``microbatches`` iteration and its node in the solved DAG."""
+    position = {ins: k for k, (ins, _) in enumerate(nodes)}
+    source = fold_map(stages, microbatches, solved)
+    instructions = tuple(ins for seq in one_f_one_b(stages, microbatches).values() for ins in seq)
+    return StepLayout(instructions, tuple(
+        position[Instruction(ins.stage, source(ins.microbatch), ins.direction)]
+        for ins in instructions))
+
 
 
 def solver_energy(step: SolverStep, stages: int, static_power_w: float) -> float:
@@ -340,17 +420,157 @@ def evaluate_on_options(step: SolverStep, options: Mapping[tuple[int, Direction]
     return t, iteration_energy(dynamic, stages, static_power_w, t).total_j
 
 
+class SlackReclaimer:
+    """Gives every instruction of a plan the least-energy measured option that fits its slack.
+
+    lowtime's solver chooses options through a fitted cost model on a quantized time grid, so
+    an instruction off the critical path can be left faster than it needs to be, or on an option
+    the model ranks right but the measurement does not. Given a plan (a knob per instruction),
+    the iteration's makespan ``T`` stays as it is; every instruction, in topological order, gets
+    the option of least dynamic energy (measured energy minus static power over its time) that
+    ends by its latest finish (the backward pass from ``T`` over the other instructions' current
+    durations) when started at its earliest start (its predecessors as already chosen). Every
+    instruction not yet visited can still keep its option, so the makespan never grows and the
+    energy never rises; passes repeat while they still save energy (at most ``passes``).
+    """
+
+    def __init__(self, options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                 microbatches: int, static_power_w: float, p2p_time_s: float = 0.0,
+                 passes: int = 3) -> None:
+        from bisect import bisect_right
+
+        from kareus.graph import topological_order
+
+        self._bisect = bisect_right
+        self.stages, self.microbatches = stages, microbatches
+        self.p2p, self.passes, self.static_power_w = p2p_time_s, passes, static_power_w
+        self.order = topological_order(stages, microbatches)
+        self.preds = dag_dependencies(stages, microbatches)
+        self.succs: dict[Instruction, list[Instruction]] = {i: [] for i in self.preds}
+        for ins, preds in self.preds.items():
+            for p in preds:
+                self.succs[p].append(ins)
+        self.by_knob: dict[tuple[int, str], dict[Hashable, Option]] = {}
+        self.table: dict[tuple[int, str], tuple[list[float], list[Option]]] = {}
+        for key, opts in options.items():
+            self.by_knob[key] = {o.knob: o for o in opts}
+            ranked = sorted(opts, key=lambda o: o.time_s)
+            times, best, cheapest = [], [], None
+            for o in ranked:  # least dynamic energy among the options at most this fast
+                dyn = dynamic_from_measured(o.energy_j, static_power_w, o.time_s)
+                if cheapest is None or dyn < cheapest[0]:
+                    cheapest = (dyn, o)
+                times.append(o.time_s)
+                best.append(cheapest[1])
+            self.table[key] = (times, best)
+
+    def __call__(self, knobs: Mapping[Instruction, Hashable]) -> dict[Instruction, Hashable]:
+        """The plan ``knobs`` with every instruction's option re-chosen within its slack."""
+        chosen = {ins: self.by_knob[ins.type_key][k] for ins, k in knobs.items()}
+        for _ in range(self.passes):
+            if not self._one_pass(chosen):
+                break
+        return {ins: o.knob for ins, o in chosen.items()}
+
+    def _gap(self, a: Instruction, b: Instruction) -> float:
+        return self.p2p if a.stage != b.stage else 0.0
+
+    def _one_pass(self, chosen: dict[Instruction, Option]) -> bool:
+        end: dict[Instruction, float] = {}
+        for ins in self.order:
+            start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]), default=0.0)
+            end[ins] = start + chosen[ins].time_s
+        makespan = max(end.values())
+        latest: dict[Instruction, float] = {}
+        for ins in reversed(self.order):
+            latest[ins] = min((latest[s] - chosen[s].time_s - self._gap(ins, s)
+                               for s in self.succs[ins]), default=makespan)
+        changed = False
+        end.clear()
+        for ins in self.order:
+            start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]), default=0.0)
+            times, best = self.table[ins.type_key]
+            k = self._bisect(times, latest[ins] - start + 1e-12 * makespan) - 1
+            current = chosen[ins]
+            if k >= 0 and best[k] is not current and self._cheaper(best[k], current):
+                chosen[ins] = best[k]
+                changed = True
+            end[ins] = start + chosen[ins].time_s
+        return changed
+
+    def _cheaper(self, a: Option, b: Option) -> bool:
+        """Whether ``a`` draws less dynamic energy than ``b`` (J)."""
+        return (dynamic_from_measured(a.energy_j, self.static_power_w, a.time_s)
+                < dynamic_from_measured(b.energy_j, self.static_power_w, b.time_s))
+
+
+#: Instruction plans (plans × instructions) the fast path materializes and evaluates at most.
+PLAN_ENTRIES = 1 << 19
+
+
+def plan_budget(instructions: int) -> int:
+    """Plans to keep from a solve of an iteration of ``instructions`` instructions:
+    ``max(64, PLAN_ENTRIES // instructions)``: every step of the paper's 16-GPU jobs (32
+    instructions, 16,384 plans), 128 evenly spread steps of a 4,096-instruction job, so that
+    memory and evaluation stay bounded whatever the job."""
+    return max(64, PLAN_ENTRIES // max(1, instructions))
+
+
+#: Solver steps the fast solver's time unit keeps a solve under (see time_unit).
+MAX_STEPS = 8000
+
+
+def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                microbatches: int, p2p_time_s: float) -> float:
+    """How much a solve shortens the iteration (s): from every instruction at its slowest
+    Pareto-optimal option (its least-energy one) to every one at its fastest, both timed on the
+    1F1B schedule of ``microbatches`` (:func:`kareus.graph.schedule_times`). Each solver step
+    shortens it by one time unit."""
+    from kareus.graph import schedule_times
+
+    def iteration(pick: Callable[[Sequence[Option]], float]) -> float:
+        durations = {ins: pick(options[(ins.stage, ins.direction)])
+                     for seq in one_f_one_b(stages, microbatches).values() for ins in seq}
+        return max(end for _, end in schedule_times(stages, microbatches, durations,
+                                                    p2p_time_s).values())
+
+    fastest = lambda opts: min(o.time_s for o in opts)  # noqa: E731
+    frugal = lambda opts: min(opts, key=lambda o: (o.energy_j, o.time_s)).time_s  # noqa: E731
+    return iteration(frugal) - iteration(fastest)
+
+
+def time_unit(span_s: float, base_unit_s: float, max_steps: int = MAX_STEPS) -> float:
+    """The fast solver's time unit (s): the smallest whole multiple of ``base_unit_s`` for which
+    a solve over ``span_s`` (:func:`solver_span`) takes at most ``max_steps`` steps. Perseus's
+    1 ms stays the unit for every job whose span is at most ``max_steps`` ms."""
+    return base_unit_s * max(1, math.ceil(span_s / (base_unit_s * max_steps)))
+
+
+def spread_steps(steps: Sequence[SolverStep], limit: int | None) -> list[SolverStep]:
+    """At most ``limit`` steps evenly spread over the solve, the first and last included."""
+    if limit is None or len(steps) <= limit:
+        return list(steps)
+    if limit < 2:
+        return [steps[-1]]
+    picks = sorted({round(k * (len(steps) - 1) / (limit - 1)) for k in range(limit)})
+    return [steps[k] for k in picks]
+
+
 def plans_from_steps(steps: Sequence[SolverStep], make_plan: Callable[[Hashable], object],
-                     label: str) -> list:
+                     label: str, limit: int | None = None,
+                     refine: Callable[[dict[Instruction, Hashable]], dict[Instruction, Hashable]]
+                     | None = None) -> list:
     """One :class:`~kareus.plan.IterationPlan` per solver step (``make_plan(knob)`` gives each
-    instruction's plan)."""
+    instruction's plan); with ``limit``, for at most that many steps (:func:`spread_steps`);
+    ``refine`` (e.g. a :class:`SlackReclaimer`) may re-choose each step's knobs first."""
     from kareus.plan import IterationPlan
 
     cache: dict[Hashable, object] = {}
     plans = []
-    for step in steps:
+    for step in spread_steps(steps, limit):
         instr = {}
-        for ins, knob in step.knobs.items():
+        knobs = step.knobs if refine is None else refine(step.knobs)
+        for ins, knob in knobs.items():
             if knob not in cache:
                 cache[knob] = make_plan(knob)
             instr[ins] = cache[knob]

@@ -9,11 +9,13 @@ instruction options, and the iteration-level time–cost tradeoff.
    partitions' combined schedules, measured as whole instructions, plus the sequential execution.
 3. **Iteration frontier** (:mod:`kareus.methods.tradeoff`): lowtime's Phillips–Dessouky solver on the 1F1B
    DAG exactly as Perseus, each option's knob being (clock, per-partition SMs and window). Every
-   solver step is a plan.
+   solver step is a plan, whose instructions then take the least-energy measured option their
+   slack allows (:class:`~kareus.methods.tradeoff.SlackReclaimer`: the solver chooses through a
+   fitted cost model on a time grid, which leaves energy on instructions off the critical path).
 
 Settings (``problem.options``): ``search`` (exhaustive | nsga2 | surrogate), ``budget``
 (configurations per partition for the sample-efficient strategies), ``prefilter`` and
-``unit_ms`` as for Perseus.
+``unit_ms`` and ``solver`` as for Perseus (:func:`kareus.methods.profiling.tradeoff_plans`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import numpy as np
 from kareus.errors import InputError
 from kareus.graph import Partition
 from kareus.hardware.knobs import KnobSpace
-from kareus.methods.tradeoff import Option, plans_from_steps, solve
+from kareus.methods.profiling import tradeoff_plans
+from kareus.methods.tradeoff import Option
 from kareus.optimizer.compose import instruction_options
 from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
 from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, IterationPlan
@@ -59,12 +62,17 @@ def search_partitions(problem: Problem) -> dict[Partition, SearchResult]:
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise InputError(f"search budget must be a positive integer, got {budget!r}")
     rng = np.random.default_rng(problem.seed)
+    distinct = list(dict.fromkeys(part for key in sorted(problem.graph.instruction_graphs)
+                                  for part in problem.graph.instruction_graphs[key].partitions))
     results: dict[Partition, SearchResult] = {}
-    for key in sorted(problem.graph.instruction_graphs):
-        for part in problem.graph.instruction_graphs[key].partitions:
-            if part not in results:
-                ev = Evaluator(problem.backend, part, partition_space(part, problem.knobs))
-                results[part] = strategy.search(ev, budget, rng)  # type: ignore[arg-type]
+    task = problem.progress.start("kareus: partition searches", total=len(distinct))
+    try:
+        for part in distinct:
+            ev = Evaluator(problem.backend, part, partition_space(part, problem.knobs))
+            results[part] = strategy.search(ev, budget, rng)  # type: ignore[arg-type]
+            task.advance()
+    finally:
+        task.done()
     return results
 
 
@@ -82,11 +90,5 @@ class Kareus:
     name = "kareus"
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
-        options = kareus_options(problem)
-        opts = problem.options
-        steps = list(solve(options, problem.graph.stages, problem.graph.microbatches,  # type: ignore[arg-type]
-                           problem.gpu.static_power_w,
-                           unit_time_s=float(opts.get("unit_ms", 1.0)) / 1e3,  # type: ignore[arg-type]
-                           prefilter=str(opts.get("prefilter", "raw")),  # type: ignore[arg-type]
-                           p2p_time_s=problem.backend.p2p_time(problem.graph)))
-        return plans_from_steps(steps, lambda plan: plan, "kareus")
+        return tradeoff_plans(problem, kareus_options(problem),  # type: ignore[arg-type]
+                              lambda plan: plan, "kareus", reclaim=True)

@@ -102,14 +102,19 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
     try:
         plans = validate_plans(optimizer.optimize(problem), problem)
         run.optimize_s = time.perf_counter() - t0
-        for k, plan in enumerate(plans):
-            res = problem.backend.evaluate_plan(problem.graph, plan)
-            p = Point.from_result(res, plan_id=k)
-            if not all(math.isfinite(v) and v > 0 for v in (p.time_s, p.energy_j)):
-                raise PluginError(f"plan {k} measured a non-finite or non-positive result")
-            run.points.append(p)
-            if on_plan is not None:
-                on_plan(k + 1, len(plans))
+        task = problem.progress.start(f"{name}: evaluating plans", total=len(plans))
+        try:
+            for k, plan in enumerate(plans):
+                res = problem.backend.evaluate_plan(problem.graph, plan)
+                p = Point.from_result(res, plan_id=k)
+                if not all(math.isfinite(v) and v > 0 for v in (p.time_s, p.energy_j)):
+                    raise PluginError(f"plan {k} measured a non-finite or non-positive result")
+                run.points.append(p)
+                task.advance()
+                if on_plan is not None:
+                    on_plan(k + 1, len(plans))
+        finally:
+            task.done()
         run.plans = plans
     except Exception as e:  # a plugin may fail in any way; the sweep goes on
         run.status = "failed"

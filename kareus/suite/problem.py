@@ -6,6 +6,7 @@ from kareus.backends import make_backend
 from kareus.hardware.knobs import KnobSpace
 from kareus.hardware.presets import get_preset
 from kareus.plugins import Problem
+from kareus.progress import SILENT, Progress
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 
@@ -13,13 +14,14 @@ from workloads.graph_builder import build_iteration_graph
 def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0,
                  options: dict[str, object] | None = None,
                  gpu_overrides: dict[str, float] | None = None,
-                 backend_options: dict[str, object] | None = None, **overrides: object) -> Problem:
+                 backend_options: dict[str, object] | None = None,
+                 progress: Progress = SILENT, **overrides: object) -> Problem:
     """Validated problem: workload with parallelism overrides, its graph, the backend, the
     default knob space of the GPU (whose parameters ``gpu_overrides`` may change, e.g. the static
     power of a what-if study). ``workload`` is a model name or a Hugging Face config path
     (:func:`workloads.get_model`). A backend that runs a workload rather than a graph (the GPU
     backend's ``bind``) is handed it, so it never has to recover the model from the graph's name.
-    Raises InputError / WorkloadError on bad input."""
+    Long work reports to ``progress``. Raises InputError / WorkloadError on bad input."""
     preset = get_preset(gpu)
     if gpu_overrides:
         preset = preset.with_overrides(**gpu_overrides)
@@ -30,4 +32,4 @@ def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0
     bind = getattr(runner, "bind", None)
     graph = bind(w) if callable(bind) else build_iteration_graph(w)
     return Problem(workload=w, graph=graph, backend=runner, gpu=preset, knobs=knobs, seed=seed,
-                   options=dict(options or {}))
+                   options=dict(options or {}), progress=progress)

@@ -5,7 +5,9 @@
   and the Llama 3.3 70B emulation (TP8, MBS 2, seq 4096, 2 x 40 layers, 8 microbatches).
 - ``static-sweep``: Llama 3.2 3B TP8 and Qwen 3 1.7B CP2+TP4 with the GPU's static power set from
   40 to 120 W, to show how the value of joint optimization grows with the static share.
-- ``scale``: the 70B model on 64, 128 and 256 GPUs with data parallelism and more stages.
+- ``scale``: the 70B model on 64, 128 and 256 GPUs with data parallelism and more stages, and
+  two production-size jobs on A100 SXM4 80 GB: the 70B model on 512 GPUs (PP8 DP8, 64
+  microbatches) and GPT-3 175B on 1,024 GPUs (TP8 PP16 DP8, 128 microbatches).
 - ``smoke``: two small configurations, for tests and a quick look.
 
 Each configuration is a cell run independently (and reused on a rerun); the suite's tables are
@@ -36,12 +38,15 @@ class SuiteConfig:
         workload: Model name.
         overrides: Parallelism overrides (``tp``, ``cp``, ``mbs``, ``seq``, ...).
         gpu_overrides: Preset parameters to change (e.g. ``static_power_w``).
+        gpu: The GPU preset of this configuration, overriding the suite run's ``--gpu``
+            (``None``: the run's).
     """
 
     label: str
     workload: str
     overrides: dict[str, object] = field(default_factory=dict)
     gpu_overrides: dict[str, float] = field(default_factory=dict)
+    gpu: str | None = None
 
 
 def _paper() -> list[SuiteConfig]:
@@ -88,6 +93,14 @@ def _scale() -> list[SuiteConfig]:
             label=f"llama3.3-70b_{gpus}gpus_tp8pp{pp}dp{dp}", workload="llama3.3-70b",
             overrides=dict(tp=8, cp=1, pp=pp, dp=dp, mbs=2, seq=4096, microbatches=micro),
         ))
+    # Production-size jobs on A100 SXM4 80 GB: Llama 3.3 70B on 512 GPUs, and GPT-3 175B on
+    # 1,024 GPUs as in Megatron-LM's scaling study (TP8 PP16 DP8, MBS 2, 128 microbatches).
+    out.append(SuiteConfig(
+        label="llama3.3-70b_512gpus_tp8pp8dp8", workload="llama3.3-70b", gpu="a100-sxm4-80gb",
+        overrides=dict(tp=8, cp=1, pp=8, dp=8, mbs=2, seq=4096, microbatches=64)))
+    out.append(SuiteConfig(
+        label="gpt3-175b_1024gpus_tp8pp16dp8", workload="gpt3-175b", gpu="a100-sxm4-80gb",
+        overrides=dict(tp=8, cp=1, pp=16, dp=8, mbs=2, seq=2048, microbatches=128)))
     return out
 
 

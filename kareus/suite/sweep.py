@@ -67,14 +67,15 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     for cfg in configs:
         model = model_fields(cfg.workload)
         for name in names:
-            key = cell_key(cfg.workload, gpu, backend, name, seed, cfg.overrides,
+            key = cell_key(cfg.workload, cfg.gpu or gpu, backend, name, seed, cfg.overrides,
                            cfg.gpu_overrides, model=model)
             old = None if force else store.load(cfg.label, name, key)
             if old is not None:
                 records[(cfg.label, name)] = old
             else:
                 tasks.append(CellTask(config=cfg.label, workload=cfg.workload, optimizer=name,
-                                      gpu=gpu, backend=backend, seed=seed, key=key,
+                                      gpu=cfg.gpu or gpu, backend=backend, seed=seed,
+                                      key=key,
                                       store_root=str(root),
                                       overrides={k: (list(v) if isinstance(v, tuple) else v)
                                                  for k, v in cfg.overrides.items()},
@@ -116,7 +117,7 @@ def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], 
     from kareus.suite.problem import make_problem
     from kareus.suite.store import record_to_run
 
-    problem = make_problem(cfg.workload, gpu=gpu, backend=backend, seed=seed,
+    problem = make_problem(cfg.workload, gpu=cfg.gpu or gpu, backend=backend, seed=seed,
                            gpu_overrides=cfg.gpu_overrides,
                            **{k: v for k, v in cfg.overrides.items() if v is not None})
     runs = {}

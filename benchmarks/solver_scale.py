@@ -1,0 +1,104 @@
+"""Wall time and peak memory of the three frontier methods, from the paper's size to 1,024 GPUs.
+
+    python benchmarks/solver_scale.py [--repo PATH] [--timeout-s 120] [--jobs LABEL,...]
+        [--methods perseus,nanobatch-perseus,kareus] [--solver fast|exact] [--csv OUT]
+
+Each (job, method) runs ``kareus frontier`` in its own process, so that the peak resident memory
+(``ru_maxrss`` of the child, from ``os.wait4``) is that run's alone; the wall time is the child's
+from start to exit, command start-up included. ``--repo`` runs another checkout of the suite
+(e.g. the commit before a change) with the same jobs, for before/after tables; a run past
+``--timeout-s`` is killed and reported as such. Jobs (A100 SXM4 80 GB):
+
+- ``PP2x8``: GPT-3 2.7B, TP8 PP2, 8 microbatches (the paper's scale);
+- ``PP8x32``: GPT-3 13B, TP8 PP8 DP2, 32 microbatches;
+- ``PP16x64``: GPT-3 175B, TP8 PP16 DP4, 64 microbatches;
+- ``gpt3-175b-1024``: GPT-3 175B on 1,024 GPUs, TP8 PP16 DP8, MBS 2, 128 microbatches, seq 2048;
+- ``llama3.3-70b-512``: Llama 3.3 70B on 512 GPUs, TP8 PP8 DP8, MBS 2, 64 microbatches.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOBS: dict[str, list[str]] = {
+    "PP2x8": ["-w", "gpt3-2.7b", "--tp", "8", "--pp", "2", "--mbs", "2", "--microbatches", "8"],
+    "PP8x32": ["-w", "gpt3-13b", "--tp", "8", "--pp", "8", "--dp", "2", "--mbs", "2",
+               "--microbatches", "32"],
+    "PP16x64": ["-w", "gpt3-175b", "--tp", "8", "--pp", "16", "--dp", "4", "--mbs", "2",
+                "--microbatches", "64", "--seq", "2048"],
+    "gpt3-175b-1024": ["-w", "gpt3-175b", "--tp", "8", "--pp", "16", "--dp", "8", "--mbs", "2",
+                       "--microbatches", "128", "--seq", "2048"],
+    "llama3.3-70b-512": ["-w", "llama3.3-70b", "--tp", "8", "--pp", "8", "--dp", "8", "--mbs",
+                         "2", "--microbatches", "64"],
+}
+
+
+def run_one(repo: Path, job: str, method: str, timeout_s: float, solver: str | None
+            ) -> dict[str, object]:
+    """One ``kareus frontier`` run in a child process: wall (s), peak RSS (MiB), status."""
+    args = [sys.executable, "-m", "kareus", "frontier", *JOBS[job], "-o", method,
+            "--gpu", "a100-sxm4-80gb", "--json"]
+    if solver is not None:
+        args += ["--solver", solver]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    start = time.perf_counter()
+    child = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    status = "ok"
+    deadline = start + timeout_s
+    while True:
+        pid, code, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            os.killpg(child.pid, signal.SIGKILL)
+            pid, code, usage = os.wait4(child.pid, 0)
+            status = f"killed after {timeout_s:.0f} s"
+            break
+        time.sleep(0.05)
+    wall = time.perf_counter() - start
+    if status == "ok" and code != 0:
+        err = (child.stderr.read() or b"").decode().strip().splitlines()
+        status = f"exit {code >> 8}: {err[-1] if err else ''}"
+    return {"job": job, "method": method, "status": status, "wall_s": round(wall, 1),
+            "peak_mib": round(usage.ru_maxrss / 1024, 0)}
+
+
+@click.command()
+@click.option("--repo", type=click.Path(exists=True, file_okay=False), default=str(ROOT),
+              show_default=True, help="Checkout of the suite to run.")
+@click.option("--timeout-s", type=float, default=600.0, show_default=True)
+@click.option("--jobs", "jobs", default=",".join(JOBS), show_default=True)
+@click.option("--methods", default="perseus,nanobatch-perseus,kareus", show_default=True)
+@click.option("--solver", default=None, help="fast | exact (default: the suite's default).")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False))
+def main(repo: str, timeout_s: float, jobs: str, methods: str, solver: str | None,
+         csv_path: str | None) -> None:
+    rows = []
+    for job in jobs.split(","):
+        if job not in JOBS:
+            raise click.BadParameter(f"unknown job {job!r}; choose from {', '.join(JOBS)}")
+        for method in methods.split(","):
+            row = run_one(Path(repo), job, method, timeout_s, solver)
+            rows.append(row)
+            print(f"{job:18s} {method:18s} {row['wall_s']:8.1f} s {row['peak_mib']:7.0f} MiB  "
+                  f"{row['status']}", flush=True)
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

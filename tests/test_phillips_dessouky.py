@@ -1,0 +1,163 @@
+"""The incremental Phillips–Dessouky solver, the folded fast solve, and linear 1F1B timing."""
+
+import random
+
+import numpy as np
+import pytest
+
+from kareus.graph import Instruction, dag_dependencies, one_f_one_b, schedule_times
+from kareus.methods.phillips_dessouky import IncrementalPhillipsDessouky, min_cut
+from kareus.methods.profiling import profile_instructions
+from kareus.methods.tradeoff import (
+    build_1f1b_dag,
+    fold_map,
+    folded_microbatches,
+    solve,
+    spread_steps,
+)
+from kareus.plan import InstructionPlan
+from kareus.suite.problem import make_problem
+
+
+def _simulated_options(stages, microbatches):
+    problem = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=stages, mbs=2,
+                           microbatches=microbatches)
+    make = lambda c: InstructionPlan.make(float(c), False)  # noqa: E731
+    options = profile_instructions(problem.backend, problem.graph,
+                                   problem.knobs.clocks_mhz[::3], make)
+    return problem, options
+
+
+def _lowtime_dag(options, stages, microbatches):
+    """A fresh lowtime DAG of ``options`` (solvers change their operations in place)."""
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
+    from lowtime.perseus.instruction import Backward, Forward
+
+    from kareus.methods.tradeoff import fit_exponential_model
+
+    spec_map = {}
+    for s in range(stages):
+        spec_map[s] = {}
+        for direction, cls in (("forward", Forward), ("backward", Backward)):
+            opts = [ExecutionOption[int](real_time=o.time_s, unit_time=1e-3, cost=o.energy_j,
+                                         knob=k) for k, o in enumerate(options[(s, direction)])]
+            cand = CandidateExecutionOptions[int](options=opts)
+            spec_map[s][cls] = OperationSpec[int](options=cand,
+                                                  cost_model=fit_exponential_model(cand))
+    return build_1f1b_dag(spec_map, stages, microbatches)
+
+
+def _trace(solver, nodes):
+    return [(r.iteration, r.quant_time, r.cost, tuple(lt.assigned_knob for _, lt in nodes))
+            for r in solver.run()]
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 6)])
+def test_incremental_solver_is_lowtimes_step_for_step(stages, microbatches):
+    from lowtime.solver import PhillipsDessouky
+
+    _, options = _simulated_options(stages, microbatches)
+    dag, nodes = _lowtime_dag(options, stages, microbatches)
+    reference = _trace(PhillipsDessouky(dag), nodes)
+    dag, nodes = _lowtime_dag(options, stages, microbatches)
+    ours = _trace(IncrementalPhillipsDessouky(dag, cut="lowtime"), nodes)
+    assert len(reference) > 20
+    assert ours == reference  # times, costs and every knob, bit for bit
+
+
+def test_ortools_cut_follows_the_same_time_cost_path():
+    from lowtime.solver import PhillipsDessouky
+
+    _, options = _simulated_options(4, 6)
+    dag, nodes = _lowtime_dag(options, 4, 6)
+    reference = _trace(PhillipsDessouky(dag), nodes)
+    dag, nodes = _lowtime_dag(options, 4, 6)
+    ours = _trace(IncrementalPhillipsDessouky(dag, cut="ortools"), nodes)
+    assert [r[1] for r in ours] == [r[1] for r in reference]
+    assert np.allclose([r[2] for r in ours], [r[2] for r in reference], rtol=1e-9, atol=0)
+
+
+def test_min_cut_with_lower_bounds():
+    # 0 -> 1 -> 3 and 0 -> 2 -> 3; the cheapest cut takes edge 1->3 (2) and 0->2 (1).
+    tails, heads = np.array([0, 1, 0, 2]), np.array([1, 3, 2, 3])
+    upper = np.array([5.0, 2.0, 1.0, 4.0])
+    lower = np.zeros(4)
+    side = min_cut(tails, heads, lower, upper, 0, 3, 4)
+    assert side.tolist() == [True, True, False, False]
+    # a lower bound no flow can meet: infeasible
+    assert min_cut(tails, heads, np.array([3.0, 0, 0, 0]), upper, 0, 3, 4) is None
+
+
+def test_unknown_cut_back_end_is_refused():
+    _, options = _simulated_options(2, 4)
+    dag, _ = _lowtime_dag(options, 2, 4)
+    with pytest.raises(ValueError, match="minimum-cut"):
+        IncrementalPhillipsDessouky(dag, cut="networkx")
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 64), (4, 40), (8, 48), (16, 128)])
+def test_fold_keeps_warmup_and_drain_and_repeats_one_steady_microbatch(stages, microbatches):
+    solved = folded_microbatches(stages, microbatches)
+    assert solved == max(2 * stages + 2, 32) < microbatches
+    source = fold_map(stages, microbatches, solved)
+    mapped = [source(m) for m in range(microbatches)]
+    head = (solved - 1) // 2
+    tail = solved - head - 1
+    assert head >= stages and tail >= stages + 1  # every warm-up and drain kept
+    assert mapped[:head] == list(range(head))
+    assert mapped[microbatches - tail:] == list(range(head + 1, solved))
+    assert set(mapped[head:microbatches - tail]) == {head}
+    assert sorted(set(mapped)) == list(range(solved))
+
+
+def test_short_pipelines_are_not_folded():
+    assert folded_microbatches(2, 8) == 8
+    assert folded_microbatches(8, 32) == 32
+    source = fold_map(2, 8, 8)
+    assert [source(m) for m in range(8)] == list(range(8))
+
+
+def test_fast_solve_gives_every_instruction_a_knob():
+    _, options = _simulated_options(2, 40)
+    steps = list(solve(options, 2, 40, 85.0, fast=True))
+    exact_steps = list(solve(options, 2, 32, 85.0))
+    assert abs(len(steps) - len(exact_steps)) <= 0.1 * len(exact_steps)  # a 32-microbatch DAG
+    knobs = steps[len(steps) // 2].knobs
+    assert set(knobs) == {i for seq in one_f_one_b(2, 40).values() for i in seq}
+    # the steady microbatches share the middle one's knobs
+    middle = {(i.stage, i.direction): k for i, k in knobs.items() if i.microbatch == 15}
+    for ins, knob in knobs.items():
+        if 15 <= ins.microbatch < 40 - 16:
+            assert knob == middle[(ins.stage, ins.direction)]
+
+
+def test_spread_steps_keeps_the_ends():
+    steps = list(range(1000))
+    kept = spread_steps(steps, 64)
+    assert len(kept) == 64 and kept[0] == 0 and kept[-1] == 999
+    assert spread_steps(steps, None) == steps
+    assert spread_steps(steps[:10], 64) == steps[:10]
+
+
+def _reference_times(stages, microbatches, durations, p2p):
+    """Earliest times by brute force over the dependency lists (the definition)."""
+    deps = dag_dependencies(stages, microbatches)
+    times = {}
+    while len(times) < len(deps):
+        for ins, preds in deps.items():
+            if ins in times or any(p not in times for p in preds):
+                continue
+            start = max([times[p][1] + (p2p if p.stage != ins.stage else 0.0) for p in preds],
+                        default=0.0)
+            times[ins] = (start, start + durations[ins])
+    return times
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 5), (4, 4), (5, 11), (8, 3)])
+def test_schedule_times_match_the_dependency_definition(stages, microbatches):
+    rng = random.Random(stages * 100 + microbatches)
+    durations = {Instruction(s, m, d): rng.uniform(0.5, 2.0) for s in range(stages)
+                 for m in range(microbatches) for d in ("forward", "backward")}
+    for p2p in (0.0, 0.3):
+        assert schedule_times(stages, microbatches, durations, p2p) == \
+            _reference_times(stages, microbatches, durations, p2p)

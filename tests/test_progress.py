@@ -1,0 +1,57 @@
+"""Progress of long work: counted by the work, shown only on a terminal."""
+
+from dataclasses import replace
+
+from kareus.cli import main
+from kareus.plugins import load_optimizer
+from kareus.progress import SILENT
+from kareus.suite.harness import run_optimizer
+from kareus.suite.problem import make_problem
+from kareus.suite.progress import terminal_progress
+
+
+class Recorder:
+    """A Progress that remembers every task and how far it got."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def start(self, description, total=None):
+        task = {"description": description, "total": total, "done": 0, "closed": False}
+        self.tasks.append(task)
+
+        class Task:
+            def advance(self, amount=1):
+                task["done"] += amount
+
+            def done(self):
+                task["closed"] = True
+
+        return Task()
+
+
+def test_kareus_reports_partitions_solver_steps_and_plans():
+    rec = Recorder()
+    problem = replace(make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=2, mbs=2,
+                                   microbatches=4), progress=rec)
+    run = run_optimizer("kareus", load_optimizer("kareus"), problem)
+    assert run.status == "ok"
+    names = [t["description"] for t in rec.tasks]
+    assert names == ["kareus: partition searches", "kareus: solver steps",
+                     "kareus: evaluating plans"]
+    partitions, steps, plans = rec.tasks
+    assert partitions["done"] == partitions["total"] > 0
+    assert steps["done"] > 0 and abs(steps["done"] - steps["total"]) <= 0.2 * steps["total"] + 2
+    assert plans["done"] == plans["total"] == len(run.plans)
+    assert all(t["closed"] for t in rec.tasks)
+
+
+def test_nothing_is_shown_off_a_terminal(capsys):
+    with terminal_progress(True) as progress:  # pytest captures: not a terminal
+        assert progress is SILENT
+    with terminal_progress(False) as progress:
+        assert progress is SILENT
+    assert main(["frontier", "-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
+                 "--microbatches", "4", "-o", "perseus", "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and out.out.lstrip().startswith("{")
