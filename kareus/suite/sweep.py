@@ -166,7 +166,9 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
                                       fr_["kareus iso-energy ΔT %"],
                                       fr_["nanobatch-perseus iso-time ΔE %"],
                                       fr_["nanobatch-perseus iso-energy ΔT %"])]
+    own = [f"{c.label} on {c.gpu}" for c in get_suite(suite) if c.gpu and c.gpu != gpu]
     lines = [f"# Suite `{suite}` on {gpu} ({backend} backend)", "",
+             *([f"Configurations with their own GPU: {'; '.join(own)}.", ""] if own else []),
              "Every optimizer's numbers are in max_throughput.csv and frontier.csv; the tables "
              "below show the methods the paper compares.", "",
              "## Max-throughput plan vs Megatron-LM (ΔT %, ΔE %; positive = reduction)", "",
