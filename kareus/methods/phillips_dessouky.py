@@ -16,16 +16,20 @@ move. :class:`IncrementalPhillipsDessouky` therefore converts the DAG to activit
   ``earliest_finish == latest_finish`` in integers);
 - the flow bounds of the critical edges with lowtime's own formula, from cost-model values
   cached per (cost model, duration);
-- the minimum cut with lowtime's own Rust core, fed exactly the node and edge lists (same order)
-  that ``format_rust_inputs`` builds from lowtime's critical DAG;
+- the minimum cut, by one of two back ends: lowtime's own Rust core, fed the critical edges in
+  the order ``format_rust_inputs`` gives them (nodes without a critical edge left out: they
+  carry no flow and are never reached), or :func:`min_cut` (OR-tools, exact integers);
 - the duration changes with lowtime's own rule, through each ``Operation``'s ``duration``
-  setter (so ``assigned_knob`` follows as in lowtime), visiting the cut in lowtime's order;
+  setter (so ``assigned_knob`` follows as in lowtime);
 - the total cost as lowtime sums it (every non-dummy operation in edge order).
 
-Every yielded :class:`lowtime.solver.IterationResult` and every operation's duration and knob are
-identical to ``PhillipsDessouky.run``'s (``tests/test_phillips_dessouky.py`` checks step for step).
-What it does not maintain is each ``Operation``'s ``earliest_*`` / ``latest_*`` fields, which
-nothing in this suite reads.
+With lowtime's cut, every yielded :class:`lowtime.solver.IterationResult` and every operation's
+duration and knob are identical to ``PhillipsDessouky.run``'s (``tests/test_phillips_dessouky.py``
+checks step for step; ``benchmarks/perseus_exact.py`` on the Perseus profiles). With OR-tools'
+cut the times are the same and the costs agree to about 1e-9; where two cuts cost the same it may
+take the other one (e.g. swap equal-cost clocks between identical stages). What it does not
+maintain is each ``Operation``'s ``earliest_*`` / ``latest_*`` fields, which nothing in this
+suite reads.
 """
 
 from __future__ import annotations

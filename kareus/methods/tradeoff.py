@@ -27,6 +27,12 @@ the ``lowtime`` reference driver for Perseus:
 Each step is returned with its knob assignment and the solver's own time (``quant_time`` units)
 and cost; the authors report exactly those (:func:`solver_energy`). Evaluating the resulting plans
 (on a profile, a simulator or real GPUs) is the caller's job.
+
+For large jobs ``solve(..., fast=True)`` folds a long pipeline's steady state
+(:func:`folded_microbatches`) and uses exact integer minimum cuts
+(:mod:`kareus.methods.phillips_dessouky`); :func:`time_unit` bounds the number of steps,
+:func:`plan_budget` the plans kept. :class:`SlackReclaimer` re-chooses a plan's options within
+their slack on the measured options (Kareus uses it; the baselines keep Perseus's procedure).
 """
 
 from __future__ import annotations
