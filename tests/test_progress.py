@@ -55,3 +55,16 @@ def test_nothing_is_shown_off_a_terminal(capsys):
                  "--microbatches", "4", "-o", "perseus", "--json"]) == 0
     out = capsys.readouterr()
     assert out.err == "" and out.out.lstrip().startswith("{")
+
+
+def test_a_sweep_piped_to_a_file_shows_no_progress_bar(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "reproduce.py"), "--suite", "smoke",
+                           "--optimizers", "megatron,perseus", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "━" not in proc.stderr and "cells (configuration" not in proc.stderr

@@ -59,6 +59,7 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kareus.suite.executors import CellTask, execute
+    from kareus.suite.progress import on_terminal
     from kareus.suite.store import ResultsStore
 
     store = ResultsStore(root)
@@ -87,7 +88,8 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
         console.print(f"reusing {reused} finished cell(s); computing {len(tasks)}")
     interrupted: BaseException | None = None
     with Progress(TextColumn("{task.description:<58}"), BarColumn(bar_width=24),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  disable=not on_terminal()) as progress:
         bar = progress.add_task("cells (configuration x optimizer)", total=len(tasks))
 
         def done(task: CellTask, record: dict) -> None:
