@@ -76,7 +76,7 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
                 f"(data row {bad_rows[0] + 1})"
             )
     stages = df["stage"].to_numpy(dtype=float)
-    if any(s < 0 or s != int(s) for s in stages):
+    if any(not math.isfinite(s) or s < 0 or s != int(s) for s in stages):
         raise ProfileError(f"{source}: column 'stage' must hold non-negative integers")
     df["stage"] = df["stage"].astype(int)
     freqs = df["frequency"].to_numpy(dtype=float)
