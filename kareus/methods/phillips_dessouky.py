@@ -125,7 +125,8 @@ class IncrementalPhillipsDessouky(PhillipsDessouky):
             crit = np.array(critical, dtype=np.int64)
             lower, upper = table.bounds(crit, np.array(duration)[crit])
             if self.cut == "lowtime":
-                in_source = _lowtime_cut(ids, eu[crit], ev[crit], lower, upper, source, sink)
+                in_source = _lowtime_cut(ids, index, eu[crit], ev[crit], lower, upper,
+                                         source, sink)
             else:
                 in_source = min_cut(eu[crit], ev[crit], lower, upper, source, sink, n_nodes)
             if in_source is None:
@@ -227,11 +228,12 @@ class _CostTable:
         return lb // FP_ERROR * FP_ERROR, ub // FP_ERROR * FP_ERROR
 
 
-def _lowtime_cut(ids: "np.ndarray", tails: "np.ndarray", heads: "np.ndarray",
-                 lower: "np.ndarray", upper: "np.ndarray", source: int, sink: int
-                 ) -> "np.ndarray | None":
+def _lowtime_cut(ids: "np.ndarray", index: dict[int, int], tails: "np.ndarray",
+                 heads: "np.ndarray", lower: "np.ndarray", upper: "np.ndarray", source: int,
+                 sink: int) -> "np.ndarray | None":
     """Source side (a mask over node indices) of lowtime's own minimum cut (its Rust core, fed
-    the critical edges in lowtime's order), or ``None`` when lowtime finds no feasible flow."""
+    the critical edges in lowtime's order), or ``None`` when lowtime finds no feasible flow.
+    ``index`` maps a node id to its index in ``ids``."""
     import numpy as np
     from lowtime import _lowtime_rs
     from lowtime.exceptions import LowtimeFlowError
@@ -246,9 +248,8 @@ def _lowtime_cut(ids: "np.ndarray", tails: "np.ndarray", heads: "np.ndarray",
         s_set, _ = runner.find_min_cut()
     except LowtimeFlowError:
         return None
-    position = {int(n): i for i, n in enumerate(ids.tolist())}
     mask = np.zeros(len(ids), dtype=bool)
-    mask[[position[n] for n in s_set]] = True
+    mask[[index[n] for n in s_set]] = True
     return mask
 
 
