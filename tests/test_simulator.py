@@ -39,13 +39,21 @@ def test_wave_quantization_steps(uncapped):
 
 
 def test_collective_speed_grows_with_sms_and_clock_until_the_link_saturates(uncapped, a100):
-    # A tuned kernel: its SMs' path (SMs x clock x per-SM rate) and the link's add in series.
+    # A tuned kernel: the soft minimum of its SMs' path (SMs x clock x per-SM rate) and its
+    # link path, never faster than either.
     few = [uncapped.collective_time(AR, 1410, k) for k in (3, 6, 12, 24, 32)]
     assert all(a > b for a, b in zip(few, few[1:]))
     assert uncapped.collective_time(AR, 900, 6) > uncapped.collective_time(AR, 1410, 6)
-    link_path = AR.bus_bytes / (a100.tuned_link_fraction * a100.nvlink_bw)
-    sm_path = AR.bus_bytes / (32 * a100.tuned_bw_per_sm_mhz * 1410)
-    assert few[-1] == pytest.approx(a100.comm_latency_s + link_path + sm_path)
+    link_rate = a100.tuned_link_fraction * a100.nvlink_bw
+    sm_rate = 32 * a100.tuned_bw_per_sm_mhz * 1410
+    p = a100.tuned_pipelining
+    rate = (sm_rate ** -p + link_rate ** -p) ** (-1 / p)
+    assert few[-1] == pytest.approx(a100.comm_latency_s + AR.bus_bytes / rate)
+    assert rate < min(sm_rate, link_rate)
+    # p = 1 is store and forward: the two paths' times add
+    sf = SimulatorBackend(a100.with_overrides(tuned_pipelining=1.0), power_limit_w=1e9)
+    assert sf.collective_time(AR, 1410, 32) == pytest.approx(
+        a100.comm_latency_s + AR.bus_bytes / sm_rate + AR.bus_bytes / link_rate)
     # fewer threads per block move less per SM
     assert uncapped.collective_time(AR, 1410, 6, 512) > uncapped.collective_time(AR, 1410, 6)
     # The library's kernel (NCCL) reaches the link's bandwidth with its default channels.

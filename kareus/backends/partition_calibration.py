@@ -47,6 +47,7 @@ _TIME_PARAMS: tuple[tuple[str, str, float], ...] = (
     ("tuned_bw_per_sm_mhz", "log", 7.0e9 / 1410),
     ("tuned_block_exponent", "log", 0.86),
     ("tuned_link_fraction", "unit", 0.9),
+    ("tuned_pipelining", "0.5..6", 1.5),
     ("comm_launch_s", "log", 6e-6),
     ("comm_rate_beside_memory", "unit", 0.8),
     ("comm_rate_beside_gemm", "unit", 0.9),
@@ -68,7 +69,8 @@ _ENERGY_PARAMS: tuple[tuple[str, str, float], ...] = (
 #: How far below the requested clock the power cap is looked for in predictions (MHz).
 _CAP_SPAN_MHZ = 300.0
 #: The collective's own law: identified by the sequential window, where it runs alone.
-_COMM_ALONE = {"tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction"}
+_COMM_ALONE = {"tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction",
+               "tuned_pipelining"}
 #: Weight of the penalty pulling log(work factor) towards 0 (relative-error units).
 _WORK_PRIOR = 0.02
 #: Function evaluations each least-squares stage may spend per free parameter: a fit on part of

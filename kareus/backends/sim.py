@@ -176,9 +176,11 @@ class SimulatorBackend:
 
         ``sms`` (shape (K, 1)) holds SM counts of tuned kernels, or :data:`LIBRARY_DEFAULT` for
         the collective library's kernel. A library collective (NCCL) moves ``min(link ·
-        efficiency, channels · clock · per-channel rate)``; a tuned kernel's per-SM path and the
-        link add in series: ``1 / (1 / (SMs · clock · per-SM rate) + 1 / link)``, its per-SM rate
-        scaled by its threads per block.
+        efficiency, channels · clock · per-channel rate)``. A tuned kernel is bounded by its SMs'
+        path (SMs · clock · per-SM rate, the per-SM rate scaled by its threads per block) and its
+        link path (``tuned_link_fraction`` of the link); a chunked pipeline combines the two as a
+        soft minimum, ``(sm_path^-p + link_path^-p)^(-1/p)`` with ``p = tuned_pipelining``
+        (``p = 1``: the two times add, store and forward).
         """
         g = self.gpu
         f = self.grid[None, :]
@@ -188,7 +190,8 @@ class SimulatorBackend:
         lib_rate = np.minimum(link * g.link_efficiency, channels * g.comm_bw_per_sm_mhz * f)
         per_sm = g.tuned_bw_per_sm_mhz * (threads / g.comm_block_default) ** g.tuned_block_exponent
         tuned_link = g.tuned_link_fraction * link
-        tuned_rate = 1.0 / (1.0 / (np.maximum(sms, 1) * per_sm * f) + 1.0 / tuned_link)
+        q = g.tuned_pipelining
+        tuned_rate = ((np.maximum(sms, 1) * per_sm * f) ** -q + tuned_link ** -q) ** (-1.0 / q)
         rate = np.where(library, lib_rate, tuned_rate)
         power = (g.sm_dyn_power_w * self._sm_scale[None, :] * g.activity_comm * (channels / g.sms)
                  + g.hbm_dyn_power_w * np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw)

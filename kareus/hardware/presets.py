@@ -55,8 +55,12 @@ class GPUPreset:
         tuned_block_exponent: Per-SM throughput of a tuned collective scales as
             ``(threads / comm_block_default) ** this`` (memory-level parallelism per SM).
         tuned_link_fraction: Fraction of the link's bandwidth (per direction) that the tuned
-            collective's link path reaches; that path adds in series to the SMs': its time is
-            ``bytes / (SMs · per-SM rate) + bytes / (this · link)``.
+            collective's link path reaches.
+        tuned_pipelining: How the two limits of a tuned collective combine, the exponent ``p``
+            of the soft minimum ``rate = ((SMs · per-SM rate)^-p + (link path)^-p)^(-1/p)``.
+            ``p = 1`` is store-and-forward (the SMs' time and the link's add: no overlap between
+            copying a chunk and sending the previous one); larger ``p`` is a chunked pipeline in
+            which the slower of the two sets the rate and the knee between them is sharper.
         comm_block_default: Threads per block of a tuned collective unless a plan says otherwise.
         comm_library_threads: Threads per block (channel) of the collective library's kernel.
         threads_per_sm: Resident threads one SM holds; a collective block of ``b`` threads takes
@@ -119,31 +123,32 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.953e6
-    tuned_block_exponent: float = 0.860
-    tuned_link_fraction: float = 0.698
+    tuned_bw_per_sm_mhz: float = 4.801e6
+    tuned_block_exponent: float = 0.8586
+    tuned_link_fraction: float = 0.3062
+    tuned_pipelining: float = 1.781
     comm_block_default: int = 1024
     comm_library_threads: int = 512
     threads_per_sm: int = 2048
     comm_max_sms: int = 32
-    comm_launch_s: float = 2.445e-6
-    comm_rate_beside_memory: float = 0.2646
-    comm_rate_beside_gemm: float = 0.6961
-    comm_rate_beside_attention: float = 0.7010
+    comm_launch_s: float = 2.472e-6
+    comm_rate_beside_memory: float = 0.2381
+    comm_rate_beside_gemm: float = 0.656
+    comm_rate_beside_attention: float = 0.7312
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.2842
-    overlap_slowdown_gemm: float = 0.3228
-    overlap_slowdown_attention: float = 0.0829
-    host_issue_memory_s: float = 198.6e-6
-    host_issue_gemm_s: float = 84.4e-6
-    host_issue_attention_s: float = 72.4e-6
-    partition_harness_s: float = 38.7e-6
+    overlap_slowdown_memory: float = 0.1747
+    overlap_slowdown_gemm: float = 0.1725
+    overlap_slowdown_attention: float = 0.08073
+    host_issue_memory_s: float = 194.2e-6
+    host_issue_gemm_s: float = 91.9e-6
+    host_issue_attention_s: float = 75.9e-6
+    partition_harness_s: float = 47.5e-6
     kernel_overhead_s: float = 4e-6
     link_dyn_power_w: float = 40.0
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.404
+    activity_comm: float = 0.4307
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -194,7 +199,8 @@ _COMMON_SOURCES = {
     "comm_latency_s": "assumed: NCCL small-message all-reduce latency on NVLink, ~25 us",
     "comm_hbm_factor": "assumed: ring all-reduce reads and writes local HBM about 3x per bus byte",
     **{name: _SWEEP_FIT for name in (
-        "tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction", "comm_launch_s",
+        "tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction", "tuned_pipelining",
+        "comm_launch_s",
         "comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
         "overlap_slowdown_memory", "overlap_slowdown_gemm", "overlap_slowdown_attention",
         "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
