@@ -276,6 +276,11 @@ def _partition(gpu: str) -> None:
     click.echo(f"measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
                f"{best['comm_sm_number']} SMs x {best['comm_block_size']}, predicted rank "
                f"{f['measured_best_predicted_rank']} of {f['rows']}")
+    pb = f["predicted_best"]
+    click.echo(f"predicted fastest: window ({pb['overlap_start']}, {pb['overlap_end']}), "
+               f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']}, measures "
+               f"{pb['measured_time_s'] * 1e3:.3f} ms "
+               f"({100 * (pb['measured_time_s'] / best['time_s'] - 1):+.1f} % over the fastest)")
 
 
 if __name__ == "__main__":

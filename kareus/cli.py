@@ -554,7 +554,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
     def text() -> str:
         f = cal.fit
         h = f["holdout"]
-        best = f["measured_best"]
+        best, pb = f["measured_best"], f["predicted_best"]
         return "\n".join([
             f"{preset.name}: partition law fitted to {f['rows']} configurations of {sweep_path} "
             f"(mean of {f['repeats']} repeats); written to {out_path}",
@@ -565,6 +565,10 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
             f"  measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
             f"{best['comm_sm_number']} SMs x {best['comm_block_size']} threads, "
             f"{best['time_s'] * 1e3:.3f} ms; predicted rank {f['measured_best_predicted_rank']}",
+            f"  predicted fastest: window ({pb['overlap_start']}, {pb['overlap_end']}), "
+            f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']} threads, measures "
+            f"{pb['measured_time_s'] * 1e3:.3f} ms "
+            f"({100 * (pb['measured_time_s'] / best['time_s'] - 1):+.1f} % over the measured fastest)",
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
         ])
 

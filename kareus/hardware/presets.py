@@ -251,7 +251,7 @@ _A100_V_RATIO = 1.318
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
 #: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.690, hbm_efficiency=0.473, sm_dyn_power_w=402.5,
+_A100_40_FRONTIER = dict(gemm_efficiency=0.6927, hbm_efficiency=0.4765, sm_dyn_power_w=402.5,
                          library_rate_beside=0.991)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
