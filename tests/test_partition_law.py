@@ -242,7 +242,16 @@ def test_calibrate_command_writes_the_fit_atomically(tmp_path, spec, spec_file, 
     assert rep["fit"]["time_mape_pct"] < 2.0 and "holdout" in rep["fit"]
     assert fig.stat().st_size > 0
     cal = PartitionCalibration.load(out_file, "a100-sxm4-40gb", spec.sha256, 7)
-    assert set(cal.law) >= {"tuned_bw_per_sm_mhz", "comm_launch_s", "activity_comm"}
+    assert set(cal.law) >= {"tuned_bw_per_sm_mhz", "tuned_pipelining", "comm_launch_s",
+                            "activity_comm"}
+    # the text report says where the measured best ranks and what the predicted best measures
+    # (the fit above is reused: the report is what is tested here)
+    monkeypatch.setattr("kareus.backends.partition_calibration.fit_partition",
+                        lambda *args, **kwargs: cal)
+    code, text, _ = _run(["calibrate", "--partition-sweep", str(sweep), "--spec", str(spec_file),
+                          "--gpu", "a100-sxm4-40gb", "--out", str(tmp_path / "c2.json")], capsys)
+    assert code == 0 and "predicted rank" in text
+    assert "predicted fastest: window" in text and "% over the measured fastest" in text
     # bad input: nothing written, one line, status 2
     bad = tmp_path / "bad.csv"
     pd.read_csv(sweep).drop(columns=["0:time (s)", "1:time (s)", "2:time (s)"]).to_csv(
