@@ -251,7 +251,7 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
 
 
 def _partition(gpu: str) -> None:
-    from kareus.backends.partition_calibration import fit_partition
+    from kareus.backends.partition_calibration import collective_alone_holdout, fit_partition
     from kareus.hardware.partition_sweep import load_sweep
     from workloads.partition_spec import PartitionSpec
 
@@ -281,6 +281,10 @@ def _partition(gpu: str) -> None:
                f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']}, measures "
                f"{pb['measured_time_s'] * 1e3:.3f} ms "
                f"({100 * (pb['measured_time_s'] / best['time_s'] - 1):+.1f} % over the fastest)")
+    alone = collective_alone_holdout(part, sweep, preset)
+    click.echo("the collective alone (window (-1, -1)), fitted on 1-10 SMs, predicting 11-20: "
+               + "; ".join(f"{k} law {v['time_mape_pct']:.2f} % (max {v['time_max_ape_pct']:.2f} %"
+                           f", p = {v['tuned_pipelining']:.2f})" for k, v in alone.items()))
 
 
 if __name__ == "__main__":

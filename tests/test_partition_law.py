@@ -11,7 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kareus.backends.partition_calibration import PartitionCalibration, fit_partition, predict
+from kareus.backends.partition_calibration import (
+    PartitionCalibration,
+    collective_alone_holdout,
+    fit_partition,
+    predict,
+)
 from kareus.backends.sim import SimulatorBackend
 from kareus.cli import main
 from kareus.errors import InputError
@@ -278,3 +283,18 @@ def test_sim_rejects_windows_it_cannot_run(spec, a100_40):
     part = spec.partition()
     with pytest.raises(InputError, match="threads per block"):
         sim.evaluate_partition(part, np.array([1410.0]), np.array([4]), np.array([[0, 6]]), 48)
+
+
+def test_collective_alone_holdout_prefers_the_law_that_made_the_data(tmp_path, spec, a100_40):
+    # 'Measurements' from the preset's own (pipelined) law: fitted on 1-4 SMs, the pipelined
+    # law predicts 8 and 16 SMs better than the series law can.
+    sweep_path = tmp_path / "sweep.csv"
+    _sweep_csv(sweep_path, spec, a100_40, ROWS)
+    part = spec.partition()
+    sweep = load_sweep(sweep_path, len(part.compute), a100_40.comm_max_sms)
+    out = collective_alone_holdout(part, sweep, a100_40, split_sms=4)
+    assert out["series"]["tuned_pipelining"] == 1.0
+    assert out["pipelined"]["time_mape_pct"] < out["series"]["time_mape_pct"]
+    assert out["pipelined"]["time_mape_pct"] < 1.0
+    with pytest.raises(InputError, match="both sides"):
+        collective_alone_holdout(part, sweep, a100_40, split_sms=16)

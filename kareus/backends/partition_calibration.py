@@ -222,6 +222,60 @@ def _mape(pred: NDArray, meas: NDArray) -> float:
     return float(100 * np.mean(np.abs(pred / meas - 1)))
 
 
+def _fit_collective_alone(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
+                          clock_mhz: float | None, fixed: dict[str, float] | None = None
+                          ) -> tuple[dict[str, float], float]:
+    """Least squares of the collective's own law (:data:`_COMM_ALONE`, less ``fixed``, which is
+    held at the given values) and one common work factor for the compute chain, on rows where
+    the collective runs alone (window (-1, -1)); every other time parameter at its starting point
+    in :data:`_TIME_PARAMS`. Returns the law (``fixed`` included) and the work factor."""
+    from scipy.optimize import least_squares
+
+    fixed = dict(fixed or {})
+    free = [(name, kind, v) for name, kind, v in _TIME_PARAMS
+            if name in _COMM_ALONE and name not in fixed]
+    n = len(partition.compute)
+
+    def unpack(y: NDArray) -> tuple[dict[str, float], float]:
+        law = {name: _decode(kind, v) for (name, kind, _), v in zip(free, y)}
+        return {**law, **fixed}, float(np.exp(y[-1]))
+
+    start = gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS})
+
+    def resid(y: NDArray) -> NDArray:
+        law, work = unpack(y)
+        t, _ = predict(partition, sweep.configs, start.with_overrides(**law), clock_mhz,
+                       np.full(n, work))
+        return t / sweep.time_s - 1
+
+    y0 = np.array([_encode(kind, v) for _, kind, v in free] + [0.0])
+    return unpack(least_squares(resid, y0).x)
+
+
+def collective_alone_holdout(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
+                             clock_mhz: float | None = None, split_sms: int = 10
+                             ) -> dict[str, dict[str, float]]:
+    """How the collective's law extrapolates in SMs: fitted on the sequential rows with at most
+    ``split_sms`` SMs, the time MAPE and max APE (%) of the rows above, for the pipelined soft
+    minimum (the simulator's law) and for the series law (``tuned_pipelining`` = 1)."""
+    seq = sweep.subset(sweep.configs.start < 0)
+    low = seq.configs.sms <= split_sms
+    if low.sum() < len(_COMM_ALONE) + 2 or low.all():
+        raise InputError(f"the sweep's sequential window needs rows on both sides of "
+                         f"{split_sms} SMs for this hold-out")
+    train, test = seq.subset(low), seq.subset(~low)
+    out = {}
+    for label, fixed in (("pipelined", None), ("series", {"tuned_pipelining": 1.0})):
+        law, work = _fit_collective_alone(partition, train, gpu, clock_mhz, fixed)
+        start = gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS})
+        t, _ = predict(partition, test.configs, start.with_overrides(**law), clock_mhz,
+                       np.full(len(partition.compute), work))
+        ape = 100 * np.abs(t / test.time_s - 1)
+        out[label] = {"time_mape_pct": float(ape.mean()), "time_max_ape_pct": float(ape.max()),
+                      "tuned_pipelining": float(law["tuned_pipelining"])}
+    return out
+
+
 def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
              clock_mhz: float | None, starts: int = 2
              ) -> tuple[dict[str, float], NDArray[np.float64], NDArray[np.float64]]:
@@ -246,22 +300,12 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     x0 = np.array([_encode(k, v) for _, k, v in _TIME_PARAMS] + [0.0] * (2 * n))
     # Stage 1: the collective's own law from the sequential window (it runs alone there).
     seq = sweep.configs.start < 0
-    comm_idx = [i for i, (name, _, _) in enumerate(_TIME_PARAMS) if name in _COMM_ALONE]
-    if seq.sum() >= len(comm_idx) + 2:
-        sub = sweep.subset(seq)
-
-        def seq_resid(y: NDArray) -> NDArray:
-            x = x0.copy()
-            x[comm_idx] = y[:-1]
-            x[m:m + n] = y[-1]  # one common work factor for the compute chain
-            law, work, host = unpack_time(x)
-            t, _ = predict(partition, sub.configs, gpu.with_overrides(**law), clock_mhz, work,
-                           host)
-            return t / sub.time_s - 1
-
-        y = least_squares(seq_resid, np.append(x0[comm_idx], 0.0)).x
-        x0[comm_idx] = y[:-1]
-        x0[m:m + n] = y[-1]
+    if seq.sum() >= len(_COMM_ALONE) + 2:
+        alone, common_work = _fit_collective_alone(partition, sweep.subset(seq), gpu, clock_mhz)
+        for i, (name, kind, _) in enumerate(_TIME_PARAMS):
+            if name in alone:
+                x0[i] = _encode(kind, alone[name])
+        x0[m:m + n] = np.log(common_work)
     # Stage 2: everything, from several starting points of the per-op factors and contention.
     rng = np.random.default_rng(0)
     best = None

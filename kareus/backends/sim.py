@@ -190,8 +190,12 @@ class SimulatorBackend:
         lib_rate = np.minimum(link * g.link_efficiency, channels * g.comm_bw_per_sm_mhz * f)
         per_sm = g.tuned_bw_per_sm_mhz * (threads / g.comm_block_default) ** g.tuned_block_exponent
         tuned_link = g.tuned_link_fraction * link
-        q = g.tuned_pipelining
-        tuned_rate = ((np.maximum(sms, 1) * per_sm * f) ** -q + tuned_link ** -q) ** (-1.0 / q)
+        # the soft minimum ((a^-q + b^-q)^(-1/q)), written as lo · (1 + (lo/hi)^q)^(-1/q) so that
+        # no power of a bandwidth under- or overflows
+        sm_path = np.maximum(sms, 1) * per_sm * f
+        lo, hi = np.minimum(sm_path, tuned_link), np.maximum(sm_path, tuned_link)
+        ratio = np.divide(lo, hi, out=np.zeros(np.broadcast(lo, hi).shape), where=hi > 0)
+        tuned_rate = lo * (1.0 + ratio ** g.tuned_pipelining) ** (-1.0 / g.tuned_pipelining)
         rate = np.where(library, lib_rate, tuned_rate)
         power = (g.sm_dyn_power_w * self._sm_scale[None, :] * g.activity_comm * (channels / g.sms)
                  + g.hbm_dyn_power_w * np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw)
