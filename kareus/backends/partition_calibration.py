@@ -6,7 +6,9 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
 
 - **the tuned collective**: throughput per SM (``tuned_bw_per_sm_mhz``, proportional to the SM
   clock), its dependence on threads per block (``tuned_block_exponent``), the link path it
-  saturates on (``tuned_link_fraction`` of the link) and its launch cost (``comm_launch_s``);
+  saturates on (``tuned_link_fraction`` of the link), how sharply the two combine
+  (``tuned_pipelining``, the soft minimum's exponent; identified, with the three before it, on
+  the sequential window, where the collective runs alone) and its launch cost (``comm_launch_s``);
   its fixed latency (``comm_latency_s``) stays the preset's, since one message size cannot tell
   it from the link path;
 - **contention**: the collective's throughput beside each class of compute kernel
@@ -222,6 +224,11 @@ def _mape(pred: NDArray, meas: NDArray) -> float:
     return float(100 * np.mean(np.abs(pred / meas - 1)))
 
 
+def _at_starting_point(gpu: GPUPreset) -> GPUPreset:
+    """``gpu`` with every time parameter at its starting point in :data:`_TIME_PARAMS`."""
+    return gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS})
+
+
 def _fit_collective_alone(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
                           clock_mhz: float | None, fixed: dict[str, float] | None = None
                           ) -> tuple[dict[str, float], float]:
@@ -240,7 +247,7 @@ def _fit_collective_alone(partition: Partition, sweep: PartitionSweep, gpu: GPUP
         law = {name: _decode(kind, v) for (name, kind, _), v in zip(free, y)}
         return {**law, **fixed}, float(np.exp(y[-1]))
 
-    start = gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS})
+    start = _at_starting_point(gpu)
 
     def resid(y: NDArray) -> NDArray:
         law, work = unpack(y)
@@ -264,10 +271,10 @@ def collective_alone_holdout(partition: Partition, sweep: PartitionSweep, gpu: G
         raise InputError(f"the sweep's sequential window needs rows on both sides of "
                          f"{split_sms} SMs for this hold-out")
     train, test = seq.subset(low), seq.subset(~low)
+    start = _at_starting_point(gpu)
     out = {}
     for label, fixed in (("pipelined", None), ("series", {"tuned_pipelining": 1.0})):
         law, work = _fit_collective_alone(partition, train, gpu, clock_mhz, fixed)
-        start = gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS})
         t, _ = predict(partition, test.configs, start.with_overrides(**law), clock_mhz,
                        np.full(len(partition.compute), work))
         ape = 100 * np.abs(t / test.time_s - 1)
