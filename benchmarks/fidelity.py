@@ -280,7 +280,7 @@ def _partition(gpu: str) -> None:
     click.echo(f"predicted fastest: window ({pb['overlap_start']}, {pb['overlap_end']}), "
                f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']}, measures "
                f"{pb['measured_time_s'] * 1e3:.3f} ms "
-               f"({100 * (pb['measured_time_s'] / best['time_s'] - 1):+.1f} % over the fastest)")
+               f"({pb['measured_excess_pct']:+.1f} % over the fastest)")
     alone = collective_alone_holdout(part, sweep, preset)
     click.echo("the collective alone (window (-1, -1)), fitted on 1-10 SMs, predicting 11-20: "
                + "; ".join(f"{k} law {v['time_mape_pct']:.2f} % (max {v['time_max_ape_pct']:.2f} %"

@@ -568,7 +568,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
             f"  predicted fastest: window ({pb['overlap_start']}, {pb['overlap_end']}), "
             f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']} threads, measures "
             f"{pb['measured_time_s'] * 1e3:.3f} ms "
-            f"({100 * (pb['measured_time_s'] / best['time_s'] - 1):+.1f} % over the measured fastest)",
+            f"({pb['measured_excess_pct']:+.1f} % over the measured fastest)",
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
         ])
 

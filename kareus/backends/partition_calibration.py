@@ -402,7 +402,8 @@ def _in_windows(configs: PartitionConfigs, windows: NDArray[np.int64]) -> NDArra
 
 
 def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> dict[str, object]:
-    """Where the measured fastest configuration ranks among the predicted ones (1 = fastest)."""
+    """Where the measured fastest configuration ranks among the predicted ones (1 = fastest),
+    and how much slower (%) the predicted fastest measures than it."""
     c = sweep.configs
     best = int(np.argmin(sweep.time_s))
     rank = int(np.sum(predicted_time < predicted_time[best])) + 1
@@ -415,4 +416,6 @@ def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> di
     return {"measured_best": {**cfg(best), "time_s": float(sweep.time_s[best])},
             "measured_best_predicted_rank": rank,
             "predicted_best": {**cfg(pred_best), "time_s": float(predicted_time[pred_best]),
-                               "measured_time_s": float(sweep.time_s[pred_best])}}
+                               "measured_time_s": float(sweep.time_s[pred_best]),
+                               "measured_excess_pct": float(
+                                   100 * (sweep.time_s[pred_best] / sweep.time_s[best] - 1))}}
