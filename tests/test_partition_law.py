@@ -15,12 +15,19 @@ from kareus.backends.partition_calibration import (
     PartitionCalibration,
     collective_alone_holdout,
     fit_partition,
+    floor_slope,
     predict,
 )
 from kareus.backends.sim import SimulatorBackend
 from kareus.cli import main
 from kareus.errors import InputError
-from kareus.hardware.partition_sweep import PartitionConfigs, SweepError, load_configs, load_sweep
+from kareus.hardware.partition_sweep import (
+    PartitionConfigs,
+    PartitionSweep,
+    SweepError,
+    load_configs,
+    load_sweep,
+)
 from kareus.hardware.presets import get_preset
 from kareus.suite.datasets import kareus_artifact
 from workloads.errors import WorkloadError
@@ -257,6 +264,7 @@ def test_calibrate_command_writes_the_fit_atomically(tmp_path, spec, spec_file, 
                           "--gpu", "a100-sxm4-40gb", "--out", str(tmp_path / "c2.json")], capsys)
     assert code == 0 and "predicted rank" in text
     assert "predicted fastest: window" in text and "% over the measured fastest" in text
+    assert "floor past" in text  # the floor's rise per SM (or why there is none)
     # bad input: nothing written, one line, status 2
     bad = tmp_path / "bad.csv"
     pd.read_csv(sweep).drop(columns=["0:time (s)", "1:time (s)", "2:time (s)"]).to_csv(
@@ -298,3 +306,25 @@ def test_collective_alone_holdout_prefers_the_law_that_made_the_data(tmp_path, s
     assert out["pipelined"]["time_mape_pct"] < 1.0
     with pytest.raises(InputError, match="both sides"):
         collective_alone_holdout(part, sweep, a100_40, split_sms=16)
+
+
+def test_floor_slope_is_the_rise_past_each_windows_fastest_sm_count():
+    # Window (0, 3): falls to 4 SMs, then rises 2 us and 0.5 mJ per SM; the prediction is flat
+    # past 4 SMs. Window (1, 3) is fastest at its last SM count (too few rows past it) and the
+    # sequential window is not an overlap: neither counts.
+    k = np.arange(1, 11)
+    v_shape = np.where(k < 4, 140.0 - 10 * k, 100.0 + 2 * (k - 4))
+    rows = [(0, 3, v_shape), (1, 3, 200.0 - k), (-1, -1, 300.0 - k)]
+    configs = PartitionConfigs(*(np.concatenate([np.full(k.size, v) for v in col]) for col in (
+        [r[0] for r in rows], [r[1] for r in rows])), np.tile(k, 3), np.full(3 * k.size, 1024))
+    time_s = 1e-6 * np.concatenate([r[2] for r in rows])
+    energy_j = 1e-3 * np.concatenate([np.where(k < 4, 9.0, 5.0 + 0.5 * (k - 4)),
+                                      np.full(k.size, 7.0), np.full(k.size, 8.0)])
+    sweep = PartitionSweep(configs, time_s, energy_j, repeats=3)
+    flat_t = np.where(configs.sms < 4, time_s, 100e-6)
+    out = floor_slope(sweep, flat_t, energy_j)
+    assert out["windows"] == 1
+    assert out["measured_us_per_sm"] == pytest.approx(2.0)
+    assert out["predicted_us_per_sm"] == pytest.approx(0.0, abs=1e-9)
+    assert out["measured_mj_per_sm"] == out["predicted_mj_per_sm"] == pytest.approx(0.5)
+    assert floor_slope(sweep, time_s, energy_j, min_rows=20) == {"windows": 0}

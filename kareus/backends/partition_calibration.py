@@ -16,7 +16,8 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
 - **the host**: time to issue each class of op (``host_issue_*_s``) and the profiling harness's
   per-execution overhead (``partition_harness_s``);
 - **power**: the collective's SM activity (``activity_comm``) and link power
-  (``link_dyn_power_w``), and the activity of memory-bound and attention kernels;
+  (``link_dyn_power_w``); the compute kernels' power is the preset's (its SM power curve and
+  activities), not refitted here;
 - **the partition's own ops**: one work factor per op (the op does that many times the work the
   FLOP/byte count says: extra or unfused kernels), pulled towards 1 by a weak penalty.
 
@@ -371,6 +372,7 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
         "time_max_ape_pct": float(100 * np.max(np.abs(t / sweep.time_s - 1))),
     }
     fit.update(_best_rank(sweep, t))
+    fit["floor_slope"] = floor_slope(sweep, t, e)
     if holdout:
         wins = sweep.configs.windows()
         halves = [wins[0::2], wins[1::2]]
@@ -419,3 +421,36 @@ def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> di
                                "measured_time_s": float(sweep.time_s[pred_best]),
                                "measured_excess_pct": float(
                                    100 * (sweep.time_s[pred_best] / sweep.time_s[best] - 1))}}
+
+
+def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
+                predicted_energy: NDArray[np.float64], min_rows: int = 5) -> dict[str, float]:
+    """What each SM given to the collective past a window's fastest SM count costs, measured and
+    predicted: the least-squares slope of time (us per SM) and energy (mJ per SM) over SM count
+    from that window's (and block size's) measured fastest SM count up, averaged over the
+    overlapped windows with at least ``min_rows`` such rows.
+
+    Past that point the collective is hidden and more SMs only take from the compute: the slope
+    is the floor's rise, which decides where the fastest configuration lies. ``windows`` counts
+    the (window, block size) groups averaged.
+    """
+    c = sweep.configs
+    slopes: list[tuple[float, float, float, float]] = []
+    for s, e, b in sorted(set(zip(c.start.tolist(), c.end.tolist(), c.threads.tolist()))):
+        if s < 0:
+            continue
+        rows = np.flatnonzero((c.start == s) & (c.end == e) & (c.threads == b))
+        rows = rows[np.argsort(c.sms[rows])]
+        rows = rows[int(np.argmin(sweep.time_s[rows])):]
+        if rows.size < min_rows:
+            continue
+        k = c.sms[rows].astype(np.float64)
+        slopes.append(tuple(float(np.polyfit(k, y[rows], 1)[0]) for y in (  # type: ignore[misc]
+            1e6 * sweep.time_s, 1e6 * predicted_time, 1e3 * sweep.energy_j,
+            1e3 * predicted_energy)))
+    if not slopes:
+        return {"windows": 0}
+    mean = np.mean(np.array(slopes), axis=0)
+    return {"windows": len(slopes), "measured_us_per_sm": float(mean[0]),
+            "predicted_us_per_sm": float(mean[1]), "measured_mj_per_sm": float(mean[2]),
+            "predicted_mj_per_sm": float(mean[3])}
