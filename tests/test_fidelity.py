@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kareus.errors import InputError
@@ -15,6 +16,7 @@ from kareus.suite.fidelity import (
     endpoints,
     load_measured,
     measured_configs,
+    method_comparison,
 )
 from kareus.graph import schedule_times
 from kareus.plan import IterationPlan
@@ -71,3 +73,23 @@ def test_the_calibration_frontiers_are_matched(measured):
         s = df[(df.config == cfg.label) & (df.endpoint == "T_min")].set_index("method")
         gain[cfg.tp] = 1 - s.simulated["nanobatch-perseus"] / s.simulated["perseus"]
     assert 0 < gain[4] < gain[8]
+
+
+def test_method_comparison_uses_the_suites_iso_metrics():
+    """Measured: nanobatching is 10 % costlier at Perseus's fastest time and 25 % faster at its
+    least energy; simulated: it never gets as fast as Perseus (NaN) and is 20 % faster at its
+    least energy."""
+    cfg = FrontierConfig("m", 8, 1, 8, 4096)
+    cols = dict(model="m", tp=8, cp=1, mbs=8, seq=4096)
+    measured = pd.DataFrame([
+        {**cols, "method": "perseus", "iteration_time_s": 1.0, "energy_j": 10.0},
+        {**cols, "method": "perseus", "iteration_time_s": 2.0, "energy_j": 8.0},
+        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 0.9, "energy_j": 11.0},
+        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 1.5, "energy_j": 7.5}])
+    sims = {(cfg, "perseus"): (np.array([1.0, 2.0]), np.array([10.0, 8.0])),
+            (cfg, "nanobatch-perseus"): (np.array([1.2, 1.6]), np.array([9.0, 7.9]))}
+    row = method_comparison([cfg], measured, sims).iloc[0]
+    assert row.iso_time_energy_measured_pct == pytest.approx(-10.0)
+    assert row.iso_energy_time_measured_pct == pytest.approx(25.0)
+    assert np.isnan(row.iso_time_energy_simulated_pct)
+    assert row.iso_energy_time_simulated_pct == pytest.approx(20.0)

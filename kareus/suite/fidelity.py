@@ -23,6 +23,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from kareus.errors import InputError
+from kareus.frontier import iso_energy_time_reduction, iso_time_energy_reduction
 from kareus.methods.profiling import profile_instructions
 from kareus.methods.tradeoff import solve, solver_energy
 from kareus.plan import InstructionPlan
@@ -94,21 +95,61 @@ def measured_configs(df: pd.DataFrame) -> list[FrontierConfig]:
     return [FrontierConfig(*k) for k in seen]
 
 
-def measured_endpoints(df: pd.DataFrame, cfg: FrontierConfig, method: str) -> dict[str, float]:
-    """Endpoints of one measured frontier."""
+def measured_frontier(df: pd.DataFrame, cfg: FrontierConfig, method: str
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(time s, energy J) of one measured frontier."""
     m = df[(df.method == method) & (df.model == cfg.model) & (df.tp == cfg.tp)
            & (df.cp == cfg.cp) & (df.mbs == cfg.mbs) & (df.seq == cfg.seq)]
     if m.empty:
         raise InputError(f"no measured {method} frontier for {cfg.label}")
-    return endpoints(m.iteration_time_s, m.energy_j)
+    return m.iteration_time_s.to_numpy(float), m.energy_j.to_numpy(float)
 
 
-def compare(problems: dict[FrontierConfig, Problem], measured: pd.DataFrame) -> pd.DataFrame:
-    """One row per (configuration, method, endpoint): measured, simulated, error (%)."""
+def measured_endpoints(df: pd.DataFrame, cfg: FrontierConfig, method: str) -> dict[str, float]:
+    """Endpoints of one measured frontier."""
+    return endpoints(*measured_frontier(df, cfg, method))
+
+
+def method_comparison(configs: list[FrontierConfig], measured: pd.DataFrame,
+                      frontiers: dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]
+                      ) -> pd.DataFrame:
+    """Nanobatching + Perseus against Perseus by the suite's iso metrics, measured and simulated:
+    one row per configuration with the iso-time energy reduction and the iso-energy time
+    reduction (%, positive when nanobatching is better; NaN where it never reaches Perseus's
+    fastest time or least energy). ``frontiers``: :func:`simulated_frontiers` of ``configs``."""
     rows = []
-    for cfg, problem in problems.items():
-        for method, nb in METHODS.items():
-            sim = endpoints(*artifact_frontier(problem, nb))
+    for cfg in configs:
+        row: dict[str, object] = {"config": cfg.label}
+        for source, ref, new in (
+                ("measured", measured_frontier(measured, cfg, "perseus"),
+                 measured_frontier(measured, cfg, "nanobatch-perseus")),
+                ("simulated", frontiers[(cfg, "perseus")],
+                 frontiers[(cfg, "nanobatch-perseus")])):
+            it = iso_time_energy_reduction(*ref, *new)
+            ie = iso_energy_time_reduction(*ref, *new)
+            row[f"iso_time_energy_{source}_pct"] = np.nan if it is None else it
+            row[f"iso_energy_time_{source}_pct"] = np.nan if ie is None else ie
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def simulated_frontiers(problems: dict[FrontierConfig, Problem]
+                        ) -> dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]:
+    """The artifact-view frontier (time s, energy J) of each configuration and method."""
+    return {(cfg, method): artifact_frontier(problem, nb)
+            for cfg, problem in problems.items() for method, nb in METHODS.items()}
+
+
+def compare(problems: dict[FrontierConfig, Problem], measured: pd.DataFrame,
+            frontiers: dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]
+            | None = None) -> pd.DataFrame:
+    """One row per (configuration, method, endpoint): measured, simulated, error (%).
+    ``frontiers``: the :func:`simulated_frontiers` of ``problems``, if already built."""
+    sims = frontiers if frontiers is not None else simulated_frontiers(problems)
+    rows = []
+    for cfg in problems:
+        for method in METHODS:
+            sim = endpoints(*sims[(cfg, method)])
             meas = measured_endpoints(measured, cfg, method)
             for k in ENDPOINTS:
                 rows.append({"config": cfg.label, "method": method, "endpoint": k,
