@@ -11,7 +11,8 @@ iteration), for one GPU per stage.
 type on the simulator over the clock grid (sequential for Perseus, nanobatched with the library's
 default schedules for Nanobatching + Perseus), runs the same solver, and reads each step the same
 way. :func:`endpoints` reduces a frontier to the four numbers compared: the fastest time, the
-energy there, the least energy and the time there.
+energy there, the least energy and the time there; :func:`method_comparison` compares the two
+methods by the suite's iso metrics, on the measured frontiers and on the simulated ones.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class FrontierConfig:
         """Parallelism overrides: the paper's testbed, PP 2 x 8 microbatches, 15 + 13 layers."""
         return dict(tp=self.tp, cp=self.cp, pp=2, mbs=self.mbs, seq=self.seq, microbatches=8,
                     layer_split=(15, 13))
+
+
+#: (configuration, method) -> (time s, energy J) of its frontier.
+Frontiers = dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]
 
 
 def endpoints(time_s: ArrayLike, energy_j: ArrayLike) -> dict[str, float]:
@@ -111,8 +116,7 @@ def measured_endpoints(df: pd.DataFrame, cfg: FrontierConfig, method: str) -> di
 
 
 def method_comparison(configs: list[FrontierConfig], measured: pd.DataFrame,
-                      frontiers: dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]
-                      ) -> pd.DataFrame:
+                      frontiers: Frontiers) -> pd.DataFrame:
     """Nanobatching + Perseus against Perseus by the suite's iso metrics, measured and simulated:
     one row per configuration with the iso-time energy reduction and the iso-energy time
     reduction (%, positive when nanobatching is better; NaN where it never reaches Perseus's
@@ -133,16 +137,14 @@ def method_comparison(configs: list[FrontierConfig], measured: pd.DataFrame,
     return pd.DataFrame(rows)
 
 
-def simulated_frontiers(problems: dict[FrontierConfig, Problem]
-                        ) -> dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]:
+def simulated_frontiers(problems: dict[FrontierConfig, Problem]) -> Frontiers:
     """The artifact-view frontier (time s, energy J) of each configuration and method."""
     return {(cfg, method): artifact_frontier(problem, nb)
             for cfg, problem in problems.items() for method, nb in METHODS.items()}
 
 
 def compare(problems: dict[FrontierConfig, Problem], measured: pd.DataFrame,
-            frontiers: dict[tuple[FrontierConfig, str], tuple[np.ndarray, np.ndarray]]
-            | None = None) -> pd.DataFrame:
+            frontiers: Frontiers | None = None) -> pd.DataFrame:
     """One row per (configuration, method, endpoint): measured, simulated, error (%).
     ``frontiers``: the :func:`simulated_frontiers` of ``problems``, if already built."""
     sims = frontiers if frontiers is not None else simulated_frontiers(problems)
