@@ -262,7 +262,11 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
 
 
 def _partition(gpu: str) -> None:
-    from kareus.backends.partition_calibration import collective_alone_holdout, fit_partition
+    from kareus.backends.partition_calibration import (
+        collective_alone_holdout,
+        fit_partition,
+        floor_slope_text,
+    )
     from kareus.hardware.partition_sweep import load_sweep
     from workloads.partition_spec import PartitionSpec
 
@@ -292,12 +296,7 @@ def _partition(gpu: str) -> None:
                f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']}, measures "
                f"{pb['measured_time_s'] * 1e3:.3f} ms "
                f"({pb['measured_excess_pct']:+.1f} % over the fastest)")
-    fs = f["floor_slope"]
-    if fs.get("windows"):
-        click.echo(f"floor past each window's fastest SM count ({fs['windows']} windows): "
-                   f"measured {fs['measured_us_per_sm']:+.1f} us and "
-                   f"{fs['measured_mj_per_sm']:+.2f} mJ per SM, predicted "
-                   f"{fs['predicted_us_per_sm']:+.1f} us and {fs['predicted_mj_per_sm']:+.2f} mJ")
+    click.echo(floor_slope_text(f["floor_slope"]))
     alone = collective_alone_holdout(part, sweep, preset)
     click.echo("the collective alone (window (-1, -1)), fitted on 1-10 SMs, predicting 11-20: "
                + "; ".join(f"{k} law {v['time_mape_pct']:.2f} % (max {v['time_max_ape_pct']:.2f} %"

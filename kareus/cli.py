@@ -516,7 +516,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
     from pathlib import Path
 
     from kareus.atomic import atomic_write_text
-    from kareus.backends.partition_calibration import fit_partition
+    from kareus.backends.partition_calibration import fit_partition, floor_slope_text
     from kareus.errors import InputError
     from kareus.hardware.partition_sweep import load_sweep
 
@@ -569,21 +569,11 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
             f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']} threads, measures "
             f"{pb['measured_time_s'] * 1e3:.3f} ms "
             f"({pb['measured_excess_pct']:+.1f} % over the measured fastest)",
-            _floor_line(f["floor_slope"]),
+            "  " + floor_slope_text(f["floor_slope"]),
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
         ])
 
     _emit(obj, as_json, text)
-
-
-def _floor_line(slope: dict[str, float]) -> str:
-    """One report line: the floor's rise per collective SM, measured against predicted."""
-    if not slope.get("windows"):
-        return "  floor past the fastest SM count: no window has enough rows past it"
-    return (f"  floor past each window's fastest SM count ({slope['windows']} windows): measured "
-            f"{slope['measured_us_per_sm']:+.1f} us and {slope['measured_mj_per_sm']:+.2f} mJ "
-            f"per SM, predicted {slope['predicted_us_per_sm']:+.1f} us and "
-            f"{slope['predicted_mj_per_sm']:+.2f} mJ")
 
 
 @cli.command()

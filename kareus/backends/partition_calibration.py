@@ -454,3 +454,14 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
     return {"windows": len(slopes), "measured_us_per_sm": float(mean[0]),
             "predicted_us_per_sm": float(mean[1]), "measured_mj_per_sm": float(mean[2]),
             "predicted_mj_per_sm": float(mean[3])}
+
+
+def floor_slope_text(slope: dict[str, float]) -> str:
+    """One report line for :func:`floor_slope`: the floor's rise per collective SM, measured
+    against predicted (or why there is none)."""
+    if not slope.get("windows"):
+        return "floor past the fastest SM count: no window has enough rows past it"
+    return (f"floor past each window's fastest SM count ({slope['windows']} windows): measured "
+            f"{slope['measured_us_per_sm']:+.1f} us and {slope['measured_mj_per_sm']:+.2f} mJ "
+            f"per SM, predicted {slope['predicted_us_per_sm']:+.1f} us and "
+            f"{slope['predicted_mj_per_sm']:+.2f} mJ")
