@@ -16,6 +16,7 @@ from kareus.backends.partition_calibration import (
     collective_alone_holdout,
     fit_partition,
     floor_slope,
+    floor_slope_text,
     predict,
 )
 from kareus.backends.sim import SimulatorBackend
@@ -327,4 +328,7 @@ def test_floor_slope_is_the_rise_past_each_windows_fastest_sm_count():
     assert out["measured_us_per_sm"] == pytest.approx(2.0)
     assert out["predicted_us_per_sm"] == pytest.approx(0.0, abs=1e-9)
     assert out["measured_mj_per_sm"] == out["predicted_mj_per_sm"] == pytest.approx(0.5)
+    assert out["by_block"] == {"1024": {"windows": 1, "measured_us_per_sm": pytest.approx(2.0),
+                                        "predicted_us_per_sm": pytest.approx(0.0, abs=1e-9)}}
+    assert "1024-thread blocks: measured +2.0 us" in floor_slope_text(out)
     assert floor_slope(sweep, time_s, energy_j, min_rows=20) == {"windows": 0}

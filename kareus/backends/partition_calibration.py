@@ -432,10 +432,13 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
 
     Past that point the collective is hidden and more SMs only take from the compute: the slope
     is the floor's rise, which decides where the fastest configuration lies. ``windows`` counts
-    the (window, block size) groups averaged.
+    the (window, block size) groups averaged; ``by_block`` gives the time slopes per block size
+    (threads, as a string key): whether an SM costs the same whatever its block's size tells
+    whole-SM occupancy from a share of the SM's thread slots.
     """
     c = sweep.configs
     slopes: list[tuple[float, float, float, float]] = []
+    blocks: list[int] = []
     for s, e, b in sorted(set(zip(c.start.tolist(), c.end.tolist(), c.threads.tolist()))):
         if s < 0:
             continue
@@ -448,12 +451,18 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
         slopes.append(tuple(float(np.polyfit(k, y[rows], 1)[0]) for y in (  # type: ignore[misc]
             1e6 * sweep.time_s, 1e6 * predicted_time, 1e3 * sweep.energy_j,
             1e3 * predicted_energy)))
+        blocks.append(int(b))
     if not slopes:
         return {"windows": 0}
-    mean = np.mean(np.array(slopes), axis=0)
+    table = np.array(slopes)
+    mean = table.mean(axis=0)
+    by_block = {str(b): {"windows": int(np.sum(np.array(blocks) == b)),
+                         "measured_us_per_sm": float(table[np.array(blocks) == b, 0].mean()),
+                         "predicted_us_per_sm": float(table[np.array(blocks) == b, 1].mean())}
+                for b in sorted(set(blocks))}
     return {"windows": len(slopes), "measured_us_per_sm": float(mean[0]),
             "predicted_us_per_sm": float(mean[1]), "measured_mj_per_sm": float(mean[2]),
-            "predicted_mj_per_sm": float(mean[3])}
+            "predicted_mj_per_sm": float(mean[3]), "by_block": by_block}
 
 
 def floor_slope_text(slope: dict[str, float]) -> str:
@@ -464,4 +473,7 @@ def floor_slope_text(slope: dict[str, float]) -> str:
     return (f"floor past each window's fastest SM count ({slope['windows']} windows): measured "
             f"{slope['measured_us_per_sm']:+.1f} us and {slope['measured_mj_per_sm']:+.2f} mJ "
             f"per SM, predicted {slope['predicted_us_per_sm']:+.1f} us and "
-            f"{slope['predicted_mj_per_sm']:+.2f} mJ")
+            f"{slope['predicted_mj_per_sm']:+.2f} mJ"
+            + "".join(f"; {b}-thread blocks: measured {v['measured_us_per_sm']:+.1f} us, "
+                      f"predicted {v['predicted_us_per_sm']:+.1f} us"
+                      for b, v in slope.get("by_block", {}).items()))
