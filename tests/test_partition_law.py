@@ -332,3 +332,22 @@ def test_floor_slope_is_the_rise_past_each_windows_fastest_sm_count():
                                         "predicted_us_per_sm": pytest.approx(0.0, abs=1e-9)}}
     assert "1024-thread blocks: measured +2.0 us" in floor_slope_text(out)
     assert floor_slope(sweep, time_s, energy_j, min_rows=20) == {"windows": 0}
+
+
+def test_floor_slope_splits_the_rise_by_block_size():
+    # The same window with 512- and 1024-thread blocks: fastest at 4 SMs, then rising 4 and
+    # 2 us per SM; the mean is over both groups, by_block keeps them apart.
+    k = np.arange(1, 11)
+    rises = {512: 4.0, 1024: 2.0}
+    configs = PartitionConfigs(np.zeros(2 * k.size, dtype=np.int64),
+                               np.full(2 * k.size, 3), np.tile(k, 2),
+                               np.repeat(list(rises), k.size))
+    time_s = 1e-6 * np.concatenate([np.where(k < 4, 140.0 - 10 * k, 100.0 + r * (k - 4))
+                                    for r in rises.values()])
+    sweep = PartitionSweep(configs, time_s, np.full(time_s.size, 1e-3), repeats=3)
+    out = floor_slope(sweep, time_s, sweep.energy_j)
+    assert out["windows"] == 2
+    assert out["measured_us_per_sm"] == pytest.approx(3.0)
+    assert {b: v["measured_us_per_sm"] for b, v in out["by_block"].items()} == {
+        "512": pytest.approx(4.0), "1024": pytest.approx(2.0)}
+    assert out["by_block"]["512"]["predicted_us_per_sm"] == pytest.approx(4.0)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -424,7 +425,7 @@ def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> di
 
 
 def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
-                predicted_energy: NDArray[np.float64], min_rows: int = 5) -> dict[str, float]:
+                predicted_energy: NDArray[np.float64], min_rows: int = 5) -> dict[str, object]:
     """What each SM given to the collective past a window's fastest SM count costs, measured and
     predicted: the least-squares slope of time (us per SM) and energy (mJ per SM) over SM count
     from that window's (and block size's) measured fastest SM count up, averaged over the
@@ -454,18 +455,18 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
         blocks.append(int(b))
     if not slopes:
         return {"windows": 0}
-    table = np.array(slopes)
+    table, block = np.array(slopes), np.array(blocks)
     mean = table.mean(axis=0)
-    by_block = {str(b): {"windows": int(np.sum(np.array(blocks) == b)),
-                         "measured_us_per_sm": float(table[np.array(blocks) == b, 0].mean()),
-                         "predicted_us_per_sm": float(table[np.array(blocks) == b, 1].mean())}
+    by_block = {str(b): {"windows": int(np.sum(block == b)),
+                         "measured_us_per_sm": float(table[block == b, 0].mean()),
+                         "predicted_us_per_sm": float(table[block == b, 1].mean())}
                 for b in sorted(set(blocks))}
     return {"windows": len(slopes), "measured_us_per_sm": float(mean[0]),
             "predicted_us_per_sm": float(mean[1]), "measured_mj_per_sm": float(mean[2]),
             "predicted_mj_per_sm": float(mean[3]), "by_block": by_block}
 
 
-def floor_slope_text(slope: dict[str, float]) -> str:
+def floor_slope_text(slope: dict[str, Any]) -> str:
     """One report line for :func:`floor_slope`: the floor's rise per collective SM, measured
     against predicted (or why there is none)."""
     if not slope.get("windows"):
