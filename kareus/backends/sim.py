@@ -10,8 +10,9 @@ Physics, per GPU (all laws and their parameters live in :class:`~kareus.hardware
   until the clock is so low that the SMs cannot issue loads fast enough.
 - **Collectives** run on their own SMs: throughput ``min(link bandwidth · efficiency,
   SMs · clock · per-SM rate)`` over NCCL's bus bytes, plus a fixed latency.
-- **Overlap.** Beside a running collective, compute has fewer SMs and shares HBM with the
-  collective's traffic, and both suffer L2/memory-controller contention.
+- **Overlap.** Beside a running collective, compute has fewer SMs (each collective block takes a
+  whole SM) and shares HBM with the collective's traffic, and both suffer L2/memory-controller
+  contention.
 - **Power** = static + SM dynamic (``activity · busy SM share · f · V(f)²``, convex above the
   fitted V–f knee) + HBM dynamic (∝ achieved bandwidth) + link dynamic. Above the board power limit
   the card lowers its clock until the power fits (throttling), per kernel phase.
@@ -202,14 +203,19 @@ class SimulatorBackend:
                  + g.link_dyn_power_w * rate / link)
         return rate, power
 
-    def _comm_sms(self, ks: tuple[int, ...], threads: int) -> NDArray[np.float64]:
-        """SMs' worth of thread slots the collectives of ``ks`` (blocks of ``threads``; the
-        library's: its channels) take from compute beside them, (K, 1)."""
-        g = self.gpu
+    def _comm_sms(self, ks: tuple[int, ...]) -> NDArray[np.float64]:
+        """SMs the collectives of ``ks`` (tuned kernels' block counts; the library's: its
+        channels) take from compute beside them, (K, 1).
+
+        Every block takes a whole SM, whatever its size: the GEMM and attention blocks beside it
+        (hundreds of registers per thread, large shared-memory tiles) leave no room for a second
+        resident block, and the collective's kernels hold their blocks together (MSCCL++'s
+        all-reduce is built for 1024 threads x 64 registers and waits on a grid-wide barrier).
+        The artifact's sweep shows it: past each window's fastest SM count an SM costs the
+        partition the same with 512- as with 1024-thread blocks (``floor_slope``'s ``by_block``).
+        """
         k = np.asarray(ks, dtype=np.float64)[:, None]
-        return np.where(k == LIBRARY_DEFAULT,
-                        g.comm_default_sms * g.comm_library_threads / g.threads_per_sm,
-                        k * threads / g.threads_per_sm)
+        return np.where(k == LIBRARY_DEFAULT, float(self.gpu.comm_default_sms), k)
 
     # ------------------------------------------------------------------ single-kernel queries
     def kernel_time(self, op: ComputeOp, clock_mhz: float, sms: int) -> float:
@@ -264,7 +270,7 @@ class SimulatorBackend:
         key = ("ov", op, comm, ks, threads)
         if key not in self._cache:
             g = self.gpu
-            k = self._comm_sms(ks, threads)
+            k = self._comm_sms(ks)
             kk = np.asarray(ks, dtype=np.float64)[:, None]
             rate, p_comm = self._comm_raw(comm, kk, threads)
             rate = rate * np.where(kk == LIBRARY_DEFAULT, g.library_rate_beside,

@@ -62,9 +62,6 @@ class GPUPreset:
             copying a chunk and sending the previous one); larger ``p`` is a chunked pipeline in
             which the slower of the two sets the rate and the knee between them is sharper.
         comm_block_default: Threads per block of a tuned collective unless a plan says otherwise.
-        comm_library_threads: Threads per block (channel) of the collective library's kernel.
-        threads_per_sm: Resident threads one SM holds; a collective block of ``b`` threads takes
-            ``b / threads_per_sm`` of an SM from the compute running beside it.
         comm_max_sms: Most SMs (thread blocks) the collective library accepts for one kernel.
         comm_launch_s: Host time to launch a side-stream collective (s).
         comm_rate_beside_memory, comm_rate_beside_gemm, comm_rate_beside_attention: A tuned
@@ -123,32 +120,30 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.801e6
-    tuned_block_exponent: float = 0.8586
-    tuned_link_fraction: float = 0.3062
-    tuned_pipelining: float = 1.781
+    tuned_bw_per_sm_mhz: float = 4.736e6
+    tuned_block_exponent: float = 0.8516
+    tuned_link_fraction: float = 0.2643
+    tuned_pipelining: float = 1.64
     comm_block_default: int = 1024
-    comm_library_threads: int = 512
-    threads_per_sm: int = 2048
     comm_max_sms: int = 32
-    comm_launch_s: float = 2.472e-6
-    comm_rate_beside_memory: float = 0.2381
-    comm_rate_beside_gemm: float = 0.656
-    comm_rate_beside_attention: float = 0.7312
+    comm_launch_s: float = 3.489e-6
+    comm_rate_beside_memory: float = 0.4769
+    comm_rate_beside_gemm: float = 0.6537
+    comm_rate_beside_attention: float = 0.8236
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.1747
-    overlap_slowdown_gemm: float = 0.1725
-    overlap_slowdown_attention: float = 0.08073
-    host_issue_memory_s: float = 194.2e-6
-    host_issue_gemm_s: float = 91.9e-6
-    host_issue_attention_s: float = 75.9e-6
-    partition_harness_s: float = 47.5e-6
+    overlap_slowdown_memory: float = 0.1606
+    overlap_slowdown_gemm: float = 0.05773
+    overlap_slowdown_attention: float = 0.05362
+    host_issue_memory_s: float = 149.3e-6
+    host_issue_gemm_s: float = 39.09e-6
+    host_issue_attention_s: float = 83.54e-6
+    partition_harness_s: float = 78.43e-6
     kernel_overhead_s: float = 4e-6
     link_dyn_power_w: float = 40.0
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.4307
+    activity_comm: float = 0.3717
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -209,8 +204,6 @@ _COMMON_SOURCES = {
     "comm_block_default": "published: 1024 threads per block, the faster of the two block sizes "
                           "in the Kareus artifact's sweep at every SM count",
     "comm_max_sms": "datasheet: NCCL/MSCCL++ launch at most 32 channels (NCCL_MAX_NCHANNELS)",
-    "comm_library_threads": "datasheet: NCCL's default NCCL_NTHREADS, 512 threads per channel",
-    "threads_per_sm": "datasheet: 2048 resident threads per SM (compute capability 8.0 / 9.0)",
     "kernel_overhead_s": "assumed: ~4 us launch + tail per kernel",
     "link_dyn_power_w": _SWEEP_FIT + " (energy: NVLink and fabric power at full link rate)",
     "activity_gemm": "definition: the reference activity",
@@ -251,8 +244,8 @@ _A100_V_RATIO = 1.318
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
 #: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.6927, hbm_efficiency=0.4765, sm_dyn_power_w=402.5,
-                         library_rate_beside=0.991)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.6887, hbm_efficiency=0.4735, sm_dyn_power_w=402.5,
+                         library_rate_beside=0.9909)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
