@@ -38,6 +38,7 @@ from kareus.suite.fidelity import (
     measured_configs,
     measured_endpoints,
     method_comparison,
+    nanobatch_dynamic_change,
     simulated_frontiers,
 )
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
@@ -230,6 +231,12 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
                "reduction (%; NaN: never as fast / as frugal as Perseus)")
     click.echo(method_comparison(configs, measured, sims).to_string(
         index=False, float_format=lambda x: f"{x:.2f}"))
+
+    click.echo("\n== Nanobatching + Perseus against Perseus: change of the energy above the "
+               "blocking power at the fastest and the least-energy points (%)")
+    click.echo(nanobatch_dynamic_change(configs, measured, sims,
+                                        get_preset(gpu).static_power_w).to_string(
+        index=False, float_format=lambda x: f"{x:+.1f}"))
 
     click.echo("\n== What nanobatching costs and hides: one microbatch of stage 0 at the top "
                "clock (ms)")

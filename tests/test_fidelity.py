@@ -17,6 +17,7 @@ from kareus.suite.fidelity import (
     load_measured,
     measured_configs,
     method_comparison,
+    nanobatch_dynamic_change,
 )
 from kareus.graph import schedule_times
 from kareus.plan import IterationPlan
@@ -93,3 +94,23 @@ def test_method_comparison_uses_the_suites_iso_metrics():
     assert row.iso_energy_time_measured_pct == pytest.approx(25.0)
     assert np.isnan(row.iso_time_energy_simulated_pct)
     assert row.iso_energy_time_simulated_pct == pytest.approx(20.0)
+
+
+def test_nanobatch_dynamic_change_is_the_energy_above_the_blocking_power():
+    """Two stages at 10 W blocking power: the static part is 20 W x T. Measured: Perseus's fastest
+    point (1 s, 50 J) has 30 J above it, nanobatching's (0.5 s, 43 J) 33 J: +10 %; at the least
+    energy, (2 s, 48 J) has 8 J and (1.5 s, 36 J) 6 J: -25 %."""
+    cfg = FrontierConfig("m", 8, 1, 8, 4096)
+    cols = dict(model="m", tp=8, cp=1, mbs=8, seq=4096)
+    measured = pd.DataFrame([
+        {**cols, "method": "perseus", "iteration_time_s": 1.0, "energy_j": 50.0},
+        {**cols, "method": "perseus", "iteration_time_s": 2.0, "energy_j": 48.0},
+        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 0.5, "energy_j": 43.0},
+        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 1.5, "energy_j": 36.0}])
+    sims = {(cfg, "perseus"): (np.array([1.0, 2.0]), np.array([50.0, 48.0])),
+            (cfg, "nanobatch-perseus"): (np.array([1.0, 2.0]), np.array([50.0, 48.0]))}
+    row = nanobatch_dynamic_change([cfg], measured, sims, static_power_w=10.0).iloc[0]
+    assert row.at_T_min_measured_pct == pytest.approx(10.0)
+    assert row.at_E_min_measured_pct == pytest.approx(-25.0)
+    assert row.at_T_min_simulated_pct == pytest.approx(0.0)
+    assert row.at_E_min_simulated_pct == pytest.approx(0.0)

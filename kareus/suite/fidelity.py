@@ -12,7 +12,8 @@ type on the simulator over the clock grid (sequential for Perseus, nanobatched w
 default schedules for Nanobatching + Perseus), runs the same solver, and reads each step the same
 way. :func:`endpoints` reduces a frontier to the four numbers compared: the fastest time, the
 energy there, the least energy and the time there; :func:`method_comparison` compares the two
-methods by the suite's iso metrics, on the measured frontiers and on the simulated ones.
+methods by the suite's iso metrics, on the measured frontiers and on the simulated ones, and
+:func:`nanobatch_dynamic_change` by the energy above the blocking power at both ends.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError
 from kareus.frontier import iso_energy_time_reduction, iso_time_energy_reduction
 from kareus.methods.profiling import profile_instructions
@@ -133,6 +135,35 @@ def method_comparison(configs: list[FrontierConfig], measured: pd.DataFrame,
             ie = iso_energy_time_reduction(*ref, *new)
             row[f"iso_time_energy_{source}_pct"] = np.nan if it is None else it
             row[f"iso_energy_time_{source}_pct"] = np.nan if ie is None else ie
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def nanobatch_dynamic_change(configs: list[FrontierConfig], measured: pd.DataFrame,
+                             frontiers: Frontiers, static_power_w: float) -> pd.DataFrame:
+    """How nanobatching changes the energy above the blocked-on-P2P power (the artifact view's
+    dynamic part: ``E - stages · P_s · T``), measured and simulated: one row per configuration
+    with the change (%) of Nanobatching + Perseus against Perseus at each frontier's fastest
+    point and at its least-energy point. ``frontiers``: :func:`simulated_frontiers` of
+    ``configs``; ``static_power_w``: the blocking power (W) the frontiers were built with."""
+    def dynamic(front: tuple[np.ndarray, np.ndarray], stages: int) -> tuple[float, float]:
+        t, e = np.asarray(front[0], dtype=float), np.asarray(front[1], dtype=float)
+        i, j = int(np.argmin(t)), int(np.argmin(e))
+        return (dynamic_from_measured(float(e[i]), stages * static_power_w, float(t[i])),
+                dynamic_from_measured(float(e[j]), stages * static_power_w, float(t[j])))
+
+    rows = []
+    for cfg in configs:
+        stages = int(cfg.overrides()["pp"])  # type: ignore[call-overload]
+        row: dict[str, object] = {"config": cfg.label}
+        for source, ref, new in (
+                ("measured", measured_frontier(measured, cfg, "perseus"),
+                 measured_frontier(measured, cfg, "nanobatch-perseus")),
+                ("simulated", frontiers[(cfg, "perseus")],
+                 frontiers[(cfg, "nanobatch-perseus")])):
+            (p_fast, p_frugal), (n_fast, n_frugal) = dynamic(ref, stages), dynamic(new, stages)
+            row[f"at_T_min_{source}_pct"] = 100.0 * (n_fast / p_fast - 1.0)
+            row[f"at_E_min_{source}_pct"] = 100.0 * (n_frugal / p_frugal - 1.0)
         rows.append(row)
     return pd.DataFrame(rows)
 
