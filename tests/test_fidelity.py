@@ -76,19 +76,27 @@ def test_the_calibration_frontiers_are_matched(measured):
     assert 0 < gain[4] < gain[8]
 
 
+def _one_config(perseus, nanobatched, sim_perseus, sim_nanobatched):
+    """One configuration's measured frontiers (a file's rows) and simulated ones, each given as
+    (times s, energies J)."""
+    cfg = FrontierConfig("m", 8, 1, 8, 4096)
+    cols = dict(model="m", tp=8, cp=1, mbs=8, seq=4096)
+    measured = pd.DataFrame([{**cols, "method": method, "iteration_time_s": t, "energy_j": e}
+                             for method, (ts, es) in (("perseus", perseus),
+                                                      ("nanobatch-perseus", nanobatched))
+                             for t, e in zip(ts, es)])
+    sims = {(cfg, "perseus"): tuple(np.array(x) for x in sim_perseus),
+            (cfg, "nanobatch-perseus"): tuple(np.array(x) for x in sim_nanobatched)}
+    return cfg, measured, sims
+
+
 def test_method_comparison_uses_the_suites_iso_metrics():
     """Measured: nanobatching is 10 % costlier at Perseus's fastest time and 25 % faster at its
     least energy; simulated: it never gets as fast as Perseus (NaN) and is 20 % faster at its
     least energy."""
-    cfg = FrontierConfig("m", 8, 1, 8, 4096)
-    cols = dict(model="m", tp=8, cp=1, mbs=8, seq=4096)
-    measured = pd.DataFrame([
-        {**cols, "method": "perseus", "iteration_time_s": 1.0, "energy_j": 10.0},
-        {**cols, "method": "perseus", "iteration_time_s": 2.0, "energy_j": 8.0},
-        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 0.9, "energy_j": 11.0},
-        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 1.5, "energy_j": 7.5}])
-    sims = {(cfg, "perseus"): (np.array([1.0, 2.0]), np.array([10.0, 8.0])),
-            (cfg, "nanobatch-perseus"): (np.array([1.2, 1.6]), np.array([9.0, 7.9]))}
+    cfg, measured, sims = _one_config(
+        perseus=([1.0, 2.0], [10.0, 8.0]), nanobatched=([0.9, 1.5], [11.0, 7.5]),
+        sim_perseus=([1.0, 2.0], [10.0, 8.0]), sim_nanobatched=([1.2, 1.6], [9.0, 7.9]))
     row = method_comparison([cfg], measured, sims).iloc[0]
     assert row.iso_time_energy_measured_pct == pytest.approx(-10.0)
     assert row.iso_energy_time_measured_pct == pytest.approx(25.0)
@@ -100,15 +108,9 @@ def test_nanobatch_dynamic_change_is_the_energy_above_the_blocking_power():
     """Two stages at 10 W blocking power: the static part is 20 W x T. Measured: Perseus's fastest
     point (1 s, 50 J) has 30 J above it, nanobatching's (0.5 s, 43 J) 33 J: +10 %; at the least
     energy, (2 s, 48 J) has 8 J and (1.5 s, 36 J) 6 J: -25 %."""
-    cfg = FrontierConfig("m", 8, 1, 8, 4096)
-    cols = dict(model="m", tp=8, cp=1, mbs=8, seq=4096)
-    measured = pd.DataFrame([
-        {**cols, "method": "perseus", "iteration_time_s": 1.0, "energy_j": 50.0},
-        {**cols, "method": "perseus", "iteration_time_s": 2.0, "energy_j": 48.0},
-        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 0.5, "energy_j": 43.0},
-        {**cols, "method": "nanobatch-perseus", "iteration_time_s": 1.5, "energy_j": 36.0}])
-    sims = {(cfg, "perseus"): (np.array([1.0, 2.0]), np.array([50.0, 48.0])),
-            (cfg, "nanobatch-perseus"): (np.array([1.0, 2.0]), np.array([50.0, 48.0]))}
+    cfg, measured, sims = _one_config(
+        perseus=([1.0, 2.0], [50.0, 48.0]), nanobatched=([0.5, 1.5], [43.0, 36.0]),
+        sim_perseus=([1.0, 2.0], [50.0, 48.0]), sim_nanobatched=([1.0, 2.0], [50.0, 48.0]))
     row = nanobatch_dynamic_change([cfg], measured, sims, static_power_w=10.0).iloc[0]
     assert row.at_T_min_measured_pct == pytest.approx(10.0)
     assert row.at_E_min_measured_pct == pytest.approx(-25.0)

@@ -117,6 +117,16 @@ def measured_endpoints(df: pd.DataFrame, cfg: FrontierConfig, method: str) -> di
     return endpoints(*measured_frontier(df, cfg, method))
 
 
+def _method_pairs(cfg: FrontierConfig, measured: pd.DataFrame, frontiers: Frontiers
+                  ) -> tuple[tuple[str, tuple[np.ndarray, np.ndarray],
+                                   tuple[np.ndarray, np.ndarray]], ...]:
+    """(source, Perseus frontier, Nanobatching + Perseus frontier) of ``cfg``, measured and
+    simulated."""
+    return (("measured", measured_frontier(measured, cfg, "perseus"),
+             measured_frontier(measured, cfg, "nanobatch-perseus")),
+            ("simulated", frontiers[(cfg, "perseus")], frontiers[(cfg, "nanobatch-perseus")]))
+
+
 def method_comparison(configs: list[FrontierConfig], measured: pd.DataFrame,
                       frontiers: Frontiers) -> pd.DataFrame:
     """Nanobatching + Perseus against Perseus by the suite's iso metrics, measured and simulated:
@@ -126,11 +136,7 @@ def method_comparison(configs: list[FrontierConfig], measured: pd.DataFrame,
     rows = []
     for cfg in configs:
         row: dict[str, object] = {"config": cfg.label}
-        for source, ref, new in (
-                ("measured", measured_frontier(measured, cfg, "perseus"),
-                 measured_frontier(measured, cfg, "nanobatch-perseus")),
-                ("simulated", frontiers[(cfg, "perseus")],
-                 frontiers[(cfg, "nanobatch-perseus")])):
+        for source, ref, new in _method_pairs(cfg, measured, frontiers):
             it = iso_time_energy_reduction(*ref, *new)
             ie = iso_energy_time_reduction(*ref, *new)
             row[f"iso_time_energy_{source}_pct"] = np.nan if it is None else it
@@ -156,11 +162,7 @@ def nanobatch_dynamic_change(configs: list[FrontierConfig], measured: pd.DataFra
     for cfg in configs:
         stages = int(cfg.overrides()["pp"])  # type: ignore[call-overload]
         row: dict[str, object] = {"config": cfg.label}
-        for source, ref, new in (
-                ("measured", measured_frontier(measured, cfg, "perseus"),
-                 measured_frontier(measured, cfg, "nanobatch-perseus")),
-                ("simulated", frontiers[(cfg, "perseus")],
-                 frontiers[(cfg, "nanobatch-perseus")])):
+        for source, ref, new in _method_pairs(cfg, measured, frontiers):
             (p_fast, p_frugal), (n_fast, n_frugal) = dynamic(ref, stages), dynamic(new, stages)
             row[f"at_T_min_{source}_pct"] = 100.0 * (n_fast / p_fast - 1.0)
             row[f"at_E_min_{source}_pct"] = 100.0 * (n_frugal / p_frugal - 1.0)
