@@ -153,10 +153,9 @@ def nanobatch_dynamic_change(configs: list[FrontierConfig], measured: pd.DataFra
     point and at its least-energy point. ``frontiers``: :func:`simulated_frontiers` of
     ``configs``; ``static_power_w``: the blocking power (W) the frontiers were built with."""
     def dynamic(front: tuple[np.ndarray, np.ndarray], stages: int) -> tuple[float, float]:
-        t, e = np.asarray(front[0], dtype=float), np.asarray(front[1], dtype=float)
-        i, j = int(np.argmin(t)), int(np.argmin(e))
-        return (dynamic_from_measured(float(e[i]), stages * static_power_w, float(t[i])),
-                dynamic_from_measured(float(e[j]), stages * static_power_w, float(t[j])))
+        ends = endpoints(*front)
+        return (dynamic_from_measured(ends["E_at_T_min"], stages * static_power_w, ends["T_min"]),
+                dynamic_from_measured(ends["E_min"], stages * static_power_w, ends["T_at_E_min"]))
 
     rows = []
     for cfg in configs:
