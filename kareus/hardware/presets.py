@@ -120,30 +120,30 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.736e6
-    tuned_block_exponent: float = 0.8516
-    tuned_link_fraction: float = 0.2643
-    tuned_pipelining: float = 1.64
+    tuned_bw_per_sm_mhz: float = 4.734e6
+    tuned_block_exponent: float = 0.8508
+    tuned_link_fraction: float = 0.2675
+    tuned_pipelining: float = 1.639
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 3.489e-6
-    comm_rate_beside_memory: float = 0.4769
-    comm_rate_beside_gemm: float = 0.6537
-    comm_rate_beside_attention: float = 0.8236
+    comm_launch_s: float = 3.567e-6
+    comm_rate_beside_memory: float = 0.4818
+    comm_rate_beside_gemm: float = 0.6656
+    comm_rate_beside_attention: float = 0.8501
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.1606
-    overlap_slowdown_gemm: float = 0.05773
-    overlap_slowdown_attention: float = 0.05362
-    host_issue_memory_s: float = 149.3e-6
-    host_issue_gemm_s: float = 39.09e-6
-    host_issue_attention_s: float = 83.54e-6
-    partition_harness_s: float = 78.43e-6
+    overlap_slowdown_memory: float = 0.181
+    overlap_slowdown_gemm: float = 0.07213
+    overlap_slowdown_attention: float = 0.05447
+    host_issue_memory_s: float = 150e-6
+    host_issue_gemm_s: float = 36.59e-6
+    host_issue_attention_s: float = 81.64e-6
+    partition_harness_s: float = 139.6e-6
     kernel_overhead_s: float = 4e-6
     link_dyn_power_w: float = 40.0
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.3717
+    activity_comm: float = 0.4049
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -244,8 +244,8 @@ _A100_V_RATIO = 1.318
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
 #: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.6887, hbm_efficiency=0.4735, sm_dyn_power_w=402.5,
-                         library_rate_beside=0.9909)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.7062, hbm_efficiency=0.4509, sm_dyn_power_w=404.7,
+                         library_rate_beside=0.9852)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
