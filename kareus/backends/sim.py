@@ -272,7 +272,8 @@ class SimulatorBackend:
             g = self.gpu
             k = self._comm_sms(ks)
             kk = np.asarray(ks, dtype=np.float64)[:, None]
-            rate, p_comm = self._comm_raw(comm, kk, threads)
+            alone, rate = self._comm_alone(comm, ks, threads)  # cached: shared by every op
+            p_comm = alone.power
             rate = rate * np.where(kk == LIBRARY_DEFAULT, g.library_rate_beside,
                                    _RATE_BESIDE[op.kind](g))
             hbm_share = g.comm_hbm_factor * rate / g.hbm_bw  # of the peak: kernels leave headroom
