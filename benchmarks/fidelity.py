@@ -45,7 +45,7 @@ from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.suite.problem import make_problem
 
 #: Parameters the measured frontiers calibrate, with their bounds (lo, hi). NCCL's link
-#: efficiency is not among them: it keeps its published prior (0.80, hardware.md's 230-240 GB/s
+#: efficiency is not among them: it keeps its prior (0.80, from hardware.md's 230-240 GB/s
 #: bus bandwidth on 8 x A100), where the 24 channels' SM path meets the link exactly at the top
 #: clock. A forward-difference fit cannot move it from there (a step up changes nothing), and the
 #: dead parameter held the other four back. Freed with central differences it goes to 0.77: the
