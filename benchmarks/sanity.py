@@ -78,7 +78,8 @@ def main(workload: str, gpu: str) -> None:
         f_eff, watts = sim.kernel_power(op, fmax)
         click.echo(f"{name} alone, back to back, asked for {fmax:.0f} MHz runs at {f_eff:.0f} "
                    f"MHz, {watts:.0f} W (cap {preset.power_limit_w:.0f} W); inside an "
-                   "instruction the cap acts on the instruction's average power")
+                   "instruction it runs throttled so too, while the memory-bound kernels and "
+                   "collectives keep the locked clock")
     for key in sorted(g.instruction_graphs):
         c = sim.evaluate_instruction(g, key, plan_at_max.instructions[next(
             i for i in plan_at_max.instructions if i.type_key == key)])

@@ -144,7 +144,7 @@ def predict(partition: Partition, configs: PartitionConfigs, gpu: GPUPreset,
         rows = np.flatnonzero(configs.threads == threads)
         ks = np.unique(configs.sms[rows])
         grid = sim.evaluate_partition(part, np.array([clock]), ks, win, int(threads),
-                                      harness=harness, host_scale=host, power_cap=True)
+                                      harness=harness, host_scale=host)
         ki = np.searchsorted(ks, configs.sms[rows])
         wi = np.array([int(np.flatnonzero((win[:, 0] == s) & (win[:, 1] == e))[0])
                        for s, e in zip(configs.start[rows], configs.end[rows])])
@@ -227,8 +227,11 @@ def _mape(pred: NDArray, meas: NDArray) -> float:
 
 
 def _at_starting_point(gpu: GPUPreset) -> GPUPreset:
-    """``gpu`` with every time parameter at its starting point in :data:`_TIME_PARAMS`."""
-    return gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS})
+    """``gpu`` with every parameter the fit chooses at its starting point in
+    :data:`_TIME_PARAMS` and :data:`_ENERGY_PARAMS`: a fit never starts from a previous fit's
+    values (the power parameters matter to the time stages too, through the power cap), so a
+    refit from the preset it produced lands where it did."""
+    return gpu.with_overrides(**{name: v for name, _, v in _TIME_PARAMS + _ENERGY_PARAMS})
 
 
 def _fit_collective_alone(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
@@ -292,6 +295,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     the power parameters. Returns the law, the op work factors and the op host factors."""
     from scipy.optimize import least_squares
 
+    gpu = _at_starting_point(gpu)
     n = len(partition.compute)
     t_meas, e_meas = sweep.time_s, sweep.energy_j
     m = len(_TIME_PARAMS)
@@ -326,7 +330,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
             best = res
     # Stage 3: time and power together (power sets where the cap throttles the clock).
     q = len(_ENERGY_PARAMS)
-    p0 = np.array([_encode(k, getattr(gpu, name)) for name, k, _ in _ENERGY_PARAMS])
+    p0 = np.array([_encode(k, v) for _, k, v in _ENERGY_PARAMS])
 
     def unpack(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
         law, work, host = unpack_time(x[:-q])

@@ -16,6 +16,9 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
   collective's SMs and shares HBM / L2) and the collective moves ``rate_beside`` bus bytes per
   second; in the compute stream's idle gaps the collective runs at its own ``rate``. When the
   collective finishes mid-op, the rest of the op runs at its ``t_alone`` speed.
+- A collective launched while op ``s - 1`` still runs (the host ahead of the GPU) runs at its own
+  rate and power until that op ends, and the op keeps its own speed: the tail's power is the two
+  added, which no power cap sees (each phase table is capped on its own): an approximation.
 
 Everything is vectorised over a grid of configurations (any common array shape): each op and the
 collective carry per-configuration arrays; the loop runs over the partition's ops only.

@@ -15,7 +15,12 @@ Physics, per GPU (all laws and their parameters live in :class:`~kareus.hardware
   contention.
 - **Power** = static + SM dynamic (``activity · busy SM share · f · V(f)²``, convex above the
   fitted V–f knee) + HBM dynamic (∝ achieved bandwidth) + link dynamic. Above the board power limit
-  the card lowers its clock until the power fits (throttling), per kernel phase.
+  the card lowers its clock until the power fits (throttling), per phase: each compute kernel alone,
+  each kernel beside a collective, each collective alone. The power controller is taken to act
+  within milliseconds, the length of the large GEMMs and attention kernels that exceed the limit at
+  the top clock (assumed; the measured A100 frontiers support it, see docs/simulator.md), so those
+  run throttled while the memory-bound kernels and collectives between them keep the requested
+  clock.
 - **Energy.** Ops report dynamic energy only; static power is charged once per iteration by
   :func:`kareus.energy.iteration_energy` to every GPU for the whole iteration.
 
@@ -71,8 +76,9 @@ _HOST_ISSUE = {"memory": lambda g: g.host_issue_memory_s,
 
 @dataclass(frozen=True)
 class _Phase:
-    """Time (s) and dynamic power (W) at each grid clock (no power cap: the cap acts on the
-    average power of an instruction, see :meth:`SimulatorBackend.evaluate_instruction`)."""
+    """Time (s) and dynamic power (W) at each requested grid clock, with the power cap applied:
+    where the phase would exceed the board's limit, the values of the clock it throttles to
+    (:meth:`SimulatorBackend.throttled_index`)."""
 
     time: NDArray[np.float64]
     power: NDArray[np.float64]
@@ -120,13 +126,29 @@ class SimulatorBackend:
             self._cache[key] = int(self.clock_index(clock_mhz)[0])
         return self._cache[key]  # type: ignore[return-value]
 
-    def fits_cap(self, time_s: NDArray[np.float64] | float,
-                 dynamic_j: NDArray[np.float64] | float) -> NDArray[np.bool_]:
-        """Whether work of ``time_s`` and ``dynamic_j`` keeps the board's average power (static
-        included) within the power limit."""
-        t = np.asarray(time_s, dtype=np.float64)
-        return self.gpu.static_power_w + np.asarray(dynamic_j) / np.maximum(t, 1e-30) \
+    def within_limit(self, dynamic_w: NDArray[np.float64]) -> NDArray[np.bool_]:
+        """Whether a phase drawing ``dynamic_w`` (W) keeps the board's power, static included,
+        within its limit."""
+        return self.gpu.static_power_w + np.asarray(dynamic_w, dtype=np.float64) \
             <= self.power_limit_w + 1e-9
+
+    def throttled_index(self, dynamic_w: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Per requested grid clock (last axis of ``dynamic_w``, a phase's dynamic power in W at
+        every grid clock): the index of the clock the phase actually runs at, the highest grid
+        clock not above the requested one at which the board's power (static included) fits the
+        limit; the lowest clock where none does."""
+        fits = self.within_limit(dynamic_w)
+        idx = np.maximum.accumulate(np.where(fits, np.arange(fits.shape[-1]), -1), axis=-1)
+        return np.maximum(idx, 0)
+
+    def _throttled(self, time: NDArray[np.float64], power: NDArray[np.float64],
+                   *others: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        """``time``, ``power`` and ``others`` (same shape, clock on the last axis) at the clock
+        each requested clock throttles to."""
+        if self.within_limit(power).all():  # most phases (memory-bound kernels, collectives)
+            return (time, power, *others)
+        j = self.throttled_index(power)
+        return tuple(np.take_along_axis(a, j, axis=-1) for a in (time, power, *others))
 
     # ------------------------------------------------------------------ kernel laws
     def _compute_raw(self, op: ComputeOp, sms: NDArray[np.float64], hbm_extra: NDArray | float,
@@ -238,28 +260,44 @@ class SimulatorBackend:
         all SMs when asked to run at ``clock_mhz``: the highest clock not above it whose power
         fits under the limit."""
         j = int(self.clock_index(clock_mhz)[0])
-        ph = self._alone(op)
-        ok = np.flatnonzero(self.fits_cap(ph.time[:j + 1], ph.time[:j + 1] * ph.power[:j + 1]))
-        k = int(ok[-1]) if ok.size else 0
-        return float(self.grid[k]), float(ph.power[k] + self.gpu.static_power_w)
+        k = int(self.throttled_index(self._alone_uncapped(op).power)[j])
+        return float(self.grid[k]), float(self._alone(op).power[j] + self.gpu.static_power_w)
 
     # ------------------------------------------------------------------ cached phase tables
-    def _alone(self, op: ComputeOp) -> _Phase:
-        """``op`` on all SMs, nothing beside it; indexed by requested grid clock."""
-        key = ("alone", op)
+    def _alone_uncapped(self, op: ComputeOp) -> _Phase:
+        """``op`` on all SMs, nothing beside it, at each grid clock as if no limit applied."""
+        key = ("alone_uncapped", op)
         if key not in self._cache:
             t, p = self._compute_raw(op, np.array([[float(self.gpu.sms)]]), 0.0, 0.0)
             self._cache[key] = _Phase(t[0], p[0])
         return self._cache[key]  # type: ignore[return-value]
 
+    def _alone(self, op: ComputeOp) -> _Phase:
+        """``op`` on all SMs, nothing beside it; indexed by requested grid clock."""
+        key = ("alone", op)
+        if key not in self._cache:
+            raw = self._alone_uncapped(op)
+            self._cache[key] = _Phase(*self._throttled(raw.time, raw.power))
+        return self._cache[key]  # type: ignore[return-value]
+
+    def _comm_uncapped(self, comm: CommOp, ks: tuple[int, ...], threads: int
+                       ) -> tuple[NDArray, NDArray]:
+        """:meth:`_comm_raw` of ``ks`` SMs (rate and power, (K, G)), cached."""
+        key = ("comm_uncapped", comm, ks, threads)
+        if key not in self._cache:
+            self._cache[key] = self._comm_raw(comm, np.asarray(ks, dtype=np.float64)[:, None],
+                                              threads)
+        return self._cache[key]  # type: ignore[return-value]
+
     def _comm_alone(self, comm: CommOp, ks: tuple[int, ...], threads: int
                     ) -> tuple[_Phase, NDArray]:
         """Collective on ``ks`` SMs alone: (time of the whole collective, power), and its rate;
-        arrays (K, G)."""
+        arrays (K, G), indexed by requested grid clock."""
         key = ("comm", comm, ks, threads)
         if key not in self._cache:
-            rate, power = self._comm_raw(comm, np.asarray(ks, dtype=np.float64)[:, None], threads)
+            rate, power = self._comm_uncapped(comm, ks, threads)
             t = self.gpu.comm_latency_s + comm.bus_bytes / rate
+            t, power, rate = self._throttled(t, power, rate)
             self._cache[key] = (_Phase(t, power), rate)
         return self._cache[key]  # type: ignore[return-value]
 
@@ -272,22 +310,21 @@ class SimulatorBackend:
             g = self.gpu
             k = self._comm_sms(ks)
             kk = np.asarray(ks, dtype=np.float64)[:, None]
-            alone, rate = self._comm_alone(comm, ks, threads)  # cached: shared by every op
-            p_comm = alone.power
+            rate, p_comm = self._comm_uncapped(comm, ks, threads)  # cached: shared by every op
             rate = rate * np.where(kk == LIBRARY_DEFAULT, g.library_rate_beside,
                                    _RATE_BESIDE[op.kind](g))
             hbm_share = g.comm_hbm_factor * rate / g.hbm_bw  # of the peak: kernels leave headroom
             contention = _SLOWDOWN_BESIDE[op.kind](g) * k / g.sms
             t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention)
-            self._cache[key] = (_Phase(t, p_comp + p_comm), rate)
+            t, p, rate = self._throttled(t, p_comp + p_comm, rate)
+            self._cache[key] = (_Phase(t, p), rate)
         return self._cache[key]  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ partitions
     def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
                            comm_sms: NDArray[np.int64], windows: NDArray[np.int64],
                            block_size: int | None = None, harness: bool = False,
-                           host_scale: NDArray[np.float64] | None = None,
-                           power_cap: bool = False) -> PartitionGrid:
+                           host_scale: NDArray[np.float64] | None = None) -> PartitionGrid:
         """Time and dynamic energy per GPU of ``partition`` on the (clock, SMs, window) grid.
 
         The partition runs as the Kareus partition fuser runs it (see :func:`partition_timeline`):
@@ -297,15 +334,12 @@ class SimulatorBackend:
         window (-1, -1) runs it alone first. ``comm_sms`` 0 is the library's kernel; ``harness``
         adds the partition-profiling harness's per-execution overhead (partition sweeps);
         ``host_scale`` multiplies each op's host issue time (a calibrated partition's own).
-        ``power_cap`` applies the board's power limit to each configuration run back to back
-        (its average power): it runs at the highest grid clock, not above the requested one,
-        that fits (partition sweeps; inside an iteration the cap acts on whole instructions).
+        Every phase (an op alone, an op beside the collective, the collective alone) runs at the
+        requested clock or, where it would exceed the board's power limit there, at the clock it
+        throttles to; ``clocks_mhz`` of the result are the requested ones.
         """
         g = self.gpu
         fi = self.clock_index(clocks_mhz)
-        requested = fi
-        if power_cap:
-            fi = np.arange(int(fi.max()) + 1)
         ks = tuple(int(k) for k in np.atleast_1d(comm_sms))
         win = np.asarray(windows, dtype=np.int64).reshape(-1, 2)
         threads = int(block_size or g.comm_block_default)
@@ -349,14 +383,6 @@ class SimulatorBackend:
         t, e = np.broadcast_to(t, shape), np.broadcast_to(e, shape)
         if harness:
             t = t + g.partition_harness_s
-        if power_cap:  # per requested clock, the highest grid clock at or below it that fits
-            idx = np.arange(fi.size)[:, None, None]
-            ok = np.where(self.fits_cap(t, e), idx, -1)
-            best = np.maximum.accumulate(ok, axis=0)[requested]
-            best = np.where(best < 0, 0, best)
-            t = np.take_along_axis(t, best, axis=0)
-            e = np.take_along_axis(e, best, axis=0)
-            fi = requested
         return PartitionGrid(
             key=partition.key, clocks_mhz=self.grid[fi], comm_sms=np.asarray(ks), windows=win,
             time_s=t, dynamic_energy_j=e, block_size=threads,
@@ -406,10 +432,9 @@ class SimulatorBackend:
                              plan: InstructionPlan) -> InstructionCost:
         """Time and dynamic energy per GPU of one instruction of type ``key`` under ``plan``.
 
-        The power limit acts on the instruction's average power (the GPU's power controller
-        works on windows of milliseconds, not on single kernels): an instruction whose average
-        power at the locked clock exceeds the limit runs at the highest lower grid clock that
-        fits.
+        The locked clock is the one every phase asks for; the phases that would exceed the power
+        limit there (large GEMMs and attention kernels at the top clocks) run throttled, the
+        others at the locked clock (see the module docstring).
         """
         if key not in graph.instruction_graphs:
             raise PlanError(f"unknown instruction {key}; the graph has "
@@ -424,18 +449,14 @@ class SimulatorBackend:
             if unknown:
                 raise PlanError(f"unknown partition(s) {sorted(unknown)} for {ig.name}; valid: "
                                 f"{', '.join(p.key for p in ig.partitions)}")
-        while True:
-            t, e = self._instruction_at(ig, plan, f_idx)
-            if f_idx == 0 or bool(self.fits_cap(t, e)):
-                break
-            f_idx -= 1
-        cost = InstructionCost(t, e)
+        cost = InstructionCost(*self._instruction_at(ig, plan, f_idx))
         self._cache[cache_key] = (cost, ig)
         return cost
 
     def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int
                         ) -> tuple[float, float]:
-        """Time and dynamic energy of one instruction at grid clock ``f_idx`` (no cap)."""
+        """Time and dynamic energy of one instruction with every phase asking for grid clock
+        ``f_idx``."""
         key = ("ins_at", id(ig), plan, f_idx)  # ``ins`` entries keep ``ig`` alive
         if key in self._cache:
             return self._cache[key]  # type: ignore[return-value]

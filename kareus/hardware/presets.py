@@ -120,30 +120,30 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.734e6
-    tuned_block_exponent: float = 0.8508
-    tuned_link_fraction: float = 0.2675
-    tuned_pipelining: float = 1.639
+    tuned_bw_per_sm_mhz: float = 4.765e6
+    tuned_block_exponent: float = 0.8578
+    tuned_link_fraction: float = 0.2677
+    tuned_pipelining: float = 1.72
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 3.567e-6
-    comm_rate_beside_memory: float = 0.4818
-    comm_rate_beside_gemm: float = 0.6656
-    comm_rate_beside_attention: float = 0.8501
+    comm_launch_s: float = 523.1e-9
+    comm_rate_beside_memory: float = 0.3956
+    comm_rate_beside_gemm: float = 0.6825
+    comm_rate_beside_attention: float = 0.8592
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.181
-    overlap_slowdown_gemm: float = 0.07213
-    overlap_slowdown_attention: float = 0.05447
-    host_issue_memory_s: float = 150e-6
-    host_issue_gemm_s: float = 36.59e-6
-    host_issue_attention_s: float = 81.64e-6
-    partition_harness_s: float = 139.6e-6
+    overlap_slowdown_memory: float = 0.1047
+    overlap_slowdown_gemm: float = 0.005314
+    overlap_slowdown_attention: float = 0.008674
+    host_issue_memory_s: float = 156.4e-6
+    host_issue_gemm_s: float = 104.4e-6
+    host_issue_attention_s: float = 85.17e-6
+    partition_harness_s: float = 1.855e-6
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 40.0
+    link_dyn_power_w: float = 38.25
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.4049
+    activity_comm: float = 0.205
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -244,8 +244,8 @@ _A100_V_RATIO = 1.318
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
 #: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.7062, hbm_efficiency=0.4509, sm_dyn_power_w=404.7,
-                         library_rate_beside=0.9852)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.7060, hbm_efficiency=0.4732, sm_dyn_power_w=425.4,
+                         library_rate_beside=0.8689)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
