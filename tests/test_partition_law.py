@@ -351,3 +351,16 @@ def test_floor_slope_splits_the_rise_by_block_size():
     assert {b: v["measured_us_per_sm"] for b, v in out["by_block"].items()} == {
         "512": pytest.approx(4.0), "1024": pytest.approx(2.0)}
     assert out["by_block"]["512"]["predicted_us_per_sm"] == pytest.approx(4.0)
+
+
+def test_a_refit_does_not_start_from_the_previous_fit(tmp_path, spec, a100_40):
+    """The fit chooses its parameters from fixed starting points, so refitting from a preset that
+    already carries a fit (``cal.apply``) lands exactly where the first fit did."""
+    path = tmp_path / "sweep.csv"
+    _sweep_csv(path, spec, a100_40, ROWS, scale=1.08)
+    sweep = load_sweep(path, 7, a100_40.comm_max_sms)
+    first = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, holdout=False)
+    again = fit_partition(spec.partition(), sweep, first.apply(a100_40), spec.sha256,
+                          holdout=False)
+    assert again.law == first.law
+    assert again.op_work == first.op_work and again.op_host == first.op_host
