@@ -137,7 +137,11 @@ class SimulatorBackend:
         every grid clock): the index of the clock the phase actually runs at, the highest grid
         clock not above the requested one at which the board's power (static included) fits the
         limit; the lowest clock where none does."""
-        fits = self.within_limit(dynamic_w)
+        return self._fitting_index(self.within_limit(dynamic_w))
+
+    @staticmethod
+    def _fitting_index(fits: NDArray[np.bool_]) -> NDArray[np.int64]:
+        """:meth:`throttled_index` from the phase's per-clock fit test."""
         idx = np.maximum.accumulate(np.where(fits, np.arange(fits.shape[-1]), -1), axis=-1)
         return np.maximum(idx, 0)
 
@@ -145,9 +149,10 @@ class SimulatorBackend:
                    *others: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
         """``time``, ``power`` and ``others`` (same shape, clock on the last axis) at the clock
         each requested clock throttles to."""
-        if self.within_limit(power).all():  # most phases (memory-bound kernels, collectives)
+        fits = self.within_limit(power)
+        if fits.all():  # most phases (memory-bound kernels, collectives)
             return (time, power, *others)
-        j = self.throttled_index(power)
+        j = self._fitting_index(fits)
         return tuple(np.take_along_axis(a, j, axis=-1) for a in (time, power, *others))
 
     # ------------------------------------------------------------------ kernel laws
