@@ -13,6 +13,8 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   it from the link path;
 - **contention**: the collective's throughput beside each class of compute kernel
   (``comm_rate_beside_*``) and the extra slowdown of compute beside it (``overlap_slowdown_*``);
+- **waves**: the fraction of a wave a tiled kernel loses when the collective ends inside it
+  (``partial_wave_loss``);
 - **the host**: time to issue each class of op (``host_issue_*_s``) and the profiling harness's
   per-execution overhead (``partition_harness_s``);
 - **power**: the collective's SM activity (``activity_comm``) and link power
@@ -63,6 +65,7 @@ _TIME_PARAMS: tuple[tuple[str, str, float], ...] = (
     ("host_issue_gemm_s", "log", 50e-6),
     ("host_issue_attention_s", "log", 50e-6),
     ("partition_harness_s", "log", 500e-6),
+    ("partial_wave_loss", "0..1", 0.5),
 )
 _ENERGY_PARAMS: tuple[tuple[str, str, float], ...] = (
     ("activity_comm", "0.05..2", 0.45),

@@ -16,9 +16,13 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
   collective's SMs and shares HBM / L2) and the collective moves ``rate_beside`` bus bytes per
   second; in the compute stream's idle gaps the collective runs at its own ``rate``. When the
   collective finishes mid-op, the rest of the op runs at its ``t_alone`` speed.
-- A collective launched while op ``s - 1`` still runs (the host ahead of the GPU) runs at its own
-  rate and power until that op ends, and the op keeps its own speed: the tail's power is the two
-  added, which no power cap sees (each phase table is capped on its own): an approximation.
+- The host never waits for the GPU inside a partition, so it usually runs ahead: a collective
+  launched before op ``s`` often starts while op ``s - 1`` (or an earlier op) still runs, and is
+  beside that op from then on: the op runs alone until the collective joins, then at its
+  ``t_beside`` speed.
+- A tiled kernel (GEMM, attention) that gets the collective's SMs back mid-kernel loses
+  ``partial_wave_loss`` of one of its waves (``wave_s``): its waves go out of step and the last
+  one ends ragged.
 
 Everything is vectorised over a grid of configurations (any common array shape): each op and the
 collective carry per-configuration arrays; the loop runs over the partition's ops only.
@@ -35,12 +39,13 @@ from numpy.typing import NDArray
 
 def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, object] | None,
                        start: NDArray[np.int64], end: NDArray[np.int64], *, launch_s: float,
-                       latency_s: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+                       latency_s: float, partial_wave_loss: float = 0.0) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Time (s) and dynamic energy (J) of one partition per configuration.
 
     Args:
         ops: Per compute op, in program order: ``t_alone``, ``p_alone`` (time s and dynamic
-            power W alone), ``host_s`` (host issue time, s) and, when there is a collective,
+            power W alone), ``host_s`` (host issue time, s), optionally ``wave_s`` (time of one
+            of its waves alone, s; 0 or absent: not tiled) and, when there is a collective,
             ``t_beside``, ``p_beside`` (time and combined compute + collective power beside it)
             and ``rate_beside`` (the collective's bus B/s meanwhile).
         comm: ``bytes`` (bus bytes), ``rate`` and ``power`` of the collective alone; ``None``
@@ -48,6 +53,8 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
         start, end: The window ``(s, e)`` of every configuration; (-1, -1) is sequential.
         launch_s: Host time to launch the collective (s).
         latency_s: Fixed cost of the collective, charged as ``latency · rate`` extra bytes.
+        partial_wave_loss: Fraction of a wave a tiled kernel loses when the collective ends
+            inside it.
     """
     shape = np.broadcast_shapes(start.shape, *(np.shape(o["t_alone"]) for o in ops))
     host = np.zeros(shape)
@@ -70,21 +77,32 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
     gpu = host.copy()
     energy = np.where(seq, p0 * alone, 0.0)
 
+    # The host never waits for the GPU inside a partition, so when it launches the collective
+    # is known up front: after issuing ops 0..s-1 (and ``launch_s`` later). From then on the
+    # collective runs beside whatever the compute stream is running, possibly op s-1 or earlier.
+    issue = np.cumsum([0.0] + [float(op["host_s"]) for op in ops])  # type: ignore[arg-type]
+    overlap = ~seq
+    launch_at = np.where(overlap, issue[np.clip(start, 0, len(ops))] + launch_s, np.inf)
     remaining = np.zeros(shape)
     active = np.zeros(shape, dtype=bool)
+    started = seq.copy()
     clock = np.zeros(shape)  # where the collective has got to (s)
+    host = host + np.where(start == 0, launch_s, 0.0)
     for i, op in enumerate(ops):
-        launch = start == i
-        if launch.any():
-            host = host + np.where(launch, launch_s, 0.0)
-            clock = np.where(launch, host, clock)
-            remaining = np.where(launch, work, remaining)
-            active = active | launch
         host = host + float(op["host_s"])  # type: ignore[arg-type]
         begin = np.maximum(host, gpu)
+        host = host + np.where(start == i + 1, launch_s, 0.0)
+        t_a, p_a = op["t_alone"], op["p_alone"]
+        # The collective starts before this op ends (in the idle gap before it, or during it).
+        joins = ~started & (launch_at < begin + t_a)  # type: ignore[operator]
+        if joins.any():
+            clock = np.where(joins, launch_at, clock)
+            remaining = np.where(joins, work, remaining)
+            active = active | joins
+            started = started | joins
         if not active.any():  # no collective running anywhere: the op alone
-            gpu = begin + op["t_alone"]  # type: ignore[operator]
-            energy = energy + op["p_alone"] * op["t_alone"]  # type: ignore[operator]
+            gpu = begin + t_a
+            energy = energy + p_a * t_a  # type: ignore[operator]
             wait = end == i
             if wait.any():
                 gpu = np.where(wait, np.maximum(gpu, clock), gpu)
@@ -98,19 +116,24 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
         clock = np.where(active, clock + dt, clock)
         remaining = np.where(active, np.where(done, 0.0, remaining - moved), remaining)
         active = active & ~done
-        # The op, beside the collective while it lasts.
-        t_a, p_a = op["t_alone"], op["p_alone"]
+        # The op: alone until the collective joins (launched mid-op), then beside it while it
+        # lasts, then alone again.
         t_b, p_b, r_b = op["t_beside"], op["p_beside"], op["rate_beside"]
-        moved = r_b * t_b  # type: ignore[operator]
+        first = np.where(active, np.clip((clock - begin) / t_a, 0.0, 1.0), 1.0)  # type: ignore
+        moved = r_b * (1.0 - first) * t_b  # type: ignore[operator]
         done = active & (remaining <= moved)
-        tau = remaining / r_b  # type: ignore[operator]
-        rest = np.clip(1.0 - tau / t_b, 0.0, 1.0) * t_a  # type: ignore[operator]
-        dur = np.where(active, np.where(done, tau + rest, t_b), t_a)
-        energy = energy + np.where(active, np.where(done, p_b * tau + p_a * rest, p_b * t_b),
-                                   p_a * t_a)  # type: ignore[operator]
+        tau = np.where(done, remaining / r_b, (1.0 - first) * t_b)  # type: ignore[operator]
+        rest = np.clip(1.0 - first - tau / t_b, 0.0, 1.0) * t_a  # type: ignore[operator]
+        # A tiled kernel that gets the collective's SMs back mid-kernel loses part of a wave:
+        # its waves go out of step and the last one ends ragged.
+        rest = rest + np.where(done & (rest > 0), partial_wave_loss * op.get("wave_s", 0.0),
+                               0.0)  # type: ignore[operator]
+        dur = first * t_a + tau + rest
+        energy = energy + p_a * (first * t_a + rest) + p_b * tau  # type: ignore[operator]
         gpu = begin + dur
-        clock = np.where(active, np.where(done, begin + tau, gpu), clock)
-        remaining = np.where(active, np.where(done, 0.0, remaining - moved), remaining)
+        clock = np.where(active, begin + first * t_a + tau, clock)
+        remaining = np.where(active, np.where(done, 0.0, remaining - np.minimum(moved, remaining)),
+                             remaining)
         active = active & ~done
         # The compute stream waits for the collective after op e.
         wait = end == i

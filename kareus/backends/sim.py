@@ -157,10 +157,11 @@ class SimulatorBackend:
 
     # ------------------------------------------------------------------ kernel laws
     def _compute_raw(self, op: ComputeOp, sms: NDArray[np.float64], hbm_extra: NDArray | float,
-                     contention: NDArray | float) -> tuple[NDArray, NDArray]:
+                     contention: NDArray | float, beside: bool = False) -> tuple[NDArray, NDArray]:
         """Unthrottled time and dynamic power of ``op`` on ``sms`` SMs (shape (A, 1)) at every grid
-        clock (shape (1, G)); ``hbm_extra`` is the share of HBM bandwidth taken by a collective and
-        ``contention`` the extra slowdown beside it."""
+        clock (shape (1, G)); ``hbm_extra`` is the share of HBM bandwidth taken by a collective,
+        ``contention`` the extra slowdown beside it, and ``beside`` whether the SMs are shared
+        with a collective (fluid waves) rather than the kernel's own (whole waves)."""
         g = self.gpu
         hz = self._hz[None, :]
         bw = g.hbm_bw * g.hbm_efficiency * np.minimum(1.0, sms / (g.mem_sat_sm_fraction * g.sms))
@@ -178,11 +179,17 @@ class SimulatorBackend:
             else:
                 nominal = g.attention_bwd_efficiency if op.backward else g.attention_efficiency
                 eff, act = nominal, g.activity_attention
-            tiles = float(op.tiles)
-            if op.kind == "gemm" and op.depth:  # split-K: too few output tiles to fill the SMs
-                split = np.clip(np.floor(sms / tiles), 1.0, max(1.0, op.depth // _SPLIT_K_DEPTH))
-                tiles = tiles * split
-            waves = np.ceil(tiles / sms)
+            tiles = self._tiles(op, sms)
+            if beside:
+                # Beside a collective the kernel shares the SMs fluidly: the collective holds
+                # its SMs for only part of the kernel, the block scheduler hands tiles to
+                # whichever SMs are free, and (causal attention) tiles differ in work. Only the
+                # last wave's tail, at the SM count the kernel ends on (all of them), is
+                # quantised.
+                full = self._tiles(op, float(g.sms))
+                waves = tiles / sms + (np.ceil(full / g.sms) - full / g.sms)
+            else:
+                waves = np.ceil(tiles / sms)
             t_comp = waves * (op.flops / tiles) / (g.flops_per_clk_per_sm * hz * eff)
             t_core = np.maximum(t_comp, t_mem)
             compute_share = t_comp / t_core
@@ -194,7 +201,9 @@ class SimulatorBackend:
             busy = act * (eff / reference) * occupancy * compute_share \
                 + mem_activity * (1 - compute_share)
         t = t_core * (1.0 + contention) + g.kernel_overhead_s
-        sm_power = g.sm_dyn_power_w * self._sm_scale[None, :] * busy * (sms / g.sms)
+        # contention stalls the SMs: the same switching spread over the longer time
+        sm_power = g.sm_dyn_power_w * self._sm_scale[None, :] * busy * (sms / g.sms) \
+            / (1.0 + contention)
         hbm_power = g.hbm_dyn_power_w * np.minimum(1.0, op.bytes / (t * g.hbm_bw))
         return t, sm_power + hbm_power
 
@@ -243,6 +252,21 @@ class SimulatorBackend:
         """
         k = np.asarray(ks, dtype=np.float64)[:, None]
         return np.where(k == LIBRARY_DEFAULT, float(self.gpu.comm_default_sms), k)
+
+    def _tiles(self, op: ComputeOp, sms: NDArray[np.float64] | float) -> NDArray | float:
+        """Thread blocks a tiled kernel runs on ``sms`` SMs: its output tiles, times the split-K
+        factor of a GEMM with too few output tiles to fill the SMs."""
+        tiles = float(op.tiles)
+        if op.kind == "gemm" and op.depth:
+            tiles = tiles * np.clip(np.floor(np.asarray(sms) / tiles), 1.0,
+                                    max(1.0, op.depth // _SPLIT_K_DEPTH))
+        return tiles
+
+    def _waves(self, op: ComputeOp) -> float:
+        """Waves of a tiled kernel on all SMs (``inf`` for memory-bound kernels: no waves)."""
+        if op.kind == "memory" or not op.tiles:
+            return math.inf
+        return float(math.ceil(float(self._tiles(op, float(self.gpu.sms))) / self.gpu.sms))
 
     # ------------------------------------------------------------------ single-kernel queries
     def kernel_time(self, op: ComputeOp, clock_mhz: float, sms: int) -> float:
@@ -320,7 +344,7 @@ class SimulatorBackend:
                                    _RATE_BESIDE[op.kind](g))
             hbm_share = g.comm_hbm_factor * rate / g.hbm_bw  # of the peak: kernels leave headroom
             contention = _SLOWDOWN_BESIDE[op.kind](g) * k / g.sms
-            t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention)
+            t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention, beside=True)
             t, p, rate = self._throttled(t, p_comp + p_comm, rate)
             self._cache[key] = (_Phase(t, p), rate)
         return self._cache[key]  # type: ignore[return-value]
@@ -373,7 +397,8 @@ class SimulatorBackend:
         for i, op in enumerate(partition.compute):
             a = self._alone(op)
             host = _HOST_ISSUE[op.kind](g) * (1.0 if host_scale is None else float(host_scale[i]))
-            row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host)
+            row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host,
+                       wave_s=per_clock(a.time) / self._waves(op))
             if partition.comm is not None:
                 ov, rate_ov = self._overlapped(op, partition.comm, ks, threads)
                 row.update(t_beside=grid(ov.time), p_beside=grid(ov.power), rate_beside=grid(rate_ov))
@@ -384,7 +409,8 @@ class SimulatorBackend:
             comm = dict(bytes=partition.comm.bus_bytes, rate=grid(rate), power=grid(ph.power))
         t, e = partition_timeline(
             ops, comm, np.broadcast_to(win[:, 0], shape), np.broadcast_to(win[:, 1], shape),
-            launch_s=g.comm_launch_s, latency_s=g.comm_latency_s)
+            launch_s=g.comm_launch_s, latency_s=g.comm_latency_s,
+            partial_wave_loss=g.partial_wave_loss)
         t, e = np.broadcast_to(t, shape), np.broadcast_to(e, shape)
         if harness:
             t = t + g.partition_harness_s

@@ -77,6 +77,9 @@ class GPUPreset:
             the GPU waits for the host when an op is issued later than the previous op ends.
         partition_harness_s: Per-execution overhead of the partition-profiling harness (Python
             call, final synchronisation; s); only partition sweeps include it.
+        partial_wave_loss: Fraction of one of its waves a tiled kernel (GEMM, attention) loses
+            when a collective beside it ends mid-kernel and its SMs return (the waves go out
+            of step; the last ends ragged).
         kernel_overhead_s: Launch and tail cost per compute kernel, s.
         sm_dyn_power_w: SM dynamic power at ``clock_max_mhz`` with every SM at full tensor
             activity (W).
@@ -120,30 +123,31 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.765e6
-    tuned_block_exponent: float = 0.8578
-    tuned_link_fraction: float = 0.2677
-    tuned_pipelining: float = 1.72
+    tuned_bw_per_sm_mhz: float = 4.776e6
+    tuned_block_exponent: float = 0.8566
+    tuned_link_fraction: float = 0.2794
+    tuned_pipelining: float = 1.699
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 523.1e-9
-    comm_rate_beside_memory: float = 0.3956
-    comm_rate_beside_gemm: float = 0.6825
-    comm_rate_beside_attention: float = 0.8592
+    comm_launch_s: float = 21.29e-6
+    comm_rate_beside_memory: float = 0.3798
+    comm_rate_beside_gemm: float = 0.6505
+    comm_rate_beside_attention: float = 0.9352
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.1047
-    overlap_slowdown_gemm: float = 0.005314
-    overlap_slowdown_attention: float = 0.008674
-    host_issue_memory_s: float = 156.4e-6
-    host_issue_gemm_s: float = 104.4e-6
-    host_issue_attention_s: float = 85.17e-6
-    partition_harness_s: float = 1.855e-6
+    overlap_slowdown_memory: float = 0.2462
+    overlap_slowdown_gemm: float = 0.1117
+    overlap_slowdown_attention: float = 0.0751
+    host_issue_memory_s: float = 159.8e-6
+    host_issue_gemm_s: float = 39.84e-6
+    host_issue_attention_s: float = 41.31e-6
+    partition_harness_s: float = 163.7e-6
+    partial_wave_loss: float = 0.09954
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 38.25
+    link_dyn_power_w: float = 22.45
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.205
+    activity_comm: float = 0.1888
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -199,7 +203,7 @@ _COMMON_SOURCES = {
         "comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
         "overlap_slowdown_memory", "overlap_slowdown_gemm", "overlap_slowdown_attention",
         "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
-        "partition_harness_s")},
+        "partition_harness_s", "partial_wave_loss")},
     "library_rate_beside": "assumed: NCCL keeps ~80% of its throughput beside compute",
     "comm_block_default": "published: 1024 threads per block, the faster of the two block sizes "
                           "in the Kareus artifact's sweep at every SM count",
@@ -244,8 +248,8 @@ _A100_V_RATIO = 1.318
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
 #: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.7060, hbm_efficiency=0.4732, sm_dyn_power_w=425.4,
-                         library_rate_beside=0.8689)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.7040, hbm_efficiency=0.4816, sm_dyn_power_w=431.6,
+                         library_rate_beside=0.9320)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 

@@ -1,0 +1,87 @@
+"""The partition timeline's semantics on small hand-computed cases, and the simulator's wave law
+beside a collective."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kareus.backends.partition_timeline import partition_timeline
+from kareus.backends.sim import SimulatorBackend
+from kareus.graph import CommOp, ComputeOp
+from kareus.hardware.presets import get_preset
+
+
+def _op(t_alone: float, t_beside: float, rate_beside: float, host_s: float = 0.01,
+        wave_s: float = 0.0) -> dict[str, object]:
+    a = np.array([t_alone])
+    return dict(t_alone=a, p_alone=np.array([100.0]), host_s=host_s, wave_s=np.array([wave_s]),
+                t_beside=np.array([t_beside]), p_beside=np.array([150.0]),
+                rate_beside=np.array([rate_beside]))
+
+
+def _run(ops: list[dict[str, object]], window: tuple[int, int], wave_loss: float = 0.0,
+         launch_s: float = 0.0):
+    comm = dict(bytes=1.0, rate=np.array([1.0]), power=np.array([50.0]))
+    t, e = partition_timeline(ops, comm, np.array([window[0]]), np.array([window[1]]),
+                              launch_s=launch_s, latency_s=0.0, partial_wave_loss=wave_loss)
+    return float(t[0]), float(e[0])
+
+
+def test_a_collective_launched_while_the_previous_op_runs_is_beside_it():
+    # The host issues op 0 at 0.01 s and launches the collective right after, while op 0 runs
+    # (0.01-1.01 s alone): the collective is beside op 0 from its start. Op 0 takes 1.5 s beside
+    # it and the collective moves 0.5 x 1.5 = 0.75 of its 1.0 bytes; the rest (0.25) takes 0.5 s
+    # beside op 1, which then finishes alone: 1 - 0.5 / 1.5 of it, 0.667 s.
+    ops = [_op(1.0, 1.5, 0.5), _op(1.0, 1.5, 0.5)]
+    t, e = _run(ops, (1, 1))
+    assert t == pytest.approx(0.01 + 1.5 + 0.5 + 2.0 / 3.0)
+    assert e == pytest.approx(150.0 * 2.0 + 100.0 * 2.0 / 3.0)
+
+
+def test_a_collective_joins_an_op_mid_way_when_launched_after_it_starts():
+    # The GPU starts op 0 at its issue (0.01 s); launching the collective takes the host 0.2 s
+    # more, so it joins op 0 at 0.21 s, 5 % into it. Beside it op 0 runs at 1/6 per s while the
+    # collective moves 0.5 per s: done after 2 s, a third of op 0; the remaining 61.7 % of op 0
+    # runs alone (2.467 s), then op 1 (1 s). A collective that ran on its own SMs until op 0
+    # ended would have finished at 1.21 s and cost op 0 nothing (5.01 s in all).
+    ops = [_op(4.0, 6.0, 0.5), _op(1.0, 1.5, 0.5)]
+    t, e = _run(ops, (1, 1), launch_s=0.2)
+    alone0 = (1.0 - 0.05 - 2.0 / 6.0) * 4.0
+    assert t == pytest.approx(0.01 + 0.2 + 2.0 + alone0 + 1.0)
+    assert e == pytest.approx(100.0 * (0.2 + alone0 + 1.0) + 150.0 * 2.0)
+
+
+def test_a_kernel_getting_the_collectives_sms_back_mid_way_loses_part_of_a_wave():
+    ops = [_op(1.0, 1.5, 0.5, wave_s=0.1), _op(1.0, 1.5, 0.5, wave_s=0.1)]
+    t0, _ = _run(ops, (1, 1))
+    t1, e1 = _run(ops, (1, 1), wave_loss=0.5)
+    assert t1 - t0 == pytest.approx(0.05)  # op 1 is where the collective ends
+    # a collective that outlasts every op it is beside costs no wave
+    long = [_op(1.0, 1.5, 0.1, wave_s=0.1), _op(1.0, 1.5, 0.1, wave_s=0.1)]
+    assert _run(long, (0, 1), wave_loss=0.5)[0] == pytest.approx(_run(long, (0, 1))[0])
+
+
+def test_sequential_window_runs_the_collective_alone_first():
+    ops = [_op(1.0, 1.5, 0.5), _op(1.0, 1.5, 0.5)]
+    t, e = _run(ops, (-1, -1))
+    assert t == pytest.approx(1.0 + 0.01 + 1.0 + 1.0)  # collective, then both ops alone
+    assert e == pytest.approx(50.0 + 200.0)
+
+
+def test_a_kernel_beside_a_collective_shares_its_sms_without_whole_waves():
+    """1024 tiles on 108 SMs run in 10 waves; on 102 (six SMs lent to a collective) whole waves
+    would need 11, a 10 % step between 5 and 6 SMs lent. Beside a collective the kernel shares
+    the SMs fluidly (the collective holds them for part of the kernel only), so each lent SM costs
+    about 1/100 of the kernel and there is no step."""
+    gpu = get_preset("a100-sxm4-40gb")
+    sim = SimulatorBackend(gpu, power_limit_w=5000.0)
+    op = ComputeOp("g", "gemm", 2.0 * 8192 * 4096 * 2048, 1e6, tiles=1024, depth=4096)
+    comm = CommOp("ar", "all_reduce", 32 * 2**20, 2)
+    j = sim.clock_index(1410.0)[0]
+    beside = sim._overlapped(op, comm, (5, 6, 7), 1024)[0].time[:, j]
+    steps = np.diff(beside) / beside[:-1]
+    assert np.all(steps > 0) and np.all(steps < 0.02)
+    # alone on the same SM counts, whole waves do step
+    alone = [sim.kernel_time(op, 1410.0, gpu.sms - k) for k in (5, 6)]
+    assert alone[1] / alone[0] > 1.08
