@@ -11,7 +11,8 @@ Physics, per GPU (all laws and their parameters live in :class:`~kareus.hardware
 - **Collectives** run on their own SMs: throughput ``min(link bandwidth · efficiency,
   SMs · clock · per-SM rate)`` over NCCL's bus bytes, plus a fixed latency.
 - **Overlap.** Beside a running collective, compute has fewer SMs (each collective block takes a
-  whole SM) and shares HBM with the collective's traffic, and both suffer L2/memory-controller
+  whole SM), shared fluidly (no whole waves: the collective holds them for part of the kernel
+  only), and shares HBM with the collective's traffic, and both suffer L2/memory-controller
   contention.
 - **Power** = static + SM dynamic (``activity · busy SM share · f · V(f)²``, convex above the
   fitted V–f knee) + HBM dynamic (∝ achieved bandwidth) + link dynamic. Above the board power limit
