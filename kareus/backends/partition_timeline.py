@@ -39,7 +39,8 @@ from numpy.typing import NDArray
 
 def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, object] | None,
                        start: NDArray[np.int64], end: NDArray[np.int64], *, launch_s: float,
-                       latency_s: float, partial_wave_loss: float = 0.0) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+                       latency_s: float, partial_wave_loss: float = 0.0
+                       ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Time (s) and dynamic energy (J) of one partition per configuration.
 
     Args:
@@ -81,8 +82,7 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
     # is known up front: after issuing ops 0..s-1 (and ``launch_s`` later). From then on the
     # collective runs beside whatever the compute stream is running, possibly op s-1 or earlier.
     issue = np.cumsum([0.0] + [float(op["host_s"]) for op in ops])  # type: ignore[arg-type]
-    overlap = ~seq
-    launch_at = np.where(overlap, issue[np.clip(start, 0, len(ops))] + launch_s, np.inf)
+    launch_at = np.where(~seq, issue[np.clip(start, 0, len(ops))] + launch_s, np.inf)
     remaining = np.zeros(shape)
     active = np.zeros(shape, dtype=bool)
     started = seq.copy()
@@ -132,8 +132,7 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
         energy = energy + p_a * (first * t_a + rest) + p_b * tau  # type: ignore[operator]
         gpu = begin + dur
         clock = np.where(active, begin + first * t_a + tau, clock)
-        remaining = np.where(active, np.where(done, 0.0, remaining - np.minimum(moved, remaining)),
-                             remaining)
+        remaining = np.where(active, np.where(done, 0.0, remaining - moved), remaining)
         active = active & ~done
         # The compute stream waits for the collective after op e.
         wait = end == i
