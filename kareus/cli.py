@@ -596,6 +596,7 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
     from kareus.backends.partition_calibration import PartitionCalibration, predict
     from kareus.errors import InputError
     from kareus.hardware.partition_sweep import CONFIG_COLUMNS, load_configs
+    from kareus.hardware.presets import partition_op_factors
 
     preset = get_preset(gpu)
     spec = _load_spec(spec_path, "kareus partition")
@@ -606,10 +607,16 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
         raise InputError(f"--clock {clock} MHz outside {preset.name}'s "
                          f"{preset.clock_min_mhz:.0f}-{preset.clock_max_mhz:.0f} MHz")
     work = host = None
+    source = calibration_path
     if calibration_path is not None:
         cal = PartitionCalibration.load(calibration_path, preset.name, spec.sha256, n)
         preset = cal.apply(preset)
         work, host = np.array(cal.op_work), np.array(cal.op_host)
+    elif (own := partition_op_factors(preset.name, spec.sha256)) is not None:
+        work, host = np.array(own.op_work), np.array(own.op_host)
+        source = "preset (its law and the per-op factors of the fit it came from)"
+    else:
+        source = "preset (its law; counted per-op work, no partition fit for this spec)"
     configs = load_configs(configs_path, n, preset.comm_max_sms)
     t, e = predict(part, configs, preset, clock, work, host)
     points = [{CONFIG_COLUMNS[0]: int(s), CONFIG_COLUMNS[1]: int(e_), CONFIG_COLUMNS[2]: int(k),
@@ -617,7 +624,7 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
               for s, e_, k, b, ti, ei in zip(configs.start, configs.end, configs.sms,
                                               configs.threads, t, e)]
     obj = {"gpu": gpu, "spec": spec_path, "clock_mhz": clock,
-           "calibration": calibration_path, "points": points}
+           "calibration": calibration_path, "parameters": source, "points": points}
 
     def text() -> str:
         return render(["start", "end", "SMs", "block", "time ms", "energy J"],

@@ -199,6 +199,42 @@ def test_partition_command_predicts_every_row(tmp_path, spec_file, capsys):
     assert code == 0 and all(s["time_s"] > p["time_s"] for s, p in zip(slow, pts))
 
 
+def test_the_spec_hash_ignores_free_text_only(spec):
+    described = PartitionSpec.from_dict({**SPEC, "description": "at another clock",
+                                         "window": "w", "energy": "e"})
+    assert described.sha256 == spec.sha256
+    other = PartitionSpec.from_dict({**SPEC, "seq_len": 2048,
+                                     "comm": {**SPEC["comm"], "bytes": 33554432 // 2}})
+    assert other.sha256 != spec.sha256
+
+
+def test_without_calibration_the_preset_predicts_its_own_sweep(tmp_path, spec_file, capsys):
+    """The preset carries the per-op factors of the fit its partition law came from, so a plain
+    `kareus partition` predicts the measured sweep as well as a fresh calibration does (and a
+    spec the preset was not fitted on falls back to the law with counted work)."""
+    sweep_path = kareus_artifact("attention_partition/default_clock.csv")
+    if sweep_path is None:
+        pytest.skip("needs shared/kareus_artifact")
+    sweep = load_sweep(sweep_path, 7, 32)
+    code, out, _ = _run(["partition", "--spec", str(spec_file), "--configs", str(sweep_path),
+                         "--gpu", "a100-sxm4-40gb", "--json"], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    assert "per-op factors" in obj["parameters"]
+    t = np.array([p["time_s"] for p in obj["points"]])
+    e = np.array([p["energy_j"] for p in obj["points"]])
+    assert np.mean(np.abs(t / sweep.time_s - 1)) < 0.01
+    assert np.mean(np.abs(e / sweep.energy_j - 1)) < 0.01
+    shorter = tmp_path / "short.json"
+    shorter.write_text(json.dumps({**SPEC, "seq_len": 2048,
+                                   "comm": {**SPEC["comm"], "bytes": 33554432 // 2}}))
+    cfg = tmp_path / "configs.csv"
+    pd.DataFrame([(0, 6, 4, 1024)], columns=COLUMNS).to_csv(cfg, index=False)
+    code, out, _ = _run(["partition", "--spec", str(shorter), "--configs", str(cfg),
+                         "--gpu", "a100-sxm4-40gb", "--json"], capsys)
+    assert code == 0 and "counted per-op work" in json.loads(out)["parameters"]
+
+
 def test_calibration_files_must_match_spec_and_gpu(tmp_path, spec, spec_file, capsys):
     cal = PartitionCalibration(gpu="a100-sxm4-40gb", spec_sha256=spec.sha256, clock_mhz=None,
                                law={"comm_launch_s": 5e-6}, op_work=(1.0,) * 7,

@@ -39,6 +39,8 @@ _MODEL = {"hidden_size", "num_attention_heads", "num_key_value_heads", "intermed
           "attention", "position_embedding", "norm", "head_dim"}
 _COMM = {"kind", "group_size", "bytes", "library"}
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+#: Fields that only describe (free text): they do not enter the spec's hash.
+_FREE_TEXT = {"description", "window", "energy"}
 
 
 def _bad(path: str, msg: str) -> WorkloadError:
@@ -65,7 +67,8 @@ class PartitionSpec:
         ops: Compute op names in program order.
         comm_kind, comm_group, comm_bytes: The overlapped collective (bytes per GPU).
         causal: Causal attention.
-        sha256: Hash of the spec's canonical JSON (ties a calibration to its spec).
+        sha256: Hash of the spec's canonical JSON without its free-text fields (ties a
+            calibration to the partition it measured, whatever its description says).
     """
 
     hidden: int
@@ -164,7 +167,8 @@ class PartitionSpec:
                 raise _bad(path, f"comm.bytes {nbytes} does not match the other nanobatch's "
                                  f"activation: {nano} x {seq} x {hidden} x "
                                  f"{DTYPE_BYTES[dtype]} B = {expect}")
-        canon = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+        canon = json.dumps({k: v for k, v in raw.items() if k not in _FREE_TEXT},
+                           sort_keys=True, separators=(",", ":"))
         return PartitionSpec(
             hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim, tp=tp, batch=batch,
             nanobatch=nano, seq=seq, dtype=dtype, ops=tuple(ops), comm_kind=kind,

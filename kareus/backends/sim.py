@@ -398,8 +398,13 @@ class SimulatorBackend:
         for i, op in enumerate(partition.compute):
             a = self._alone(op)
             host = _HOST_ISSUE[op.kind](g) * (1.0 if host_scale is None else float(host_scale[i]))
+            # Only a GEMM's waves go out of step when the collective's SMs return mid-kernel:
+            # its tiles are uniform, so its waves run in lockstep and the last ends ragged.
+            # Causal attention's tiles differ in work (the mask), its blocks already end at
+            # scattered times, and a returning SM just takes the next one.
+            ragged = op.kind == "gemm"
             row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host,
-                       wave_s=per_clock(a.time) / self._waves(op))
+                       wave_s=per_clock(a.time) / self._waves(op) if ragged else 0.0)
             if partition.comm is not None:
                 ov, rate_ov = self._overlapped(op, partition.comm, ks, threads)
                 row.update(t_beside=grid(ov.time), p_beside=grid(ov.power), rate_beside=grid(rate_ov))

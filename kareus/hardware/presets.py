@@ -77,7 +77,7 @@ class GPUPreset:
             the GPU waits for the host when an op is issued later than the previous op ends.
         partition_harness_s: Per-execution overhead of the partition-profiling harness (Python
             call, final synchronisation; s); only partition sweeps include it.
-        partial_wave_loss: Fraction of one of its waves a tiled kernel (GEMM, attention) loses
+        partial_wave_loss: Fraction of one of its waves a GEMM (uniform tiles, lockstep waves) loses
             when a collective beside it ends mid-kernel and its SMs return (the waves go out
             of step; the last ends ragged).
         kernel_overhead_s: Launch and tail cost per compute kernel, s.
@@ -123,31 +123,31 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.776e6
-    tuned_block_exponent: float = 0.8566
-    tuned_link_fraction: float = 0.2794
-    tuned_pipelining: float = 1.699
+    tuned_bw_per_sm_mhz: float = 4.78e6
+    tuned_block_exponent: float = 0.857
+    tuned_link_fraction: float = 0.2809
+    tuned_pipelining: float = 1.718
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 21.29e-6
-    comm_rate_beside_memory: float = 0.3798
-    comm_rate_beside_gemm: float = 0.6505
-    comm_rate_beside_attention: float = 0.9352
+    comm_launch_s: float = 23.22e-6
+    comm_rate_beside_memory: float = 0.355
+    comm_rate_beside_gemm: float = 0.6533
+    comm_rate_beside_attention: float = 0.9294
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.2462
-    overlap_slowdown_gemm: float = 0.1117
-    overlap_slowdown_attention: float = 0.0751
-    host_issue_memory_s: float = 159.8e-6
-    host_issue_gemm_s: float = 39.84e-6
-    host_issue_attention_s: float = 41.31e-6
-    partition_harness_s: float = 163.7e-6
-    partial_wave_loss: float = 0.09954
+    overlap_slowdown_memory: float = 0.2631
+    overlap_slowdown_gemm: float = 0.1154
+    overlap_slowdown_attention: float = 0.07257
+    host_issue_memory_s: float = 157.5e-6
+    host_issue_gemm_s: float = 40.1e-6
+    host_issue_attention_s: float = 40.84e-6
+    partition_harness_s: float = 171.8e-6
+    partial_wave_loss: float = 0.09775
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 22.45
+    link_dyn_power_w: float = 22.71
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.1888
+    activity_comm: float = 0.1902
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -248,8 +248,8 @@ _A100_V_RATIO = 1.318
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
 #: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.7040, hbm_efficiency=0.4816, sm_dyn_power_w=431.6,
-                         library_rate_beside=0.9320)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.7006, hbm_efficiency=0.4928, sm_dyn_power_w=434.8,
+                         library_rate_beside=0.9957)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
@@ -357,6 +357,43 @@ PRESETS["h200"] = _hopper("h200", 141e9, 4.8e12, 3.5e-12 * 8 * 4.8e12,
                           "datasheet: 141 GB HBM3e", "datasheet: 4.8 TB/s")
 
 DEFAULT_GPU = "a100-sxm4-40gb"
+
+
+@dataclass(frozen=True)
+class PartitionOpFactors:
+    """The per-op part of a partition fit: what a measured partition's own kernels cost beyond
+    the simulator's FLOP and byte counts (see :mod:`kareus.backends.partition_calibration`).
+
+    Attributes:
+        op_work: Work factor of each op of the spec, in program order (its FLOPs and bytes are
+            that many times what the spec's shapes count).
+        op_host: Host-issue factor of each op (times its class's host issue time).
+        source: Where the factors come from.
+    """
+
+    op_work: tuple[float, ...]
+    op_host: tuple[float, ...]
+    source: str
+
+
+#: The per-op factors of the partition fits behind the presets' partition laws, by (GPU preset,
+#: spec hash: :attr:`workloads.partition_spec.PartitionSpec.sha256`). They come from the same
+#: fit as the law's parameters above, so ``kareus partition`` without ``--calibration`` predicts
+#: the artifact's partition as a fresh ``kareus calibrate`` would (the iteration model uses the
+#: law alone: its ops are counted, not fitted).
+_PARTITION_OP_FACTORS: MappingProxyType = MappingProxyType({
+    ("a100-sxm4-40gb", "5687b86cf4b0cad7364b6fee84feb940a87e42bbb429914cdec2c5e20ae2ff61"):
+        PartitionOpFactors(
+            op_work=(1.029, 0.5793, 0.987, 0.4614, 0.5661, 0.7768, 5.901),
+            op_host=(0.5694, 1.153, 0.8273, 1.882, 1.882, 0.8537, 1),
+            source=_SWEEP_FIT),
+})
+
+
+def partition_op_factors(gpu: str, spec_sha256: str) -> PartitionOpFactors | None:
+    """The preset's own per-op factors for a partition spec, or ``None`` when the preset's law
+    was not fitted on that partition."""
+    return _PARTITION_OP_FACTORS.get((gpu, spec_sha256))
 
 
 def get_preset(name: str) -> GPUPreset:
