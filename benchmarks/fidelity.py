@@ -50,17 +50,19 @@ from kareus.suite.problem import make_problem
 #: clock. A forward-difference fit cannot move it from there (a step up changes nothing), and the
 #: dead parameter held the other four back. Freed with central differences it goes to 0.77: the
 #: endpoint MAPE barely moves, nanobatching's CP2+TP4 ratio moves away from the measured one and
-#: the cross-configuration hold-out does not improve (docs/simulator.md).
+#: the cross-configuration hold-out does not improve (docs/simulator.md). NCCL's SM activity is
+#: among them: the partition sweep measured MSCCL++'s kernel, whose activity the preset fits there.
 FIT_PARAMETERS = {
     "gemm_efficiency": (0.4, 0.9),
     "hbm_efficiency": (0.3, 0.9),
     "sm_dyn_power_w": (250.0, 550.0),
     "library_rate_beside": (0.2, 1.0),
+    "library_activity_comm": (0.05, 2.0),
 }
 
 #: Where the hold-out fits start: the uncalibrated A100 priors (hardware.md's textbook
 #: efficiencies, the 80 GB part's SM power fitted on the Perseus profile, NCCL keeping ~80 %
-#: beside compute), never the preset's values, which were fitted on both configurations: a
+#: beside compute and its channels switching like MSCCL++'s SMs in the sweep), never the preset's values, which were fitted on both configurations: a
 #: hold-out never sees the configuration it predicts. The fit on all configurations refines the
 #: preset's values (a fit from the priors stops in a local minimum, 4.6 % MAPE).
 FIT_PRIORS = {
@@ -68,6 +70,7 @@ FIT_PRIORS = {
     "hbm_efficiency": 0.85,
     "sm_dyn_power_w": 438.1,
     "library_rate_beside": 0.80,
+    "library_activity_comm": 0.19,
 }
 
 

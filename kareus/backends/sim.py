@@ -235,7 +235,8 @@ class SimulatorBackend:
         ratio = np.divide(lo, hi, out=np.zeros(np.broadcast(lo, hi).shape), where=hi > 0)
         tuned_rate = lo * (1.0 + ratio ** g.tuned_pipelining) ** (-1.0 / g.tuned_pipelining)
         rate = np.where(library, lib_rate, tuned_rate)
-        power = (g.sm_dyn_power_w * self._sm_scale[None, :] * g.activity_comm * (channels / g.sms)
+        activity = np.where(library, g.library_activity_comm, g.activity_comm)
+        power = (g.sm_dyn_power_w * self._sm_scale[None, :] * activity * (channels / g.sms)
                  + g.hbm_dyn_power_w * np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw)
                  + g.link_dyn_power_w * rate / link)
         return rate, power

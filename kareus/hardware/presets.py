@@ -88,7 +88,11 @@ class GPUPreset:
         knee_mhz: Clock below which the core voltage stays at its floor (MHz).
         v_ratio: Core voltage at ``clock_max_mhz`` over the floor voltage.
         activity_gemm, activity_attention, activity_memory, activity_comm: SM switching activity
-            of each kernel class relative to a dense GEMM, per SM it occupies.
+            of each kernel class relative to a dense GEMM, per SM it occupies (``activity_comm``:
+            a tuned collective's, such as MSCCL++'s all-reduce).
+        library_activity_comm: The same for the collective library's (NCCL's) channels, whose
+            kernels (ring and tree protocols with their own reductions and flag polling) are not
+            the tuned collective's.
         reference_gemm_efficiency, reference_attention_efficiency, reference_hbm_efficiency: The
             efficiencies at which the activities hold (those of the power fit); a kernel reaching
             less of its peak switches proportionally less (the same energy per FLOP or byte,
@@ -123,31 +127,32 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.78e6
-    tuned_block_exponent: float = 0.857
-    tuned_link_fraction: float = 0.2809
-    tuned_pipelining: float = 1.718
+    tuned_bw_per_sm_mhz: float = 4.773e6
+    tuned_block_exponent: float = 0.8561
+    tuned_link_fraction: float = 0.2823
+    tuned_pipelining: float = 1.703
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 23.22e-6
-    comm_rate_beside_memory: float = 0.355
-    comm_rate_beside_gemm: float = 0.6533
-    comm_rate_beside_attention: float = 0.9294
+    comm_launch_s: float = 18.16e-6
+    comm_rate_beside_memory: float = 0.3594
+    comm_rate_beside_gemm: float = 0.6448
+    comm_rate_beside_attention: float = 0.9366
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.2631
-    overlap_slowdown_gemm: float = 0.1154
-    overlap_slowdown_attention: float = 0.07257
-    host_issue_memory_s: float = 157.5e-6
-    host_issue_gemm_s: float = 40.1e-6
-    host_issue_attention_s: float = 40.84e-6
-    partition_harness_s: float = 171.8e-6
-    partial_wave_loss: float = 0.09775
+    overlap_slowdown_memory: float = 0.2725
+    overlap_slowdown_gemm: float = 0.08895
+    overlap_slowdown_attention: float = 0.07374
+    host_issue_memory_s: float = 177.1e-6
+    host_issue_gemm_s: float = 38.55e-6
+    host_issue_attention_s: float = 42.73e-6
+    partition_harness_s: float = 143.8e-6
+    partial_wave_loss: float = 0.09927
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 22.71
+    link_dyn_power_w: float = 23.51
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.1902
+    activity_comm: float = 0.2244
+    library_activity_comm: float = 0.19
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
     reference_hbm_efficiency: float = 0.85
@@ -217,6 +222,8 @@ _COMMON_SOURCES = {
     "activity_attention": "assumed: softmax/masking leave tensor cores idle part of the time",
     "activity_memory": "assumed: memory-bound kernels keep ~1/3 of the SM logic switching",
     "activity_comm": _SWEEP_FIT + " (energy: the collective's SMs)",
+    "library_activity_comm": "assumed: NCCL's channels switch about as much as the tuned "
+                             "collective's SMs in the partition sweep (~0.2)",
 }
 
 _A100_FIT = "fitted: benchmarks/calibration.py on perseus_sosp24 gpt3-175b+a100_sxm_bf16.csv"
@@ -246,10 +253,11 @@ _A100_V_RATIO = 1.318
 #: Fitted by `python benchmarks/fidelity.py --fit` on the Kareus artifact's measured Perseus and
 #: Nanobatching + Perseus frontiers (16 x A100 SXM4 40 GB, shared/kareus_artifact/
 #: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
-#: (effective: time per counted FLOP or byte), the 40 GB part's SM power, and how much of its
-#: throughput NCCL keeps beside compute. Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.7006, hbm_efficiency=0.4928, sm_dyn_power_w=434.8,
-                         library_rate_beside=0.9957)
+#: (effective: time per counted FLOP or byte), the 40 GB part's SM power, how much of its
+#: throughput NCCL keeps beside compute and how much NCCL's channels switch (the partition sweep
+#: measured MSCCL++'s kernel, not NCCL's). Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8, 0.19.
+_A100_40_FRONTIER = dict(gemm_efficiency=0.7071, hbm_efficiency=0.4765, sm_dyn_power_w=416.0,
+                         library_rate_beside=0.9997, library_activity_comm=0.6437)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
@@ -384,8 +392,8 @@ class PartitionOpFactors:
 _PARTITION_OP_FACTORS: MappingProxyType = MappingProxyType({
     ("a100-sxm4-40gb", "5687b86cf4b0cad7364b6fee84feb940a87e42bbb429914cdec2c5e20ae2ff61"):
         PartitionOpFactors(
-            op_work=(1.029, 0.5793, 0.987, 0.4614, 0.5661, 0.7768, 5.901),
-            op_host=(0.5694, 1.153, 0.8273, 1.882, 1.882, 0.8537, 1),
+            op_work=(1.242, 0.587, 1.005, 0.4521, 0.5791, 0.7644, 6.053),
+            op_host=(0.5366, 1.134, 0.7913, 1.682, 1.682, 0.8905, 1),
             source=_SWEEP_FIT),
 })
 
