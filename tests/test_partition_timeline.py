@@ -85,3 +85,37 @@ def test_a_kernel_beside_a_collective_shares_its_sms_without_whole_waves():
     # alone on the same SM counts, whole waves do step
     alone = [sim.kernel_time(op, 1410.0, gpu.sms - k) for k in (5, 6)]
     assert alone[1] / alone[0] > 1.08
+
+
+@pytest.mark.parametrize("kind,loses", [("gemm", True), ("attention", False)])
+def test_only_a_gemm_loses_part_of_a_wave_when_the_collective_ends_inside_it(kind, loses):
+    """A GEMM's uniform tiles run in lockstep waves, which the collective's SMs returning mid-way
+    put out of step; causal attention's tiles differ in work and already end scattered. One op,
+    the collective launched before it and long enough to end inside it but not to outlast it."""
+    from kareus.graph import Partition
+
+    op = ComputeOp("k", kind, 2.0 * 8192 * 4096 * 2048, 1e6, tiles=1024, depth=4096 if kind ==
+                   "gemm" else 128)
+    part = Partition("p/0", (op,), CommOp("ar", "all_reduce", 8 * 2**20, 2))
+    times = []
+    for loss in (0.0, 0.5):
+        sim = SimulatorBackend(get_preset("a100-sxm4-40gb").with_overrides(partial_wave_loss=loss))
+        grid = sim.evaluate_partition(part, np.array([1410.0]), np.array([16]), np.array([[0, 0]]))
+        times.append(float(grid.time_s[0, 0, 0]))
+        alone = sim.kernel_time(op, 1410.0, 108) + sim.collective_time(part.comm, 1410.0, 16)
+        assert times[-1] < alone  # the collective ended inside the op (overlap paid)
+    assert (times[1] > times[0]) == loses
+
+
+def test_the_library_collective_has_its_own_sm_activity():
+    """NCCL's channels switch as ``library_activity_comm`` says, a tuned collective's SMs as
+    ``activity_comm`` (fitted on the MSCCL++ sweep): changing one leaves the other's power."""
+    from kareus.plan import LIBRARY_DEFAULT
+
+    comm = CommOp("ar", "all_reduce", 32 * 2**20, 8)
+    base = get_preset("a100-sxm4-40gb")
+    ks = np.array([[float(LIBRARY_DEFAULT)], [16.0]])
+    _, p0 = SimulatorBackend(base)._comm_raw(comm, ks, 1024)
+    _, p1 = SimulatorBackend(base.with_overrides(
+        library_activity_comm=2 * base.library_activity_comm))._comm_raw(comm, ks, 1024)
+    assert np.all(p1[0] > p0[0]) and np.allclose(p1[1], p0[1])
