@@ -125,24 +125,41 @@ def test_zeus_solution_file_is_what_pointsolution_evaluates(tmp_path, small, opt
 
 
 def test_lowtime_frontier_is_close_to_the_exact_optimum(small, options):
-    """Optimality gap of the lowtime frontier vs the MILP on a 2-stage x 2-microbatch instance."""
+    """Optimality gap of the lowtime frontier vs the MILP on a 2-stage x 2-microbatch instance,
+    as the solver's plans come and after slack reclamation (what the Kareus optimizer returns)."""
+    from kareus.methods.tradeoff import SlackReclaimer
+
     thin = {k: [v[i] for i in spread_indices([o.time_s for o in v], 6)]
             for k, v in options.items()}
     p = small.gpu.static_power_w
     steps = list(solve(thin, 2, 2, p))
     pts = [evaluate_on_options(s, thin, 2, 2, p) for s in steps]
     keep = pareto_indices([a for a, _ in pts], [b for _, b in pts])
-    gaps = []
+    reclaim = SlackReclaimer(thin, 2, 2, p)
+    gaps, reclaimed = [], []
     for i in spread_indices([pts[k][0] for k in keep], 5):
         t, e = pts[keep[i]]
         ex = min_energy_within(thin, 2, 2, p, t)
         assert ex is not None and ex.time_s <= t * (1 + 1e-9)
         assert ex.energy_j <= e * (1 + 1e-9)  # the optimum is never worse
         gaps.append((e - ex.energy_j) / ex.energy_j)
-    # measured 2026-12-03 (power cap on each phase): 0.03 % at four of the five points and 3.1 %
-    # at one (0.805 s: 332.6 J against the optimum's 322.6 J), a lowtime step whose next step,
-    # 3 ms slower, spends 322.1 J; mean 0.64 %
-    assert max(gaps) < 0.04 and np.mean(gaps) < 0.01
+        t2, e2 = evaluate_on_options(_Knobs(reclaim(steps[keep[i]].knobs)), thin, 2, 2, p)
+        assert t2 <= t * (1 + 1e-9)  # reclaiming slack never lengthens the plan
+        ex2 = min_energy_within(thin, 2, 2, p, t2)
+        reclaimed.append((e2 - ex2.energy_j) / ex2.energy_j)
+    # measured 2026-12-04 (the preset with NCCL's own SM activity): the frontier has two distinct
+    # points, 1.81 % and 1.84 % above the optimum as lowtime leaves them (its fitted cost model on
+    # a 1 ms grid leaves energy off the critical path; 2026-12-03: 0.03 % at four of five points
+    # and 3.1 % at one), both at the optimum (0.000 %) after slack reclamation
+    assert max(gaps) < 0.04
+    assert max(reclaimed) < 0.005
+
+
+class _Knobs:
+    """A plan's knobs in the shape :func:`evaluate_on_options` reads."""
+
+    def __init__(self, knobs: dict) -> None:
+        self.knobs = knobs
 
 
 def test_exact_reference_is_infeasible_below_the_fastest_time(options):
