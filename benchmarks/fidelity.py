@@ -62,8 +62,9 @@ FIT_PARAMETERS = {
 
 #: Where the hold-out fits start: the uncalibrated A100 priors (hardware.md's textbook
 #: efficiencies, the 80 GB part's SM power fitted on the Perseus profile, NCCL keeping ~80 %
-#: beside compute and its channels switching like MSCCL++'s SMs in the sweep), never the preset's values, which were fitted on both configurations: a
-#: hold-out never sees the configuration it predicts. The fit on all configurations refines the
+#: beside compute and its channels switching like MSCCL++'s SMs in the sweep), never the
+#: preset's values, which were fitted on both configurations: a hold-out never sees the
+#: configuration it predicts. The fit on all configurations refines the
 #: preset's values (a fit from the priors stops in a local minimum, 4.6 % MAPE).
 FIT_PRIORS = {
     "gemm_efficiency": 0.80,

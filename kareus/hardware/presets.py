@@ -77,9 +77,9 @@ class GPUPreset:
             the GPU waits for the host when an op is issued later than the previous op ends.
         partition_harness_s: Per-execution overhead of the partition-profiling harness (Python
             call, final synchronisation; s); only partition sweeps include it.
-        partial_wave_loss: Fraction of one of its waves a GEMM (uniform tiles, lockstep waves) loses
-            when a collective beside it ends mid-kernel and its SMs return (the waves go out
-            of step; the last ends ragged).
+        partial_wave_loss: Fraction of one of its waves a GEMM (uniform tiles, lockstep waves)
+            loses when a collective beside it ends mid-kernel and its SMs return (the waves go
+            out of step; the last ends ragged).
         kernel_overhead_s: Launch and tail cost per compute kernel, s.
         sm_dyn_power_w: SM dynamic power at ``clock_max_mhz`` with every SM at full tensor
             activity (W).
