@@ -614,7 +614,7 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
         work, host = np.array(cal.op_work), np.array(cal.op_host)
     elif (own := partition_op_factors(preset.name, spec.sha256)) is not None:
         work, host = np.array(own.op_work), np.array(own.op_host)
-        source = "preset (its law and the per-op factors of the fit it came from)"
+        source = f"preset (its law and the per-op factors of the fit it came from: {own.source})"
     else:
         source = "preset (its law; counted per-op work, no partition fit for this spec)"
     configs = load_configs(configs_path, n, preset.comm_max_sms)
