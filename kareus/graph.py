@@ -39,6 +39,10 @@ class ComputeOp:
         bytes: HBM bytes read plus written (B).
         tiles: Thread blocks the kernel launches; with one block per SM at a time they run in
             ``ceil(tiles / SMs)`` waves (wave quantization). 0 for memory-bound kernels.
+        uneven_tail: ``None`` for uniform tiles (the whole waves above). For tiles of uneven work
+            dispatched in grid order (causal flash attention), the kernel takes ``tiles / SMs +
+            uneven_tail`` average tiles: the SMs stay busy until the grid is dispatched, and the
+            last, heavy tiles end that far past the even share.
         slot: Launch-slot label within its partition, e.g. ``"linear_0"``.
         depth: Reduction depth of a GEMM (``K`` of ``[M,K] x [K,N]``): each output tile pays a
             fixed prologue and epilogue, so shallow GEMMs run below peak. 0: unknown.
@@ -53,6 +57,7 @@ class ComputeOp:
     slot: str = ""
     depth: int = 0
     backward: bool = False
+    uneven_tail: float | None = None
 
 
 @dataclass(frozen=True)

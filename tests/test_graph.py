@@ -2,7 +2,13 @@ import pytest
 
 from kareus.graph import ComputeOp, dag_dependencies, one_f_one_b, topological_order
 from workloads import make_workload
-from workloads.graph_builder import build_iteration_graph, model_flops
+from workloads.graph_builder import (
+    CAUSAL_TAIL_BWD,
+    CAUSAL_TAIL_FWD,
+    attention_op,
+    build_iteration_graph,
+    model_flops,
+)
 
 
 def _names(graph, key):
@@ -106,3 +112,27 @@ def test_tp1_has_no_collectives_but_still_partitions():
     ig = g.instruction_graphs[(0, "forward")]
     assert all(p.comm is None for p in ig.partitions)
     assert all(isinstance(op, ComputeOp) for p in ig.partitions for op in p.compute)
+
+
+def test_causal_attention_carries_the_tail_of_its_uneven_tiles():
+    fwd = attention_op("a", 2, 16, 16, 64, 4096, 4096)
+    bwd = attention_op("a", 2, 16, 16, 64, 4096, 4096, backward=True)
+    full = attention_op("a", 2, 16, 16, 64, 4096, 4096, causal=False)
+    assert (fwd.uneven_tail, bwd.uneven_tail, full.uneven_tail) == \
+        (CAUSAL_TAIL_FWD, CAUSAL_TAIL_BWD, None)
+
+
+def test_the_causal_tails_are_what_list_scheduling_of_the_grid_gives():
+    """The constants are the means ``benchmarks/attention_tail.py`` derives (greedy dispatch of
+    FlashAttention-2's grid in order); a change to either side shows here."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_tail.py")],
+                         capture_output=True, text=True, check=True, cwd=root).stdout
+    means = dict(re.findall(r"^(forward|backward)\s*: mean ([0-9.]+)", out, re.M))
+    assert float(means["forward"]) == pytest.approx(CAUSAL_TAIL_FWD, abs=0.01)
+    assert float(means["backward"]) == pytest.approx(CAUSAL_TAIL_BWD, abs=0.01)

@@ -10,6 +10,7 @@ from kareus.backends.partition_timeline import partition_timeline
 from kareus.backends.sim import SimulatorBackend
 from kareus.graph import CommOp, ComputeOp
 from kareus.hardware.presets import get_preset
+from workloads.graph_builder import CAUSAL_TAIL_FWD
 
 
 def _op(t_alone: float, t_beside: float, rate_beside: float, host_s: float = 0.01,
@@ -87,15 +88,37 @@ def test_a_kernel_beside_a_collective_shares_its_sms_without_whole_waves():
     assert alone[1] / alone[0] > 1.08
 
 
-@pytest.mark.parametrize("kind,loses", [("gemm", True), ("attention", False)])
-def test_only_a_gemm_loses_part_of_a_wave_when_the_collective_ends_inside_it(kind, loses):
+def test_causal_attention_runs_its_even_share_and_a_tail_not_whole_waves():
+    """Causal attention's uneven tiles end ``uneven_tail`` average tiles past their even share
+    ``tiles / SMs``: no step where whole waves would add one (1024 tiles: 10 waves on 103 SMs,
+    11 on 102), and on all 108 SMs 9.48 + tail average tiles where uniform tiles take 10."""
+    gpu = get_preset("a100-sxm4-40gb")
+    sim = SimulatorBackend(gpu, power_limit_w=5000.0)
+    uniform = ComputeOp("a", "attention", 4.0 * 32 * 64 * 4096 * 4096 / 2, 1e6, tiles=1024,
+                        depth=64)
+    causal = ComputeOp("a", "attention", uniform.flops, 1e6, tiles=1024, depth=64,
+                       uneven_tail=CAUSAL_TAIL_FWD)
+    t = {k: sim.kernel_time(causal, 1410.0, gpu.sms - k) for k in (0, 5, 6)}
+    assert t[6] / t[5] - 1 == pytest.approx((1024 / 102 - 1024 / 103)
+                                            / (1024 / 103 + CAUSAL_TAIL_FWD), rel=0.02)
+    assert t[6] / t[5] < 1.02
+    assert sim.kernel_time(uniform, 1410.0, 102) / sim.kernel_time(uniform, 1410.0, 103) == \
+        pytest.approx(1.1, rel=0.01)
+    assert t[0] / sim.kernel_time(uniform, 1410.0, gpu.sms) == \
+        pytest.approx((1024 / 108 + CAUSAL_TAIL_FWD) / 10, rel=0.01)  # plus a launch gap
+
+
+@pytest.mark.parametrize("kind,uneven_tail,loses", [("gemm", None, True),
+                                                     ("attention", CAUSAL_TAIL_FWD, False)])
+def test_only_uniform_tiles_lose_part_of_a_wave_when_the_collective_ends_inside_them(
+        kind, uneven_tail, loses):
     """A GEMM's uniform tiles run in lockstep waves, which the collective's SMs returning mid-way
     put out of step; causal attention's tiles differ in work and already end scattered. One op,
     the collective launched before it and long enough to end inside it but not to outlast it."""
     from kareus.graph import Partition
 
     op = ComputeOp("k", kind, 2.0 * 8192 * 4096 * 2048, 1e6, tiles=1024, depth=4096 if kind ==
-                   "gemm" else 128)
+                   "gemm" else 128, uneven_tail=uneven_tail)
     part = Partition("p/0", (op,), CommOp("ar", "all_reduce", 8 * 2**20, 2))
     times = []
     for loss in (0.0, 0.5):

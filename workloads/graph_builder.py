@@ -8,7 +8,7 @@ Counting conventions (per GPU, bf16 = 2 bytes):
   FLOPs (input gradient and weight gradient).
 - Flash attention, causal: ``4·b·h·d·s_q·s_kv / 2`` FLOP (QK^T and PV, half the score matrix);
   backward 2.5x forward (five matmuls against two, the recomputed scores included). One thread
-  block per 128 query rows per head.
+  block per 128 query rows per head; the causal mask makes their work uneven.
 - Elementwise / norm / RoPE kernels are HBM bound: bytes read plus written, negligible FLOPs.
 - TP all-reduce: the ``[tokens, hidden]`` activation after attention and after the MLP (forward),
   the input gradients of the column-parallel QKV and FC1 (backward). CP: all-gather of the local
@@ -35,6 +35,16 @@ from workloads.parallel import Workload
 
 BF16 = 2
 _TILE = 128
+#: How far past its even share (``tiles / SMs`` average tiles) causal flash attention ends, in
+#: average tiles. FlashAttention-2 dispatches its grid with the query (forward) or key (backward)
+#: block fastest; under the causal mask block ``m`` of ``Q`` does ``m + 1`` (forward) or ``Q - m``
+#: (backward) blocks of work, so each (batch, head) is a ramp, and the grid ends with heavy blocks
+#: still running. Greedy list scheduling of such grids (``python benchmarks/attention_tail.py``:
+#: 16-64 query blocks, 8-128 (batch, head) pairs, 88-108 SMs, a fixed cost of two key blocks per
+#: tile) gives 1.14 (sd 0.04) forward and 0.88 (sd 0.11) backward, whatever the tile count:
+#: unlike whole waves, no step where the tiles cross a multiple of the SMs.
+CAUSAL_TAIL_FWD = 1.14
+CAUSAL_TAIL_BWD = 0.88
 
 
 class _Cut:
@@ -64,15 +74,17 @@ def attention_op(name: str, b: int, hq: int, hkv: int, d: int, s_q: int, s_kv: i
     causal over the same tokens, times ``work_fraction`` (the share of the score matrix this GPU
     computes, e.g. ``1/cp`` under load-balanced context parallelism). Backward: 2.5x the FLOPs
     (five matmuls against two, the scores recomputed) and twice the bytes. One thread block per
-    128 query rows per head."""
+    128 query rows per head; causal tiles are uneven (:data:`CAUSAL_TAIL_FWD`)."""
     flops = 4.0 * b * hq * d * s_q * s_kv * work_fraction / (2 if causal else 1)
     kv_bytes = elem_bytes * 2 * b * s_kv * hkv * d
     q_o_bytes = elem_bytes * 2 * b * s_q * hq * d
     if backward:
         return ComputeOp(name, "attention", 2.5 * flops, 2 * (q_o_bytes + kv_bytes),
-                         tiles=b * hq * math.ceil(s_q / _TILE), depth=d, backward=True)
+                         tiles=b * hq * math.ceil(s_q / _TILE), depth=d, backward=True,
+                         uneven_tail=CAUSAL_TAIL_BWD if causal else None)
     return ComputeOp(name, "attention", flops, float(q_o_bytes + kv_bytes),
-                     tiles=b * hq * math.ceil(s_q / _TILE), depth=d)
+                     tiles=b * hq * math.ceil(s_q / _TILE), depth=d,
+                     uneven_tail=CAUSAL_TAIL_FWD if causal else None)
 
 
 def _gemm_bwd(name: str, m: int, k: int, n: int) -> list[ComputeOp]:

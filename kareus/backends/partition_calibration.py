@@ -46,7 +46,7 @@ from kareus.hardware.presets import GPUPreset
 from kareus.progress import SILENT, Progress, ProgressTask
 
 CALIBRATION_KIND = "kareus-partition-calibration"
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 # (preset field, transform, initial value): "log" > 0, "unit" in (0, 1), "lo..hi" bounded
 _TIME_PARAMS: tuple[tuple[str, str, float], ...] = (

@@ -181,12 +181,15 @@ class SimulatorBackend:
                 nominal = g.attention_bwd_efficiency if op.backward else g.attention_efficiency
                 eff, act = nominal, g.activity_attention
             tiles = self._tiles(op, sms)
-            if beside:
-                # Beside a collective the kernel shares the SMs fluidly: the collective holds
-                # its SMs for only part of the kernel, the block scheduler hands tiles to
-                # whichever SMs are free, and (causal attention) tiles differ in work. Only the
-                # last wave's tail, at the SM count the kernel ends on (all of them), is
-                # quantised.
+            if op.uneven_tail is not None:
+                # Uneven tiles (causal attention) in grid order: busy SMs until the grid is
+                # dispatched, then the tail of its heavy last tiles; with or without a collective.
+                waves = tiles / sms + op.uneven_tail
+            elif beside:
+                # Beside a collective a kernel of uniform tiles shares the SMs fluidly: the
+                # collective holds its SMs for only part of the kernel and the block scheduler
+                # hands tiles to whichever SMs are free. Only the last wave's tail, at the SM
+                # count the kernel ends on (all of them), is quantised.
                 full = self._tiles(op, float(g.sms))
                 waves = tiles / sms + (np.ceil(full / g.sms) - full / g.sms)
             else:
@@ -268,7 +271,10 @@ class SimulatorBackend:
         """Waves of a tiled kernel on all SMs (``inf`` for memory-bound kernels: no waves)."""
         if op.kind == "memory" or not op.tiles:
             return math.inf
-        return float(math.ceil(float(self._tiles(op, float(self.gpu.sms))) / self.gpu.sms))
+        tiles = float(self._tiles(op, float(self.gpu.sms)))
+        if op.uneven_tail is not None:
+            return tiles / self.gpu.sms + op.uneven_tail
+        return float(math.ceil(tiles / self.gpu.sms))
 
     # ------------------------------------------------------------------ single-kernel queries
     def kernel_time(self, op: ComputeOp, clock_mhz: float, sms: int) -> float:
@@ -399,11 +405,11 @@ class SimulatorBackend:
         for i, op in enumerate(partition.compute):
             a = self._alone(op)
             host = _HOST_ISSUE[op.kind](g) * (1.0 if host_scale is None else float(host_scale[i]))
-            # Only a GEMM's waves go out of step when the collective's SMs return mid-kernel:
-            # its tiles are uniform, so its waves run in lockstep and the last ends ragged.
-            # Causal attention's tiles differ in work (the mask), its blocks already end at
-            # scattered times, and a returning SM just takes the next one.
-            ragged = op.kind == "gemm"
+            # Only a kernel of uniform tiles (a GEMM) has waves to put out of step when the
+            # collective's SMs return mid-kernel: they run in lockstep and the last ends ragged.
+            # Causal attention's tiles differ in work (the mask, ``uneven_tail``): its blocks
+            # already end at scattered times, and a returning SM just takes the next one.
+            ragged = op.kind != "memory" and op.uneven_tail is None
             row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host,
                        wave_s=per_clock(a.time) / self._waves(op) if ragged else 0.0)
             if partition.comm is not None:

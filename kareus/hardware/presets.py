@@ -127,31 +127,31 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.773e6
-    tuned_block_exponent: float = 0.8561
-    tuned_link_fraction: float = 0.2823
-    tuned_pipelining: float = 1.703
+    tuned_bw_per_sm_mhz: float = 4.777e6
+    tuned_block_exponent: float = 0.8555
+    tuned_link_fraction: float = 0.2853
+    tuned_pipelining: float = 1.671
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 18.16e-6
-    comm_rate_beside_memory: float = 0.3594
-    comm_rate_beside_gemm: float = 0.6448
-    comm_rate_beside_attention: float = 0.9366
+    comm_launch_s: float = 12.42e-6
+    comm_rate_beside_memory: float = 0.2622
+    comm_rate_beside_gemm: float = 0.6547
+    comm_rate_beside_attention: float = 0.9278
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.2725
-    overlap_slowdown_gemm: float = 0.08895
-    overlap_slowdown_attention: float = 0.07374
-    host_issue_memory_s: float = 177.1e-6
-    host_issue_gemm_s: float = 38.55e-6
-    host_issue_attention_s: float = 42.73e-6
-    partition_harness_s: float = 143.8e-6
-    partial_wave_loss: float = 0.09927
+    overlap_slowdown_memory: float = 0.147
+    overlap_slowdown_gemm: float = 0.04834
+    overlap_slowdown_attention: float = 0.05537
+    host_issue_memory_s: float = 198.8e-6
+    host_issue_gemm_s: float = 21.56e-6
+    host_issue_attention_s: float = 43.02e-6
+    partition_harness_s: float = 99.08e-6
+    partial_wave_loss: float = 0.1064
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 23.51
+    link_dyn_power_w: float = 25.86
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.2244
+    activity_comm: float = 0.2595
     library_activity_comm: float = 0.19
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
@@ -256,8 +256,8 @@ _A100_V_RATIO = 1.318
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, how much of its
 #: throughput NCCL keeps beside compute and how much NCCL's channels switch (the partition sweep
 #: measured MSCCL++'s kernel, not NCCL's). Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8, 0.19.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.7071, hbm_efficiency=0.4765, sm_dyn_power_w=416.0,
-                         library_rate_beside=0.9997, library_activity_comm=0.6437)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.6975, hbm_efficiency=0.5146, sm_dyn_power_w=417.7,
+                         library_rate_beside=1.0, library_activity_comm=0.5312)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
@@ -392,8 +392,8 @@ class PartitionOpFactors:
 _PARTITION_OP_FACTORS: MappingProxyType = MappingProxyType({
     ("a100-sxm4-40gb", "5687b86cf4b0cad7364b6fee84feb940a87e42bbb429914cdec2c5e20ae2ff61"):
         PartitionOpFactors(
-            op_work=(1.242, 0.587, 1.005, 0.4521, 0.5791, 0.7644, 6.053),
-            op_host=(0.5366, 1.134, 0.7913, 1.682, 1.682, 0.8905, 1),
+            op_work=(1.505, 0.4824, 0.9931, 0.7562, 0.7298, 0.7457, 5.831),
+            op_host=(0.5554, 1.131, 1.505, 1.672, 1.388, 0.8251, 1.084),
             source=_SWEEP_FIT),
 })
 
