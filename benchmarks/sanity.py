@@ -5,7 +5,8 @@
 Prints the simulator's iteration time, average power per GPU, MFU and static share, and next to
 them the datasheet arithmetic that explains each: ideal time at tensor peak, the recomputation
 factor, the clock the card holds under its power cap, the time in HBM-bound kernels and in
-collectives, and the 1F1B bubble. docs/sanity.md walks through the numbers.
+collectives, and the 1F1B bubble. docs/simulator.md ("First-principles check") walks through
+the numbers.
 """
 
 from __future__ import annotations
