@@ -2,8 +2,9 @@
 
     python benchmarks/attention_tail.py [--sms 108] [--query-blocks 32]
 
-The simulator charges every tiled kernel ``ceil(tiles / SMs)`` waves of its average tile. Causal
-flash attention's tiles are not uniform: query block ``m`` of a (batch, head) attends to ``m + 1``
+Until 2026-12-04 the simulator charged every tiled kernel ``ceil(tiles / SMs)`` waves of its
+average tile; it now charges that to GEMMs only, and causal attention the law derived here
+(``SimulatorBackend.waves``). Causal flash attention's tiles are not uniform: query block ``m`` of a (batch, head) attends to ``m + 1``
 key blocks. This script schedules such tiles greedily, in grid order (query block fastest, as
 FlashAttention-2's forward grid ``(m_blocks, batch, heads)`` is dispatched), one block per SM at a
 time, and compares the makespan with the wave law's:
@@ -34,7 +35,10 @@ import statistics
 
 import click
 
-from workloads.graph_builder import CAUSAL_TAIL_FWD
+from kareus.backends.sim import SimulatorBackend
+from kareus.graph import ComputeOp
+from kareus.hardware.presets import DEFAULT_GPU, get_preset
+from workloads.graph_builder import attention_op
 
 
 def makespan(work: list[float], sms: int) -> float:
@@ -55,6 +59,12 @@ def causal_tiles(pairs: int, query_blocks: int, overhead: float, backward: bool 
     return [w + overhead for _ in range(pairs) for w in ramp]
 
 
+def _attention(pairs: int, query_blocks: int) -> ComputeOp:
+    """The simulator's causal attention forward over ``pairs`` (batch, head) pairs."""
+    seq = 128 * query_blocks
+    return attention_op("attention", pairs, 1, 1, 64, seq, seq)
+
+
 def tail(work: list[float], sms: int) -> float:
     """How far past its even share the scheduled grid ends, in average tiles."""
     return (makespan(work, sms) - sum(work) / sms) / (sum(work) / len(work))
@@ -67,6 +77,7 @@ def tail(work: list[float], sms: int) -> float:
 @click.option("--overhead", default=2.0, show_default=True,
               help="Fixed work per tile, in key-block units.")
 def main(sms: int, query_blocks: int, overhead: float) -> None:
+    sim = SimulatorBackend(get_preset(DEFAULT_GPU).with_overrides(sms=sms))
     print("== The nanobatch split: two calls over half the (batch, head) pairs / one call")
     for pairs in (16, 24, 32, 48, 64):
         whole = causal_tiles(pairs, query_blocks, overhead)
@@ -74,7 +85,8 @@ def main(sms: int, query_blocks: int, overhead: float) -> None:
         scheduled = 2 * makespan(half, sms) / makespan(whole, sms)
         tiles = len(whole)
         waves = 2 * math.ceil(tiles / 2 / sms) / math.ceil(tiles / sms)
-        law = 2 * (tiles / 2 / sms + CAUSAL_TAIL_FWD) / (tiles / sms + CAUSAL_TAIL_FWD)
+        law = 2 * sim.waves(_attention(pairs // 2, query_blocks), sms) \
+            / sim.waves(_attention(pairs, query_blocks), sms)
         print(f"{pairs:3d} pairs ({tiles:5d} tiles): scheduled {scheduled:.3f}, "
               f"whole waves {waves:.3f}, the simulator's tail law {law:.3f}")
     print("\n== The tail past the even share (average tiles), over 16-64 query blocks, "

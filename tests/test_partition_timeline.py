@@ -109,11 +109,13 @@ def test_causal_attention_runs_its_even_share_and_a_tail_not_whole_waves():
 
 
 @pytest.mark.parametrize("kind,uneven_tail,loses", [("gemm", None, True),
+                                                     ("attention", None, True),
                                                      ("attention", CAUSAL_TAIL_FWD, False)])
 def test_only_uniform_tiles_lose_part_of_a_wave_when_the_collective_ends_inside_them(
         kind, uneven_tail, loses):
-    """A GEMM's uniform tiles run in lockstep waves, which the collective's SMs returning mid-way
-    put out of step; causal attention's tiles differ in work and already end scattered. One op,
+    """Uniform tiles (a GEMM, non-causal attention) run in lockstep waves, which the collective's
+    SMs returning mid-way put out of step; causal attention's tiles differ in work and already end
+    scattered. One op,
     the collective launched before it and long enough to end inside it but not to outlast it."""
     from kareus.graph import Partition
 

@@ -106,3 +106,23 @@ def test_bad_executor_settings(tmp_path, args, fragment):
                           timeout=120)
     assert proc.returncode == 2 and fragment in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_recalibrated_preset_invalidates_finished_cells(monkeypatch):
+    """A cell is reused only under the preset that computed it: a refit of any preset parameter
+    (the partition law, the frontier efficiencies) changes the cell's key."""
+    import kareus.hardware.presets as presets
+    from kareus.suite.sweep import cell_key
+
+    def key():
+        return cell_key("gpt3-xl", "a100-sxm4-40gb", "sim", "perseus", 0, {}, {})
+
+    before = key()
+    assert key() == before
+    original = presets.get_preset
+    monkeypatch.setattr(presets, "get_preset", lambda name: original(name).with_overrides(
+        comm_rate_beside_gemm=original(name).comm_rate_beside_gemm * 1.01))
+    after = key()
+    assert after["preset"] != before["preset"]
+    assert {k: v for k, v in after.items() if k != "preset"} == \
+        {k: v for k, v in before.items() if k != "preset"}

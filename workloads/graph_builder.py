@@ -40,9 +40,12 @@ _TILE = 128
 #: block fastest; under the causal mask block ``m`` of ``Q`` does ``m + 1`` (forward) or ``Q - m``
 #: (backward) blocks of work, so each (batch, head) is a ramp, and the grid ends with heavy blocks
 #: still running. Greedy list scheduling of such grids (``python benchmarks/attention_tail.py``:
-#: 16-64 query blocks, 8-128 (batch, head) pairs, 88-108 SMs, a fixed cost of two key blocks per
-#: tile) gives 1.14 (sd 0.04) forward and 0.88 (sd 0.11) backward, whatever the tile count:
-#: unlike whole waves, no step where the tiles cross a multiple of the SMs.
+#: 16-64 query blocks, 8-128 (batch, head) pairs, 88-108 SMs) gives 1.14 forward (sd 0.04, range
+#: 1.00-1.20) and 0.88 backward (sd 0.11, range 0.66-1.08), with no step where the tiles cross a
+#: multiple of the SMs, unlike whole waves. Assumed: a fixed cost of two key blocks per tile (Q
+#: load, epilogue); none gives 1.21 / 0.97, four 1.08 / 0.81. Under load-balanced context
+#: parallelism a rank's query blocks form two such ramps against the gathered keys; the same
+#: tails are used.
 CAUSAL_TAIL_FWD = 1.14
 CAUSAL_TAIL_BWD = 0.88
 

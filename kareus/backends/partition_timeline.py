@@ -20,10 +20,10 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
   launched before op ``s`` often starts while op ``s - 1`` (or an earlier op) still runs, and is
   beside that op from then on: the op runs alone until the collective joins, then at its
   ``t_beside`` speed.
-- A GEMM that gets the collective's SMs back mid-kernel loses ``partial_wave_loss`` of one of
-  its waves (``wave_s``): its uniform tiles run in lockstep waves, which go out of step, and the
-  last one ends ragged. (Causal attention's tiles differ in work, so its blocks already end at
-  scattered times: it has no ``wave_s``.)
+- A kernel of uniform tiles (a GEMM, non-causal attention) that gets the collective's SMs back
+  mid-kernel loses ``partial_wave_loss`` of one of its waves (``wave_s``): its tiles run in
+  lockstep waves, which go out of step, and the last one ends ragged. (Causal attention's tiles
+  differ in work, so its blocks already end at scattered times: it has no ``wave_s``.)
 
 Everything is vectorised over a grid of configurations (any common array shape): each op and the
 collective carry per-configuration arrays; the loop runs over the partition's ops only.

@@ -181,19 +181,7 @@ class SimulatorBackend:
                 nominal = g.attention_bwd_efficiency if op.backward else g.attention_efficiency
                 eff, act = nominal, g.activity_attention
             tiles = self._tiles(op, sms)
-            if op.uneven_tail is not None:
-                # Uneven tiles (causal attention) in grid order: busy SMs until the grid is
-                # dispatched, then the tail of its heavy last tiles; with or without a collective.
-                waves = tiles / sms + op.uneven_tail
-            elif beside:
-                # Beside a collective a kernel of uniform tiles shares the SMs fluidly: the
-                # collective holds its SMs for only part of the kernel and the block scheduler
-                # hands tiles to whichever SMs are free. Only the last wave's tail, at the SM
-                # count the kernel ends on (all of them), is quantised.
-                full = self._tiles(op, float(g.sms))
-                waves = tiles / sms + (np.ceil(full / g.sms) - full / g.sms)
-            else:
-                waves = np.ceil(tiles / sms)
+            waves = self.waves(op, sms, beside)
             t_comp = waves * (op.flops / tiles) / (g.flops_per_clk_per_sm * hz * eff)
             t_core = np.maximum(t_comp, t_mem)
             compute_share = t_comp / t_core
@@ -267,14 +255,27 @@ class SimulatorBackend:
                                     max(1.0, op.depth // _SPLIT_K_DEPTH))
         return tiles
 
-    def _waves(self, op: ComputeOp) -> float:
-        """Waves of a tiled kernel on all SMs (``inf`` for memory-bound kernels: no waves)."""
-        if op.kind == "memory" or not op.tiles:
-            return math.inf
-        tiles = float(self._tiles(op, float(self.gpu.sms)))
+    def waves(self, op: ComputeOp, sms: NDArray[np.float64] | float, beside: bool = False
+              ) -> NDArray | float:
+        """Time of a tiled kernel on ``sms`` SMs, in waves of its average tile (one tile per SM
+        at a time); ``beside``: a collective holds the SMs the kernel lacks for part of it.
+
+        - Uneven tiles dispatched in grid order (causal attention, ``op.uneven_tail``): the SMs
+          stay busy until the grid is dispatched, then its heavy last tiles end the tail later:
+          ``tiles / SMs + uneven_tail``, with or without a collective.
+        - Uniform tiles (GEMMs) on their own SMs run in lockstep: ``ceil(tiles / SMs)``.
+        - Uniform tiles beside a collective share the SMs fluidly: the collective holds its SMs
+          for only part of the kernel and the block scheduler hands tiles to whichever SMs are
+          free. Only the last wave's tail, at the SM count the kernel ends on (all of them), is
+          quantised: ``tiles / SMs`` plus that tail.
+        """
+        tiles = self._tiles(op, sms)
         if op.uneven_tail is not None:
-            return tiles / self.gpu.sms + op.uneven_tail
-        return float(math.ceil(tiles / self.gpu.sms))
+            return tiles / sms + op.uneven_tail
+        if beside:
+            full = self._tiles(op, float(self.gpu.sms))
+            return tiles / sms + (np.ceil(full / self.gpu.sms) - full / self.gpu.sms)
+        return np.ceil(tiles / sms)
 
     # ------------------------------------------------------------------ single-kernel queries
     def kernel_time(self, op: ComputeOp, clock_mhz: float, sms: int) -> float:
@@ -405,13 +406,15 @@ class SimulatorBackend:
         for i, op in enumerate(partition.compute):
             a = self._alone(op)
             host = _HOST_ISSUE[op.kind](g) * (1.0 if host_scale is None else float(host_scale[i]))
-            # Only a kernel of uniform tiles (a GEMM) has waves to put out of step when the
-            # collective's SMs return mid-kernel: they run in lockstep and the last ends ragged.
-            # Causal attention's tiles differ in work (the mask, ``uneven_tail``): its blocks
-            # already end at scattered times, and a returning SM just takes the next one.
+            # Only a kernel of uniform tiles (a GEMM, non-causal attention) has waves to put out
+            # of step when the collective's SMs return mid-kernel: they run in lockstep and the
+            # last ends ragged. Causal attention's tiles differ in work (the mask,
+            # ``uneven_tail``): its blocks already end at scattered times, and a returning SM
+            # just takes the next one.
             ragged = op.kind != "memory" and op.uneven_tail is None
             row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host,
-                       wave_s=per_clock(a.time) / self._waves(op) if ragged else 0.0)
+                       wave_s=per_clock(a.time) / self.waves(op, float(g.sms)) if ragged
+                       else 0.0)
             if partition.comm is not None:
                 ov, rate_ov = self._overlapped(op, partition.comm, ks, threads)
                 row.update(t_beside=grid(ov.time), p_beside=grid(ov.power), rate_beside=grid(rate_ov))

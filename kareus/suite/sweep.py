@@ -27,10 +27,12 @@ def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
              model: dict | None = None) -> dict:
     """Everything that determines one cell's result. ``model``: the fields of a model read from a
     config file (``workload`` is then its path), so that editing the file invalidates the cell;
-    built-in models leave it out (their name determines them)."""
+    built-in models leave it out (their name determines them). ``preset``: a hash of the GPU
+    preset's parameters, so that a recalibrated preset invalidates the cells it computed."""
     from kareus import __version__
 
-    key = {"suite_version": __version__, "workload": workload, "gpu": gpu, "backend": backend,
+    key = {"suite_version": __version__, "preset": preset_digest(gpu),
+           "workload": workload, "gpu": gpu, "backend": backend,
            "optimizer": optimizer, "options": dict(sorted((options or {}).items())),
            "seed": seed,
            "overrides": {k: (list(v) if isinstance(v, tuple) else v)
@@ -39,6 +41,19 @@ def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
     if model is not None:
         key["model"] = model
     return key
+
+
+def preset_digest(gpu: str) -> str:
+    """First 16 hex digits of the SHA-256 of ``gpu``'s preset parameters (their sources left out:
+    a reworded source changes no result)."""
+    import hashlib
+    from dataclasses import fields
+
+    from kareus.hardware.presets import get_preset
+
+    preset = get_preset(gpu)
+    values = {f.name: getattr(preset, f.name) for f in fields(preset) if f.name != "sources"}
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def model_fields(workload: str) -> dict | None:
