@@ -6,7 +6,7 @@ time and energy (dynamic plus static, what an energy meter reads), the Zeus prof
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -63,7 +63,8 @@ SOLVERS = ("fast", "exact")
 
 def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list[Option]],
                    make_plan: Callable[[Hashable], InstructionPlan], label: str,
-                   reclaim: bool = False) -> list[IterationPlan]:
+                   reclaim_from: Mapping[tuple[int, Direction], Sequence[Option]] | None = None
+                   ) -> list[IterationPlan]:
     """Solve the time–cost tradeoff over ``options`` on ``problem`` and return the plans.
 
     Settings (``problem.options``): ``unit_ms`` (the time unit, 1 ms), ``prefilter`` (raw or
@@ -73,8 +74,9 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at most
     :func:`~kareus.methods.tradeoff.plan_budget` plans spread over the solve; ``"exact"`` solves
     the whole DAG as Perseus does, lowtime's steps exactly, and keeps every step. With
-    ``reclaim``, every kept plan's instructions are given the least-energy measured option their
-    slack allows (:class:`~kareus.methods.tradeoff.SlackReclaimer`).
+    ``reclaim_from`` (options per instruction type, those of ``options`` among them), every kept
+    plan's instructions are given the least-energy one of those their slack allows
+    (:class:`~kareus.methods.tradeoff.SlackReclaimer`).
     """
     opts = problem.options
     mode = str(opts.get("solver", "fast"))
@@ -104,8 +106,8 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
         task.done()
     instructions = 2 * graph.stages * graph.microbatches
     limit = plan_budget(instructions) if fast else None
-    refine = SlackReclaimer(options, graph.stages, graph.microbatches,
-                            problem.gpu.static_power_w, p2p) if reclaim else None
+    refine = None if reclaim_from is None else SlackReclaimer(
+        reclaim_from, graph.stages, graph.microbatches, problem.gpu.static_power_w, p2p)
     return plans_from_steps(steps, make_plan, label, limit, refine)
 
 
