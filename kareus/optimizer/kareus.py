@@ -100,7 +100,10 @@ class Kareus:
     def optimize(self, problem: Problem) -> list[IterationPlan]:
         options = kareus_options(problem)
         subsets = {"sequential": baseline_options(problem, nanobatched=False)}
-        if any(ig.partitions for ig in problem.graph.instruction_graphs.values()):
+        knobs = problem.knobs
+        library = LIBRARY_DEFAULT in knobs.comm_sms and LIBRARY_DEFAULT in knobs.cp_comm_sms
+        if library and any(ig.partitions for ig in problem.graph.instruction_graphs.values()):
+            # the default schedules (the library's kernels) are in this knob space
             subsets["default schedules"] = baseline_options(problem, nanobatched=True)
         every = {key: union_of_options(options[key], *(sub[key] for sub in subsets.values()))
                  for key in options}
