@@ -150,9 +150,11 @@ def test_4_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
         # an earlier one seeds 0-5 gave 1.0, 1.0, 0.973, 0.977, 0.992, 1.0); nsga2 reaches the
         # exact front on 7 of 8 (0.993-1.0) and stops short on the other (0.36: a genetic search
         # either finds the valley of SM counts or does not); random 0.85-0.945. The test runs
-        # seeds 0-2, so the surrogate's seed 2 meets the 0.95 bar by 0.004.
+        # seeds 0-2. The surrogate's worst-seed bar (0.93) only tells a search that found the
+        # front from a collapse like nsga2's 0.36: seed 2 moved by 0.02 between two machines of
+        # the same package versions (0.973, 0.954), the floating-point path of its trees.
         assert np.median(tot) >= 0.98, (name, tot)
         assert np.mean(tot) > np.mean(rand) + 0.02, (name, tot, rand)
         assert np.median(dyn) >= 0.97, (name, dyn)
         if name == "surrogate":
-            assert min(tot) >= 0.95, (name, tot)
+            assert min(tot) >= 0.93, (name, tot)
