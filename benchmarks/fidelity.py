@@ -58,6 +58,8 @@ FIT_PARAMETERS = {
     "sm_dyn_power_w": (250.0, 550.0),
     "library_rate_beside": (0.2, 1.0),
     "library_activity_comm": (0.05, 2.0),
+    "iteration_host_fraction": (0.05, 1.0),
+    "host_issue_call_s": (1e-6, 50e-6),
 }
 
 #: Where the hold-out fits start: the uncalibrated A100 priors (hardware.md's textbook
@@ -72,6 +74,8 @@ FIT_PRIORS = {
     "sm_dyn_power_w": 438.1,
     "library_rate_beside": 0.80,
     "library_activity_comm": 0.19,
+    "iteration_host_fraction": 1.0,
+    "host_issue_call_s": 8e-6,
 }
 
 
@@ -96,8 +100,9 @@ def fit(configs: list[FrontierConfig], measured: pd.DataFrame, gpu: str,
         return df.error_pct.to_numpy() / 100.0
 
     # endpoint errors are percents: a relative cost change of 1e-3 is well below what matters
+    # x_scale="jac": the parameters span nine orders of magnitude (W, fractions, seconds)
     res = least_squares(resid, x0, bounds=(lo, hi), diff_step=3e-2, ftol=1e-3, xtol=1e-3,
-                        max_nfev=30)
+                        max_nfev=30, x_scale="jac")
     return dict(zip(names, map(float, res.x)))
 
 

@@ -47,6 +47,11 @@ class ComputeOp:
         depth: Reduction depth of a GEMM (``K`` of ``[M,K] x [K,N]``): each output tile pays a
             fixed prologue and epilogue, so shallow GEMMs run below peak. 0: unknown.
         backward: The backward kernel of its op (attention backward has its own efficiency).
+        host_calls: Framework calls the op makes on the host besides issuing its own kernel, each
+            costing ``host_issue_call_s``. Inside a partition the GPU waits for them; in
+            sequential execution the host runs ahead and they cost nothing. Transformer Engine's
+            all-gather context-parallel attention makes dozens (K/V reordering, one attention
+            kernel per sequence chunk on two streams, output copies).
     """
 
     name: str
@@ -58,6 +63,7 @@ class ComputeOp:
     depth: int = 0
     backward: bool = False
     uneven_tail: float | None = None
+    host_calls: int = 0
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from workloads import make_workload
 from workloads.graph_builder import (
     CAUSAL_TAIL_BWD,
     CAUSAL_TAIL_FWD,
+    TE_CP_ATTENTION_HOST_CALLS,
     attention_op,
     build_iteration_graph,
     model_flops,
@@ -28,6 +29,24 @@ def test_cp_tp_partition_keys_follow_the_paper(llama_cp2):
     assert _names(llama_cp2, (1, "backward"))[6:] == [
         "bwd_mlp", "bwd_mlp", "bwd_o_ar", "bwd_o_ag", "bwd_a_ag", "bwd_a_rs", "bwd_qkv_rs",
         "bwd_qkv_ar"]
+
+
+def test_only_context_parallel_attention_makes_framework_host_calls(llama_tp8, llama_cp2):
+    """Transformer Engine's all-gather CP attention issues dozens of host calls around its kernels
+    (counted from its source); a TP-only layer's attention and every other op issue one each."""
+    def calls(graph):
+        out = {}
+        for key, ig in graph.instruction_graphs.items():
+            for part in ig.partitions:
+                for op in part.compute:
+                    out.setdefault((op.kind, op.backward), set()).add(op.host_calls)
+        return out
+
+    assert all(c == {0} for c in calls(llama_tp8).values())
+    cp = calls(llama_cp2)
+    assert cp[("attention", False)] == {TE_CP_ATTENTION_HOST_CALLS[False]}
+    assert cp[("attention", True)] == {TE_CP_ATTENTION_HOST_CALLS[True]}
+    assert all(c == {0} for (kind, _), c in cp.items() if kind != "attention")
 
 
 def test_each_compute_overlaps_the_other_nanobatchs_collective(llama_tp8):

@@ -74,6 +74,30 @@ def test_overlap_slows_compute_but_beats_running_in_sequence(sim):
     assert sequential > overlapped
 
 
+def test_host_issue_reaches_the_gpu_inside_partitions_only(a100):
+    """A partition's first op waits for the host: all of its issue time in a partition sweep (the
+    harness starts every execution from an idle GPU), ``iteration_host_fraction`` of it inside an
+    iteration; framework calls (``host_calls``) add ``host_issue_call_s`` each. Sequential
+    instructions never wait for the host."""
+    sim = SimulatorBackend(a100.with_overrides(iteration_host_fraction=0.4,
+                                               host_issue_call_s=10e-6))
+    f, k, w = np.array([1410.0]), np.array([24]), np.array([[0, 0]])
+    calls = 50
+    plain = Partition("p/0", (STREAM,), None)
+    chatty = Partition("p/0", (ComputeOp("add", "memory", flops=1e8, bytes=2e9,
+                                         host_calls=calls),), None)
+
+    def time(part, harness):
+        return sim.evaluate_partition(part, f, k, w, harness=harness).time_s.item()
+
+    memory_issue = sim.gpu.host_issue_memory_s
+    gpu_time = time(plain, False) - 0.4 * memory_issue
+    assert time(plain, True) - sim.gpu.partition_harness_s == pytest.approx(gpu_time + memory_issue)
+    assert time(chatty, False) == pytest.approx(gpu_time + 0.4 * (memory_issue + calls * 10e-6))
+    assert time(chatty, True) - sim.gpu.partition_harness_s == pytest.approx(
+        gpu_time + memory_issue + calls * 10e-6)
+
+
 def test_power_cap_throttles_each_phase_and_holds(a100):
     capped, free = SimulatorBackend(a100), SimulatorBackend(a100, power_limit_w=2000)
     f_eff, watts = capped.kernel_power(BIG_GEMM, 1410)

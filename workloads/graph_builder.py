@@ -48,6 +48,16 @@ _TILE = 128
 #: tails are used.
 CAUSAL_TAIL_FWD = 1.14
 CAUSAL_TAIL_BWD = 0.88
+#: Host calls of Transformer Engine's all-gather context-parallel attention
+#: (``AttnFuncWithCPAndKVAllGather``: TE 2.x, cuDNN fused attention, sbhd, causal; counted from
+#: NVIDIA/TransformerEngine ``context_parallel.py`` at 9c61cd7) besides its first attention kernel
+#: and its K/V collectives (the partition's own), forward and backward. Forward, 52 of its 61: the
+#: second chunk's attention kernel on a second stream, two ``index_select`` reordering the
+#: gathered K and V, two output copies, views, no-op ``contiguous`` calls and stream switches.
+#: Backward, 83 of its 100: zero-filled dK and dV, four ``index_select``, two dQ copies, four
+#: dK/dV accumulations, views and stream events. Their kernels move ~1 % of a layer's bytes
+#: (left to the fitted efficiencies); their host time matters inside partitions only.
+TE_CP_ATTENTION_HOST_CALLS = {False: 52, True: 83}
 
 
 class _Cut:
@@ -71,23 +81,25 @@ def gemm_op(name: str, m: int, k: int, n: int, elem_bytes: int = BF16) -> Comput
 
 def attention_op(name: str, b: int, hq: int, hkv: int, d: int, s_q: int, s_kv: int, *,
                  causal: bool = True, elem_bytes: int = BF16, backward: bool = False,
-                 work_fraction: float = 1.0) -> ComputeOp:
+                 work_fraction: float = 1.0, host_calls: int = 0) -> ComputeOp:
     """Flash attention of ``b`` sequences, ``hq`` query / ``hkv`` key-value heads of width ``d``,
     ``s_q`` queries against ``s_kv`` keys: ``4·b·hq·d·s_q·s_kv`` FLOP (QK^T and PV), halved when
     causal over the same tokens, times ``work_fraction`` (the share of the score matrix this GPU
     computes, e.g. ``1/cp`` under load-balanced context parallelism). Backward: 2.5x the FLOPs
     (five matmuls against two, the scores recomputed) and twice the bytes. One thread block per
-    128 query rows per head; causal tiles are uneven (:data:`CAUSAL_TAIL_FWD`)."""
+    128 query rows per head; causal tiles are uneven (:data:`CAUSAL_TAIL_FWD`). ``host_calls``:
+    framework calls besides the kernel's own issue (:attr:`ComputeOp.host_calls`)."""
     flops = 4.0 * b * hq * d * s_q * s_kv * work_fraction / (2 if causal else 1)
     kv_bytes = elem_bytes * 2 * b * s_kv * hkv * d
     q_o_bytes = elem_bytes * 2 * b * s_q * hq * d
     if backward:
         return ComputeOp(name, "attention", 2.5 * flops, 2 * (q_o_bytes + kv_bytes),
                          tiles=b * hq * math.ceil(s_q / _TILE), depth=d, backward=True,
-                         uneven_tail=CAUSAL_TAIL_BWD if causal else None)
+                         uneven_tail=CAUSAL_TAIL_BWD if causal else None,
+                         host_calls=host_calls)
     return ComputeOp(name, "attention", flops, float(q_o_bytes + kv_bytes),
                      tiles=b * hq * math.ceil(s_q / _TILE), depth=d,
-                     uneven_tail=CAUSAL_TAIL_FWD if causal else None)
+                     uneven_tail=CAUSAL_TAIL_FWD if causal else None, host_calls=host_calls)
 
 
 def _gemm_bwd(name: str, m: int, k: int, n: int) -> list[ComputeOp]:
@@ -141,9 +153,11 @@ class _LayerOps:
     # -- forward -----------------------------------------------------------------------------
     def _attention(self, name: str, backward: bool) -> ComputeOp:
         # Causal over the whole sequence; load-balanced CP gives each rank 1/cp of the queries
-        # (hence of the score matrix) against all keys.
+        # (hence of the score matrix) against all keys, through Transformer Engine's all-gather
+        # CP attention and its host calls.
+        calls = TE_CP_ATTENTION_HOST_CALLS[backward] if self.cp > 1 else 0
         return attention_op(name, self.b, self.hq, self.hkv, self.m.head_dim, self.s_local,
-                            self.seq, backward=backward)
+                            self.seq, backward=backward, host_calls=calls)
 
     def forward(self) -> list[ComputeOp | _Cut]:
         m, t, d = self.m, self.t, self.m.head_dim

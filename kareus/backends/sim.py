@@ -369,9 +369,13 @@ class SimulatorBackend:
         the host issues the compute ops one by one (``host_issue_*_s`` each) and the GPU starts
         each when it is issued and the previous one is done; the collective is launched just
         before op ``s`` is issued and the compute stream waits for it right after op ``e``;
-        window (-1, -1) runs it alone first. ``comm_sms`` 0 is the library's kernel; ``harness``
-        adds the partition-profiling harness's per-execution overhead (partition sweeps);
-        ``host_scale`` multiplies each op's host issue time (a calibrated partition's own).
+        window (-1, -1) runs it alone first. ``comm_sms`` 0 is the library's kernel. ``harness``
+        is a partition measured alone by the profiling harness (partition sweeps): each execution
+        starts from an idle GPU, so all of the host issue time reaches the GPU, and the harness
+        adds its per-execution overhead. Otherwise the partition runs inside an iteration, back
+        to back with the previous one, and ``iteration_host_fraction`` of the host issue time
+        reaches the GPU. ``host_scale`` multiplies each op's host issue time (a calibrated
+        partition's own).
         Every phase (an op alone, an op beside the collective, the collective alone) runs at the
         requested clock or, where it would exceed the board's power limit there, at the clock it
         throttles to; ``clocks_mhz`` of the result are the requested ones.
@@ -402,10 +406,13 @@ class SimulatorBackend:
         def per_clock(a: NDArray) -> NDArray:  # (G,) table -> (F, 1, 1)
             return a[fi][:, None, None]
 
+        exposed = 1.0 if harness else g.iteration_host_fraction
         ops = []
         for i, op in enumerate(partition.compute):
             a = self._alone(op)
-            host = _HOST_ISSUE[op.kind](g) * (1.0 if host_scale is None else float(host_scale[i]))
+            host = exposed * (_HOST_ISSUE[op.kind](g)
+                              * (1.0 if host_scale is None else float(host_scale[i]))
+                              + op.host_calls * g.host_issue_call_s)
             # Only a kernel of uniform tiles (a GEMM, non-causal attention) has waves to put out
             # of step when the collective's SMs return mid-kernel: they run in lockstep and the
             # last ends ragged. Causal attention's tiles differ in work (the mask,

@@ -75,6 +75,13 @@ class GPUPreset:
         host_issue_memory_s, host_issue_gemm_s, host_issue_attention_s: Host (CPU) time to issue
             one compute op of that class inside a synchronised partition (s); inside a partition
             the GPU waits for the host when an op is issued later than the previous op ends.
+        host_issue_call_s: Host time of one framework call an op makes besides issuing its own
+            kernel (:attr:`~kareus.graph.ComputeOp.host_calls`; s).
+        iteration_host_fraction: The share of an op's host issue time that reaches the GPU inside
+            an iteration. The partition sweep runs one partition per execution from an idle GPU
+            and sees all of it; an iteration runs partitions back to back, and the fuser's
+            boundaries are stream waits, so the host issues a partition's first ops while the GPU
+            still runs the previous partition.
         partition_harness_s: Per-execution overhead of the partition-profiling harness (Python
             call, final synchronisation; s); only partition sweeps include it.
         partial_wave_loss: Fraction of one of its waves a GEMM (uniform tiles, lockstep waves)
@@ -144,6 +151,8 @@ class GPUPreset:
     host_issue_memory_s: float = 198.8e-6
     host_issue_gemm_s: float = 21.56e-6
     host_issue_attention_s: float = 43.02e-6
+    host_issue_call_s: float = 15.33e-6
+    iteration_host_fraction: float = 0.4689
     partition_harness_s: float = 99.08e-6
     partial_wave_loss: float = 0.1064
     kernel_overhead_s: float = 4e-6
@@ -210,6 +219,9 @@ _COMMON_SOURCES = {
         "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
         "partition_harness_s", "partial_wave_loss")},
     "library_rate_beside": "assumed: NCCL keeps ~80% of its throughput beside compute",
+    **{name: ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured iteration "
+              "frontiers (A100 SXM4 40 GB testbed); the host and the framework, not the GPU, so "
+              "every preset reuses it") for name in ("host_issue_call_s", "iteration_host_fraction")},
     "comm_block_default": "published: 1024 threads per block, the faster of the two block sizes "
                           "in the Kareus artifact's sweep at every SM count",
     "comm_max_sms": "datasheet: NCCL/MSCCL++ launch at most 32 channels (NCCL_MAX_NCHANNELS)",
