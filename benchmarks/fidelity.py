@@ -52,6 +52,8 @@ from kareus.suite.problem import make_problem
 #: endpoint MAPE barely moves, nanobatching's CP2+TP4 ratio moves away from the measured one and
 #: the cross-configuration hold-out does not improve (docs/simulator.md). NCCL's SM activity is
 #: among them: the partition sweep measured MSCCL++'s kernel, whose activity the preset fits there.
+#: The share of the host's issue time an iteration exposes and the host time per framework call
+#: act on nanobatched partitions only (docs/simulator.md, "The host inside an iteration").
 FIT_PARAMETERS = {
     "gemm_efficiency": (0.4, 0.9),
     "hbm_efficiency": (0.3, 0.9),
@@ -64,10 +66,11 @@ FIT_PARAMETERS = {
 
 #: Where the hold-out fits start: the uncalibrated A100 priors (hardware.md's textbook
 #: efficiencies, the 80 GB part's SM power fitted on the Perseus profile, NCCL keeping ~80 %
-#: beside compute and its channels switching like MSCCL++'s SMs in the sweep), never the
-#: preset's values, which were fitted on both configurations: a hold-out never sees the
-#: configuration it predicts. The fit on all configurations refines the
-#: preset's values (a fit from the priors stops in a local minimum, 4.6 % MAPE).
+#: beside compute and its channels switching like MSCCL++'s SMs in the sweep, the host's issue
+#: time all exposed as in the partition sweep, ~8 us of eager dispatch per framework call),
+#: never the preset's values, which were fitted on both configurations: a hold-out never sees the
+#: configuration it predicts. The fit on all configurations refines the preset's values (a fit
+#: from the priors stops in a local minimum, 4.6 % MAPE).
 FIT_PRIORS = {
     "gemm_efficiency": 0.80,
     "hbm_efficiency": 0.85,
