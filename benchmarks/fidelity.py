@@ -87,13 +87,24 @@ def problems(configs: list[FrontierConfig], gpu: str, overrides: dict[str, float
             for c in configs}
 
 
+def _makes_framework_calls(configs: list[FrontierConfig], gpu: str) -> bool:
+    """Whether any op of ``configs`` makes framework host calls (``host_issue_call_s`` acts)."""
+    return any(op.host_calls > 0
+               for problem in problems(configs, gpu, {}).values()
+               for ig in problem.graph.instruction_graphs.values()
+               for part in ig.partitions for op in part.compute)
+
+
 def fit(configs: list[FrontierConfig], measured: pd.DataFrame, gpu: str,
         start: dict[str, float] | None = None) -> dict[str, float]:
     """Least squares of the endpoint errors over ``configs`` in :data:`FIT_PARAMETERS`, from
-    ``start`` (default :data:`FIT_PRIORS`)."""
+    ``start`` (default :data:`FIT_PRIORS`). A parameter that cannot act on ``configs`` (the host
+    time per framework call, where no op makes such calls: no context parallelism) keeps its
+    start: a dead column of the Jacobian holds the others back."""
     from scipy.optimize import least_squares
 
-    names = list(FIT_PARAMETERS)
+    names = [n for n in FIT_PARAMETERS
+             if n != "host_issue_call_s" or _makes_framework_calls(configs, gpu)]
     lo = np.array([FIT_PARAMETERS[n][0] for n in names])
     hi = np.array([FIT_PARAMETERS[n][1] for n in names])
     x0 = np.clip([(start or FIT_PRIORS)[n] for n in names], lo, hi)
@@ -106,7 +117,8 @@ def fit(configs: list[FrontierConfig], measured: pd.DataFrame, gpu: str,
     # x_scale="jac": the parameters span nine orders of magnitude (W, fractions, seconds)
     res = least_squares(resid, x0, bounds=(lo, hi), diff_step=3e-2, ftol=1e-3, xtol=1e-3,
                         max_nfev=30, x_scale="jac")
-    return dict(zip(names, map(float, res.x)))
+    fitted = dict(zip(names, map(float, res.x)))
+    return {n: fitted.get(n, float((start or FIT_PRIORS)[n])) for n in FIT_PARAMETERS}
 
 
 def roofline_fastest(cfg: FrontierConfig, gpu: str) -> float:

@@ -88,15 +88,34 @@ def test_restore_after_exception():
     assert dev.calls == ["lock 1095", "reset_clock"]
 
 
-def test_sigint_restores_then_raises_keyboard_interrupt():
+@pytest.fixture()
+def sigint_handler():
+    """Sets SIGINT's handler for a test and puts the process's own back after it (a process
+    started in the background, as by ``cmd &`` in a script, inherits SIGINT ignored)."""
+    own = signal.getsignal(signal.SIGINT)
+    yield lambda handler: signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, own)
+
+
+def test_sigint_restores_then_raises_keyboard_interrupt(sigint_handler):
+    sigint_handler(signal.default_int_handler)  # Python's own in a foreground process
     dev = FakeDevice()
-    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         with ClockController([dev], allow=True) as c:
             c.lock(1305)
             signal.raise_signal(signal.SIGINT)
     assert dev.calls == ["lock 1305", "reset_clock"]
-    assert signal.getsignal(signal.SIGINT) == before
+    assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+
+
+def test_sigint_ignored_before_restores_and_stays_ignored(sigint_handler):
+    sigint_handler(signal.SIG_IGN)
+    dev = FakeDevice()
+    with ClockController([dev], allow=True) as c:
+        c.lock(1305)
+        signal.raise_signal(signal.SIGINT)
+        assert dev.calls == ["lock 1305", "reset_clock"]  # restored on the signal, not at exit
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
 def test_lock_outside_with_block_is_an_error():
