@@ -134,33 +134,33 @@ class GPUPreset:
     comm_default_sms: int = 24
     comm_latency_s: float = 25e-6
     comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.777e6
-    tuned_block_exponent: float = 0.8555
-    tuned_link_fraction: float = 0.2853
-    tuned_pipelining: float = 1.671
+    tuned_bw_per_sm_mhz: float = 4.781e6
+    tuned_block_exponent: float = 0.8557
+    tuned_link_fraction: float = 0.2859
+    tuned_pipelining: float = 1.766
     comm_block_default: int = 1024
     comm_max_sms: int = 32
-    comm_launch_s: float = 12.42e-6
-    comm_rate_beside_memory: float = 0.2622
-    comm_rate_beside_gemm: float = 0.6547
-    comm_rate_beside_attention: float = 0.9278
+    comm_launch_s: float = 35.25e-6
+    comm_rate_beside_memory: float = 0.2377
+    comm_rate_beside_gemm: float = 0.6348
+    comm_rate_beside_attention: float = 0.959
     library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.147
-    overlap_slowdown_gemm: float = 0.04834
-    overlap_slowdown_attention: float = 0.05537
-    host_issue_memory_s: float = 198.8e-6
-    host_issue_gemm_s: float = 21.56e-6
-    host_issue_attention_s: float = 43.02e-6
-    host_issue_call_s: float = 15.33e-6
-    iteration_host_fraction: float = 0.4689
-    partition_harness_s: float = 99.08e-6
-    partial_wave_loss: float = 0.1064
+    overlap_slowdown_memory: float = 0.1363
+    overlap_slowdown_gemm: float = 0.02862
+    overlap_slowdown_attention: float = 0.05416
+    host_issue_memory_s: float = 187e-6
+    host_issue_gemm_s: float = 32.09e-6
+    host_issue_attention_s: float = 38.58e-6
+    host_issue_call_s: float = 15.80e-6
+    iteration_host_fraction: float = 0.3541
+    partition_harness_s: float = 119.3e-6
+    partial_wave_loss: float = 0.1132
     kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 25.86
+    link_dyn_power_w: float = 29.32
     activity_gemm: float = 1.0
     activity_attention: float = 0.85
     activity_memory: float = 0.35
-    activity_comm: float = 0.2595
+    activity_comm: float = 0.2692
     library_activity_comm: float = 0.19
     reference_gemm_efficiency: float = 0.80
     reference_attention_efficiency: float = 0.55
@@ -270,8 +270,8 @@ _A100_V_RATIO = 1.318
 #: (effective: time per counted FLOP or byte), the 40 GB part's SM power, how much of its
 #: throughput NCCL keeps beside compute and how much NCCL's channels switch (the partition sweep
 #: measured MSCCL++'s kernel, not NCCL's). Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8, 0.19.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.6975, hbm_efficiency=0.5146, sm_dyn_power_w=417.7,
-                         library_rate_beside=1.0, library_activity_comm=0.5312)
+_A100_40_FRONTIER = dict(gemm_efficiency=0.7085, hbm_efficiency=0.4783, sm_dyn_power_w=409.5,
+                         library_rate_beside=1.0, library_activity_comm=0.7288)
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
@@ -406,8 +406,8 @@ class PartitionOpFactors:
 _PARTITION_OP_FACTORS: MappingProxyType = MappingProxyType({
     ("a100-sxm4-40gb", "5687b86cf4b0cad7364b6fee84feb940a87e42bbb429914cdec2c5e20ae2ff61"):
         PartitionOpFactors(
-            op_work=(1.505, 0.4824, 0.9931, 0.7562, 0.7298, 0.7457, 5.831),
-            op_host=(0.5554, 1.131, 1.505, 1.672, 1.388, 0.8251, 1.084),
+            op_work=(0.7576, 0.5783, 1.002, 0.7222, 0.7919, 0.7125, 6.169),
+            op_host=(0.6409, 0.805, 0.6745, 1.819, 1.819, 0.8847, 1),
             source=_SWEEP_FIT),
 })
 
