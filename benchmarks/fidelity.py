@@ -16,9 +16,10 @@
    HBM and NVLink bandwidth with textbook efficiencies (80 % GEMM, 55 % attention, 85 % HBM,
    80 % NVLink), no power model and no overlap; the simulator must do better.
 
-``--fit`` refits the iteration-scale parameters that the frontiers calibrate (see
-:data:`FIT_PARAMETERS`) on all configurations, then, for the hold-out, on each configuration
-alone and predicts the others; it prints the fitted values (the presets carry them, cited).
+``--fit`` refits the iteration-scale parameters that the frontiers calibrate on all
+configurations, in two stages (:func:`fit`): :data:`FIT_PARAMETERS` on the endpoints, then
+:data:`HOST_PARAMETERS` on the nanobatching ratios; then, for the hold-out, on each configuration
+alone, predicting the others. It prints the fitted values (the presets carry them, cited).
 """
 
 from __future__ import annotations

@@ -167,15 +167,19 @@ def test_exact_reference_is_infeasible_below_the_fastest_time(options):
 
 
 @pytest.mark.parametrize("model,layout", [
-    ("gpt3-xl", {}), ("qwen3-1.7b", {"tp": 8, "pp": 2, "mbs": 8, "microbatches": 2})],
-    ids=["main-job", "nanobatching-pays"])
+    ("qwen3-1.7b", {"tp": 4, "cp": 2, "pp": 2, "mbs": 8, "microbatches": 2}),
+    ("qwen3-1.7b", {"tp": 8, "pp": 2, "mbs": 8, "microbatches": 2})],
+    ids=["nanobatching-slower", "nanobatching-pays"])
 def test_kareus_frontier_is_never_behind_its_baselines(model, layout):
-    # GPT-3 XL as the main job runs it: nanobatching does not pay, and a single lowtime solve
-    # over Kareus's options left its fastest plan 0.8 ms slower than Perseus's and its least
-    # energy 0.07 % higher (both iso metrics n/a). Kareus's space contains both baselines'.
-    # Under Qwen 3 1.7B TP8 nanobatching pays (nanobatch-perseus 6.9 % / 13.8 %); there Kareus's
-    # own solve already leads, so the default-schedule solve only adds plans (on the paper
-    # suite it lifted Qwen CP2+TP4 MBS 16 from 2.4 to nanobatch-perseus's 2.6 %).
+    # Kareus's space contains both baselines'. Where nanobatching does not pay, a single lowtime
+    # solve over Kareus's options can land a hair off Perseus's plans: on GPT-3 XL, when
+    # nanobatching did not pay there (before an iteration hid part of the host's issue time),
+    # its fastest plan came out 0.8 ms slower than Perseus's and its least energy 0.07 % higher
+    # (both iso metrics n/a). Under Qwen 3 1.7B CP2+TP4 MBS 8 nanobatching is ~10 % slower at the
+    # fastest point and nanobatch-perseus never reaches Perseus's frontier (2026-12-04, late).
+    # Under Qwen 3 1.7B TP8 nanobatching pays; there Kareus's own solve already leads, so the
+    # default-schedule solve only adds plans (on the paper suite it once lifted Qwen CP2+TP4
+    # MBS 16 from 2.4 to nanobatch-perseus's 2.6 %).
     from kareus.plugins import load_optimizer
     from kareus.suite.harness import compare, run_optimizer
     problem = make_problem(model, gpu="a100-sxm4-40gb", **layout)

@@ -7,7 +7,7 @@ from kareus.backends.sim import SimulatorBackend
 from kareus.errors import PlanError
 from kareus.graph import CommOp, ComputeOp, Partition
 from kareus.hardware.presets import get_preset
-from kareus.plan import IterationPlan, PartitionSchedule
+from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
 
 BIG_GEMM = ComputeOp("gemm", "gemm", flops=2 * 8192**3, bytes=3 * 2 * 8192**2, tiles=64 * 64)
 STREAM = ComputeOp("add", "memory", flops=1e8, bytes=2e9)
@@ -96,6 +96,22 @@ def test_host_issue_reaches_the_gpu_inside_partitions_only(a100):
     assert time(chatty, False) == pytest.approx(gpu_time + 0.4 * (memory_issue + calls * 10e-6))
     assert time(chatty, True) - sim.gpu.partition_harness_s == pytest.approx(
         gpu_time + memory_issue + calls * 10e-6)
+
+
+def test_the_host_costs_nanobatched_instructions_only(a100, llama_cp2):
+    """Under CP2+TP4 a nanobatched instruction waits for the host (the per-op issue and the CP
+    attention's framework calls), a sequential one never does."""
+    quiet = a100.with_overrides(iteration_host_fraction=0.05, host_issue_call_s=1e-6)
+    busy = a100.with_overrides(iteration_host_fraction=1.0, host_issue_call_s=40e-6)
+    key = (0, "backward")
+    for nanobatched in (False, True):
+        plan = InstructionPlan.make(1410, nanobatched)
+        t_quiet, t_busy = (SimulatorBackend(g).evaluate_instruction(llama_cp2, key, plan).time_s
+                           for g in (quiet, busy))
+        if nanobatched:
+            assert t_busy > 1.05 * t_quiet
+        else:
+            assert t_busy == pytest.approx(t_quiet, rel=1e-12)
 
 
 def test_power_cap_throttles_each_phase_and_holds(a100):

@@ -105,8 +105,9 @@ class Backend(Protocol):
     def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
                            comm_sms: NDArray[np.int64], windows: NDArray[np.int64],
                            block_size: int | None = None) -> PartitionGrid:
-        """Time and dynamic energy of ``partition`` at every (clock, SMs, window) combination;
-        ``windows`` has shape (W, 2)."""
+        """Time and dynamic energy of ``partition`` at every (clock, SMs, window) combination, as
+        it runs inside an iteration (back to back with the partitions around it); ``windows`` has
+        shape (W, 2)."""
         ...
 
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],

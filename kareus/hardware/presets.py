@@ -219,10 +219,10 @@ _COMMON_SOURCES = {
         "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
         "partition_harness_s", "partial_wave_loss")},
     "library_rate_beside": "assumed: NCCL keeps ~80% of its throughput beside compute",
-    **{name: ("fitted: benchmarks/fidelity.py's frontier fit on the Kareus artifact's measured "
-              "iteration frontiers (A100 SXM4 40 GB testbed), the other frontier parameters held "
-              "(docs/simulator.md, 'The host inside an iteration'); the host and the framework, "
-              "not the GPU, so every preset reuses it")
+    **{name: ("fitted: benchmarks/fidelity.py --fit (its second stage) on the Kareus "
+              "artifact's measured ratios of Nanobatching + Perseus's fastest time to Perseus's "
+              "(A100 SXM4 40 GB testbed; docs/simulator.md, 'The host inside an iteration'); the "
+              "host and the framework, not the GPU, so every preset reuses it")
        for name in ("host_issue_call_s", "iteration_host_fraction")},
     "comm_block_default": "published: 1024 threads per block, the faster of the two block sizes "
                           "in the Kareus artifact's sweep at every SM count",

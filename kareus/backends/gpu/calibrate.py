@@ -157,6 +157,8 @@ def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequ
         got = backend.evaluate_partition(part, f, k, windows)
         obs = snap_to_grid(_observed_clock(backend, float(f[0])), backend.gpu) \
             if not backend.allow_clock_control else None
+        # the GPU backend runs a partition's executions back to back, as an iteration does: the
+        # simulator's in-iteration host share, not the partition sweep's (harness) one
         pred = sim.evaluate_partition(part, np.array([obs]) if obs else
                                       np.array([snap_to_grid(c, backend.gpu) for c in f]),
                                       k, windows)
