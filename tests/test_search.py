@@ -1,5 +1,5 @@
 """Per-partition search strategies: budget accounting, reproducibility, input errors and how much
-of the exact (exhaustive) fronts a 4 % budget reaches."""
+of the exact (exhaustive) fronts a 2 % budget reaches."""
 
 from __future__ import annotations
 
@@ -127,10 +127,12 @@ def _hv_fraction(res: SearchResult, exact: SearchResult, total: bool) -> float:
     return res.hypervolume(ref, total=total) / exact.hypervolume(ref, total=total)
 
 
-def test_4_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
+def test_2_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
     # With every (launch, wait) window in the space, 15 % of it is enough for random sampling
-    # (~0.99); 4 % (294 configurations) separates a search from a coin.
-    budget = math.ceil(0.04 * space.size)
+    # (~0.99); 2 % (147 configurations) separates a search from a coin. (Under the partition law
+    # refitted 2026-12-04, late, random sampling reaches 0.89-0.99 with 4 %, seeds 0-7, mean
+    # 0.973 over seeds 0-2: the bar below moved the test to 2 %.)
+    budget = math.ceil(0.02 * space.size)
     seeds = range(3)
     # random sampling with the same budget, for scale: it must fall short of the bar below
     rand = []
@@ -144,16 +146,15 @@ def test_4_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
         runs = [run(name, problem, part, space, budget, seed=s)[0] for s in seeds]
         tot = [_hv_fraction(r, exact, total=True) for r in runs]
         dyn = [_hv_fraction(r, exact, total=False) for r in runs]
-        # measured with causal attention's tail and the laws refitted under it (2026-12-04,
-        # seeds 0-7, scikit-learn 1.9.1): surrogate 1.0, 1.0, 0.954, 1.0, 1.0, 0.99, 1.0, 0.992
-        # (its extra trees are seeded, but their fits follow the machine's floating-point path:
-        # another machine, same code and versions, gave 1.0, 1.0, 0.973, 0.977, 0.992, 1.0 for
-        # seeds 0-5); nsga2 reaches the
-        # exact front on 7 of 8 (0.993-1.0) and stops short on the other (0.36: a genetic search
-        # either finds the valley of SM counts or does not); random 0.85-0.945. The test runs
-        # seeds 0-2. The surrogate's worst-seed bar (0.93) only tells a search that found the
-        # front from a collapse like nsga2's 0.36 (seed 2: 0.973 on one machine, 0.954 on the
-        # other).
+        # measured at 2 % under the partition law refitted 2026-12-04, late (seeds 0-7): nsga2
+        # 1.0, 0.976, 1.0, 0.992, 1.0, 1.0, 0.983, 1.0 (dynamic 0.979-0.99); surrogate 1.0, 1.0,
+        # 1.0, 0.998, 1.0, 1.0, 1.0, 0.955 (dynamic 0.992-0.998); random 0.895-0.959. At 4 % before
+        # that law: surrogate 1.0, 1.0, 0.954, 1.0, 1.0, 0.99, 1.0, 0.992 (its extra trees are
+        # seeded, but their fits follow the machine's floating-point path: another machine, same
+        # code and versions, gave 0.973 for seed 2), nsga2 0.993-1.0 on 7 of 8 and 0.36 on the
+        # other (a genetic search either finds the valley of SM counts or does not). The test
+        # runs seeds 0-2. The surrogate's worst-seed bar (0.93) only tells a search that found
+        # the front from a collapse like nsga2's 0.36.
         assert np.median(tot) >= 0.98, (name, tot)
         assert np.mean(tot) > np.mean(rand) + 0.02, (name, tot, rand)
         assert np.median(dyn) >= 0.97, (name, dyn)
