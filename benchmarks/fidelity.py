@@ -103,16 +103,19 @@ def _makes_framework_calls(configs: list[FrontierConfig], gpu: str) -> bool:
                for part in ig.partitions for op in part.compute)
 
 
+def nanobatching_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Nanobatching + Perseus's fastest time over Perseus's per configuration of ``compare``'s
+    table (in its order): columns ``simulated`` and ``measured``."""
+    t = df[df.endpoint == "T_min"].pivot(index="config", columns="method")
+    ratios = pd.DataFrame({col: t[col]["nanobatch-perseus"] / t[col]["perseus"]
+                           for col in ("simulated", "measured")})
+    return ratios.loc[df.config.unique()]
+
+
 def _nanobatching_ratio_errors(df: pd.DataFrame) -> np.ndarray:
-    """Per configuration of ``compare``'s table: simulated over measured Nanobatching + Perseus
-    fastest time over Perseus's, minus 1."""
-    t = df[df.endpoint == "T_min"].set_index(["config", "method"])
-    out = []
-    for cfg in t.index.get_level_values("config").unique():
-        sim = t.simulated[(cfg, "nanobatch-perseus")] / t.simulated[(cfg, "perseus")]
-        meas = t.measured[(cfg, "nanobatch-perseus")] / t.measured[(cfg, "perseus")]
-        out.append(sim / meas - 1.0)
-    return np.asarray(out)
+    """Per configuration: the simulated nanobatching ratio over the measured one, minus 1."""
+    r = nanobatching_ratios(df)
+    return (r.simulated / r.measured - 1.0).to_numpy()
 
 
 def _least_squares(bounds: dict[str, tuple[float, float]], start: dict[str, float],
@@ -290,10 +293,8 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
     click.echo(f"endpoint MAPE {df.error_pct.abs().mean():.2f} % over {len(df)} numbers, "
                f"max {df.error_pct.abs().max():.2f} %")
     click.echo("\n== Nanobatching + Perseus fastest time / Perseus fastest time")
-    for cfg in configs:
-        s = df[(df.config == cfg.label) & (df.endpoint == "T_min")].set_index("method")
-        click.echo(f"{cfg.label:34s} simulated {s.simulated['nanobatch-perseus'] / s.simulated['perseus']:.3f}"
-                   f"   measured {s.measured['nanobatch-perseus'] / s.measured['perseus']:.3f}")
+    for label, r in nanobatching_ratios(df).iterrows():
+        click.echo(f"{label:34s} simulated {r.simulated:.3f}   measured {r.measured:.3f}")
 
     click.echo("\n== Nanobatching + Perseus against Perseus: iso-time energy and iso-energy time "
                "reduction (%; NaN: never as fast / as frugal as Perseus)")
