@@ -28,6 +28,7 @@ import click
 
 from kareus.errors import InputError
 from kareus.hardware.presets import DEFAULT_GPU
+from kareus.suite.options import job_shape_options
 from kareus.suite.sweep import make_console, run_configs, run_suite
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ def _print_tables(summary: dict) -> None:
 @click.option("--mbs", type=int, default=None)
 @click.option("--seq", type=int, default=None)
 @click.option("--microbatches", type=int, default=None)
+@job_shape_options
 @click.option("--strict", is_flag=True,
               help="Refuse (exit 2) a layout whose estimated memory exceeds the GPU's, instead "
                    "of warning.")

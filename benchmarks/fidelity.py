@@ -1,6 +1,16 @@
-"""The simulator against real measurements from the paper's testbed, in one table.
+"""The simulator against real measurements, one section per data set.
 
-    python benchmarks/fidelity.py [--gpu a100-sxm4-40gb] [--fit] [--skip-partition]
+    python benchmarks/fidelity.py [--gpu a100-sxm4-40gb] [--fit] [--fit-megatron]
+                                  [--skip-partition] [--only SECTION]
+
+Sections (``--only`` picks some: ``artifact``, ``vtrain-single``, ``vtrain-multi``,
+``perseus-measured``, ``partition``): the Kareus artifact (below, 1-3); vTrain's measured
+Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`: MAPE, maximum,
+signed mean, Spearman's rank correlation of each model's layouts, the worst five rows with their
+layouts); the Perseus authors' measured GPT-3 XL job (energy saved by Perseus, Zeus's global
+power limit and EnvPipe, measured against simulated). ``--fit-megatron`` refits what vTrain's
+runs pin down (:data:`MEGATRON_PARAMETERS`) on the single-node runs and reports the hold-outs:
+one node -> 64 GPUs, and the 1024-wide models -> the 2048-wide ones and the 3.6B model.
 
 1. **Iteration frontiers** (``shared/kareus_artifact/calibration_frontiers.csv``): for each
    configuration and method (Perseus, Nanobatching + Perseus), the four frontier endpoints
@@ -88,6 +98,116 @@ FIT_PRIORS = {
     "library_activity_comm": 0.19,
 }
 HOST_PRIORS = {"iteration_host_fraction": 1.0, "host_issue_call_s": 8e-6}
+
+
+#: What vTrain's single-node runs pin down, with bounds: the host's issue time per op (it binds at
+#: small micro-batches), what Megatron-LM's memory-bound kernels reach, and how a GEMM's
+#: efficiency falls with its reduction depth. The GEMM efficiency keeps its prior (0.80): freed,
+#: it runs to its bound with the other two compensating.
+MEGATRON_PARAMETERS = {
+    "host_eager_op_s": (1e-6, 300e-6),
+    "hbm_efficiency": (0.3, 0.95),
+    "gemm_depth_half": (8.0, 4096.0),
+}
+MEGATRON_PRIORS = {"host_eager_op_s": 40e-6, "hbm_efficiency": 0.85, "gemm_depth_half": 128.0}
+
+
+def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[str, float]:
+    """:data:`MEGATRON_PARAMETERS` by least squares of the log time ratios of ``runs``
+    (:class:`~kareus.suite.megatron_runs.RunSet`) on ``preset``."""
+    from kareus.suite.megatron_runs import simulate_runs
+
+    measured = runs.runs.measured_ms.to_numpy()
+
+    def resid(p: dict[str, float]) -> np.ndarray:
+        return np.log(simulate_runs(runs, preset.with_overrides(**p)) / measured)
+
+    return _least_squares(MEGATRON_PARAMETERS, {**MEGATRON_PRIORS, **(start or {})}, resid,
+                          tol=1e-6)
+
+
+def _megatron_section(title: str, runs, preset) -> None:
+    from kareus.suite.megatron_runs import accuracy, run_errors, simulate_runs, worst
+
+    t0 = time.perf_counter()
+    errors = run_errors(runs, simulate_runs(runs, preset))
+    a = accuracy(errors)
+    click.echo(f"\n== {title} ({int(a['runs'])} runs, every one simulated, "
+               f"{time.perf_counter() - t0:.1f} s)")
+    click.echo(f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed mean "
+               f"{a['signed_mean_pct']:+.2f} %; Spearman of each model's layouts: mean "
+               f"{a['spearman_mean']:.3f}, min {a['spearman_min']:.3f}")
+    click.echo("worst five:\n" + worst(errors).to_string(
+        index=False, float_format=lambda x: f"{x:.1f}"))
+
+
+def _megatron(sections: set[str], do_fit: bool) -> None:
+    from kareus.suite.datasets import vtrain_runs
+    from kareus.suite.megatron_runs import (
+        VTRAIN_GPU,
+        VTRAIN_NETWORK,
+        RunSet,
+        accuracy,
+        load_runs,
+        run_errors,
+        simulate_runs,
+    )
+
+    single, multi = vtrain_runs("single_node.csv"), vtrain_runs("multi_node_3.6b.csv")
+    if single is None or multi is None:
+        click.echo("\n(shared/vtrain_megatron not found; vTrain sections skipped)")
+        return
+    preset = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK)
+    sn, mn = RunSet.build(load_runs(single)), RunSet.build(load_runs(multi))
+    if do_fit:
+        t0 = time.perf_counter()
+        fitted = fit_megatron(sn, preset, {n: getattr(preset, n) for n in MEGATRON_PARAMETERS})
+        click.echo(f"\n== vTrain fit on the single-node runs ({time.perf_counter() - t0:.0f} s): "
+                   + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
+        prior_fit = fit_megatron(sn, preset)
+        for label, rs, p in (("one node -> 64 GPUs (3.6B)", mn, prior_fit),):
+            a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**p))))
+            click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %")
+        narrow = sn.runs.hidden.to_numpy() == sn.runs.hidden.min()
+        small = fit_megatron(sn.subset(narrow), preset)
+        for label, rs in (("1024-wide -> 2048-wide models", sn.subset(~narrow)),
+                          ("1024-wide -> 3.6B on 64 GPUs", mn)):
+            a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**small))))
+            click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} % "
+                       "(fitted " + ", ".join(f"{k}={v:.4g}" for k, v in small.items()) + ")")
+    if "vtrain-single" in sections:
+        _megatron_section("vTrain: Megatron-LM on one node of A100s", sn, preset)
+    if "vtrain-multi" in sections:
+        _megatron_section("vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
+
+
+def _perseus_measured() -> None:
+    from kareus.suite.datasets import perseus_measured
+    from kareus.suite.megatron_runs import perseus_xl_comparison
+
+    path = perseus_measured("gpt3-xl_a100-pcie_pp4.csv")
+    if path is None:
+        click.echo("\n(shared/perseus_sosp24/measured not found; skipped)")
+        return
+    t0 = time.perf_counter()
+    df = perseus_xl_comparison(path)
+    click.echo(f"\n== Perseus's measured GPT-3 XL job (4 x A100 PCIe, tf32, stages 6,6,7,5; "
+               f"{time.perf_counter() - t0:.0f} s): energy saved against the default plan (%)")
+    r = df.iloc[0]
+    click.echo(f"default plan: measured {r.measured_default_time_s:.2f} s / "
+               f"{r.measured_default_energy_j / 1e3:.1f} kJ, simulated "
+               f"{r.simulated_default_time_s:.2f} s / {r.simulated_default_energy_j / 1e3:.1f} kJ")
+    for _, r in df.iterrows():
+        click.echo(f"{r.method:12s} within +1 % time: measured "
+                   f"{r.measured_saved_within_1pct_time_pct:5.1f}  simulated "
+                   f"{r.simulated_saved_within_1pct_time_pct:5.1f};  least energy: measured "
+                   f"{r.measured_saved_least_energy_pct:5.1f} "
+                   f"({r.measured_time_at_least_energy_pct:+.1f} % time)  simulated "
+                   f"{r.simulated_saved_least_energy_pct:5.1f} "
+                   f"({r.simulated_time_at_least_energy_pct:+.1f} % time)")
+
+
+SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")
 
 
 def problems(configs: list[FrontierConfig], gpu: str, overrides: dict[str, float]) -> dict:
@@ -255,7 +375,29 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
 @click.option("--skip-partition", is_flag=True, help="Skip the partition-law fit (slow).")
 @click.option("--predictions", "predictions_csv", default=None, type=click.Path(dir_okay=False),
               help="Also write the artifact-view endpoints of all ten paper configurations.")
-def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None) -> None:
+@click.option("--fit-megatron", "do_fit_megatron", is_flag=True,
+              help="Refit the Megatron-LM host and kernel parameters on vTrain's runs.")
+@click.option("--only", default=",".join(SECTIONS), show_default=True,
+              help="Comma-separated sections to run.")
+def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None,
+         do_fit_megatron: bool, only: str) -> None:
+    sections = {x.strip() for x in only.split(",") if x.strip()}
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        raise click.BadParameter(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
+                                 f"{', '.join(SECTIONS)}", param_hint="--only")
+    if skip_partition:
+        sections.discard("partition")
+    _megatron(sections, do_fit_megatron)
+    if "perseus-measured" in sections:
+        _perseus_measured()
+    if "artifact" in sections:
+        _artifact(gpu, do_fit, predictions_csv)
+    if "partition" in sections:
+        _partition(gpu)
+
+
+def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None) -> None:
     path = kareus_artifact("calibration_frontiers.csv")
     if path is None:
         sys.exit("shared/kareus_artifact not found; set KAREUS_SHARED_DIR")
@@ -332,9 +474,6 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
         click.echo(f"\n== Predictions for the paper's configurations (written to {predictions_csv})")
         click.echo(pred.drop(columns=["model", "tp", "cp", "mbs", "seq"]).to_string(
             index=False, float_format=lambda x: f"{x:.3f}"))
-
-    if not skip_partition:
-        _partition(gpu)
 
 
 def _partition(gpu: str) -> None:

@@ -14,7 +14,12 @@ from typing import Any
 import click
 
 from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
+from kareus.suite.options import JOB_SHAPE_OPTIONS
 
+
+#: The job fields commands report (``--json``'s ``parallel``).
+JOB_FIELDS = ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
+              "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "attention")
 
 WORKLOAD_HELP = ("Model name (see `kareus workloads`), or a Hugging Face config.json or the folder "
                  "holding one (needs the extra: pip install -e '.[hf]').")
@@ -30,8 +35,9 @@ def warn(messages: list[str]) -> None:
 
 
 def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--workload``, the parallelism overrides and ``--strict``, shared by every command taking
-    a workload (``strict`` is passed as its own argument, the overrides as keywords)."""
+    """``--workload``, the parallelism overrides, the job's shape and ``--strict``, shared by
+    every command taking a workload (``strict`` is passed as its own argument, the overrides as
+    keywords)."""
     options = [
         click.option("--workload", "-w", required=True, help=WORKLOAD_HELP),
         click.option("--tp", type=int, default=None, help="Tensor-parallel degree."),
@@ -41,6 +47,7 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--mbs", type=int, default=None, help="Micro-batch size."),
         click.option("--seq", type=int, default=None, help="Sequence length (tokens)."),
         click.option("--microbatches", type=int, default=None, help="Microbatches per iteration."),
+        *JOB_SHAPE_OPTIONS,
         STRICT_OPTION,
     ]
     for opt in reversed(options):
@@ -48,7 +55,7 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def build_workload(workload: str, **overrides: int | None):  # noqa: ANN201
+def build_workload(workload: str, **overrides: object):  # noqa: ANN201
     """Validated :class:`~workloads.Workload` from CLI values (raises WorkloadError)."""
     from workloads import make_workload
 
@@ -122,8 +129,7 @@ def _show_workload(name: str, as_json: bool) -> None:
     obj = {
         "name": w.name, "source": None if name in MODELS else workload_ref(name),
         "model": asdict(m), "params": m.total_params(),
-        "default_parallel": {k: getattr(p, k) for k in ("tp", "cp", "pp", "dp", "mbs",
-                                                        "microbatches", "seq", "recompute")},
+        "default_parallel": {k: getattr(p, k) for k in JOB_FIELDS},
         "num_gpus": p.num_gpus, "stage_layers": list(w.stage_layers()),
     }
 
@@ -179,8 +185,11 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
     from kareus.suite.records import Point, frontier_object, iteration_details
     from workloads.graph_builder import build_iteration_graph
 
+    from kareus.suite.problem import check_precision
+
     preset = get_preset(gpu)
     w = build_workload(workload, **overrides)
+    check_precision(w, preset)
     fits = w.memory_warnings(preset.memory_bytes, strict)
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
@@ -191,8 +200,7 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
         workload=w.name, optimizer="megatron", backend=sim.name, gpu=preset.name,
         num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,
         points=[Point.from_result(result)], details=details,
-        parallel={k: getattr(w.parallel, k) for k in
-                  ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute")},
+        parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
         stage_layers=list(w.stage_layers()), memory_warnings=fits,
     )
 

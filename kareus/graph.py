@@ -52,6 +52,9 @@ class ComputeOp:
             sequential execution the host runs ahead and they cost nothing. Transformer Engine's
             all-gather context-parallel attention makes dozens (K/V reordering, one attention
             kernel per sequence chunk on two streams, output copies).
+        precision: The math the op's FLOPs run in: ``"bf16"`` / ``"fp16"`` (16-bit tensor
+            cores), ``"tf32"`` (TF32 tensor cores on fp32 tensors) or ``"fp32"`` (no tensor
+            cores).
     """
 
     name: str
@@ -64,6 +67,7 @@ class ComputeOp:
     backward: bool = False
     uneven_tail: float | None = None
     host_calls: int = 0
+    precision: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,11 @@ class CommOp:
         bytes: Message size per GPU (B): the full tensor for an all-reduce, the gathered output for
             an all-gather, the unreduced input for a reduce-scatter, the payload for send/recv.
         group: Ranks in the collective.
-        intra_node: ``True`` over NVLink, ``False`` over the inter-node network.
+        intra_node: ``True`` inside one node (NVLink or PCIe), ``False`` over the inter-node
+            network.
+        nodes: Nodes the group spans (1 inside a node).
+        ranks_per_node: The group's ranks on each node it spans; with one NIC per GPU, the NICs
+            a ring crossing nodes can use at once.
     """
 
     name: str
@@ -84,6 +92,15 @@ class CommOp:
     bytes: float
     group: int
     intra_node: bool = True
+    nodes: int = 1
+    ranks_per_node: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ranks_per_node == 0:  # not given: all ranks on one node, or one per node
+            per_node = self.group if self.intra_node else max(1, self.group // max(self.nodes, 2))
+            object.__setattr__(self, "ranks_per_node", per_node)
+            if not self.intra_node and self.nodes == 1:
+                object.__setattr__(self, "nodes", max(2, self.group // per_node))
 
     @property
     def bus_bytes(self) -> float:
@@ -187,6 +204,12 @@ class IterationGraph:
         stage_tail: Per-stage work after the last backward (DP gradient sync, optimizer step).
         model_flops: Model FLOPs of one iteration over the whole job, without recomputation
             (for model FLOPs utilization).
+        overlap_grad_reduce: The stage tail's data-parallel gradient reduction runs in
+            ``grad_buckets`` buckets during the last microbatch's backward (Megatron-LM's
+            ``--overlap-grad-reduce``); otherwise it runs whole after it.
+        grad_buckets: Gradient buckets per stage (1 without overlap).
+        nanobatch_refusal: Why the iteration cannot be nanobatched (e.g. a micro-batch size the
+            nanobatches do not divide); empty when it can.
     """
 
     workload: str
@@ -197,6 +220,9 @@ class IterationGraph:
     p2p: CommOp | None
     stage_tail: dict[int, tuple[Segment, ...]] = field(default_factory=dict)
     model_flops: float = 0.0
+    overlap_grad_reduce: bool = False
+    grad_buckets: dict[int, int] = field(default_factory=dict)
+    nanobatch_refusal: str = ""
 
     @property
     def num_gpus(self) -> int:

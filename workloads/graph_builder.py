@@ -31,7 +31,7 @@ from kareus.graph import (
     Segment,
 )
 from workloads.models import ModelSpec
-from workloads.parallel import Workload
+from workloads.parallel import GRAD_BUCKET_PARAMS, GRAD_BYTES, Workload
 
 BF16 = 2
 _TILE = 128
@@ -70,18 +70,29 @@ class _Cut:
         self.comm = comm
 
 
-def gemm_op(name: str, m: int, k: int, n: int, elem_bytes: int = BF16) -> ComputeOp:
-    """GEMM ``[M,K] x [K,N]``: ``2·M·K·N`` FLOP, inputs and output once, 128 x 128 output tiles."""
+def gemm_op(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
+            precision: str = "bf16") -> ComputeOp:
+    """GEMM ``[M,K] x [K,N]``: ``2·M·K·N`` FLOP, inputs and output once, 128 x 128 output tiles;
+    ``precision`` sets its math (:attr:`ComputeOp.precision`)."""
     return ComputeOp(
         name=name, kind="gemm", flops=2.0 * m * k * n,
         bytes=float(elem_bytes * (m * k + k * n + m * n)),
-        tiles=math.ceil(m / _TILE) * math.ceil(n / _TILE), depth=k,
+        tiles=math.ceil(m / _TILE) * math.ceil(n / _TILE), depth=k, precision=precision,
     )
+
+
+def _comm(name: str, collective: str, nbytes: float, group: int,
+          placement: tuple[int, int]) -> CommOp:
+    """A collective over ``group`` ranks placed on ``placement = (nodes, ranks per node)``."""
+    nodes, per_node = placement
+    return CommOp(name, collective, float(nbytes), group, nodes == 1,  # type: ignore[arg-type]
+                  nodes=nodes, ranks_per_node=per_node)
 
 
 def attention_op(name: str, b: int, hq: int, hkv: int, d: int, s_q: int, s_kv: int, *,
                  causal: bool = True, elem_bytes: int = BF16, backward: bool = False,
-                 work_fraction: float = 1.0, host_calls: int = 0) -> ComputeOp:
+                 work_fraction: float = 1.0, host_calls: int = 0,
+                 precision: str = "bf16") -> ComputeOp:
     """Flash attention of ``b`` sequences, ``hq`` query / ``hkv`` key-value heads of width ``d``,
     ``s_q`` queries against ``s_kv`` keys: ``4·b·hq·d·s_q·s_kv`` FLOP (QK^T and PV), halved when
     causal over the same tokens, times ``work_fraction`` (the share of the score matrix this GPU
@@ -96,23 +107,64 @@ def attention_op(name: str, b: int, hq: int, hkv: int, d: int, s_q: int, s_kv: i
         return ComputeOp(name, "attention", 2.5 * flops, 2 * (q_o_bytes + kv_bytes),
                          tiles=b * hq * math.ceil(s_q / _TILE), depth=d, backward=True,
                          uneven_tail=CAUSAL_TAIL_BWD if causal else None,
-                         host_calls=host_calls)
+                         host_calls=host_calls, precision=precision)
     return ComputeOp(name, "attention", flops, float(q_o_bytes + kv_bytes),
                      tiles=b * hq * math.ceil(s_q / _TILE), depth=d,
-                     uneven_tail=CAUSAL_TAIL_FWD if causal else None, host_calls=host_calls)
+                     uneven_tail=CAUSAL_TAIL_FWD if causal else None, host_calls=host_calls,
+                     precision=precision)
 
 
-def _gemm_bwd(name: str, m: int, k: int, n: int) -> list[ComputeOp]:
+def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_bytes: int,
+                          precision: str, backward: bool) -> list[ComputeOp]:
+    """Megatron-LM's core attention without flash attention (``CoreAttention``: ``baddbmm``,
+    the fused scale-mask-softmax, dropout, ``bmm``), which materialises the ``N = b·hq·s_q·s_kv``
+    score matrix and, the mask notwithstanding, computes all of it.
+
+    Forward: ``QK^T`` (``2·N·d`` FLOP, writes the scores), softmax (reads and writes them),
+    dropout (reads them, writes them and a one-byte mask), ``PV`` (``2·N·d`` FLOP, reads them).
+    Backward: ``dP = dO·V^T`` and ``dV = P^T·dO``, dropout's and softmax's backward (each
+    reading two score-sized tensors and writing one), ``dQ = dS·K`` and ``dK = dS^T·Q``. Batched
+    GEMMs tile like GEMMs (128 x 128 output tiles per (batch, head))."""
+    n = b * hq * s_q * s_kv
+    e = elem_bytes
+    qkv = e * b * hq * d * (s_q + 2 * s_kv)
+
+    def bmm(name: str, rows: int, cols: int, depth: int, io_bytes: float) -> ComputeOp:
+        return ComputeOp(name, "gemm", 2.0 * b * hq * rows * cols * depth, float(io_bytes),
+                         tiles=b * hq * math.ceil(rows / _TILE) * math.ceil(cols / _TILE),
+                         depth=depth, backward=backward, precision=precision)
+
+    if not backward:
+        return [
+            bmm("attention_scores", s_q, s_kv, d, qkv + e * n),
+            memory_op("attention_softmax", 2 * e * n, flops=5.0 * n),
+            memory_op("attention_dropout", (2 * e + 1) * n, flops=1.0 * n),
+            bmm("attention_context", s_q, d, s_kv, qkv + e * n),
+        ]
+    return [
+        bmm("attention_context_dgrad", s_q, s_kv, d, qkv + e * n),
+        bmm("attention_context_wgrad", s_kv, d, s_q, qkv + e * n),
+        memory_op("attention_dropout_bwd", (2 * e + 1) * n, flops=1.0 * n),
+        memory_op("attention_softmax_bwd", 3 * e * n, flops=3.0 * n),
+        bmm("attention_scores_dgrad", s_q, d, s_kv, qkv + e * n),
+        bmm("attention_scores_wgrad", s_kv, d, s_q, qkv + e * n),
+    ]
+
+
+def _gemm_bwd(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
+              precision: str = "bf16") -> list[ComputeOp]:
     """Input gradient ``dX[M,K] = dY[M,N]·W^T`` and weight gradient ``dW[K,N] = X^T·dY``."""
     dgrad = ComputeOp(
         name=f"{name}_dgrad", kind="gemm", flops=2.0 * m * k * n,
-        bytes=BF16 * (m * n + k * n + m * k), tiles=math.ceil(m / _TILE) * math.ceil(k / _TILE),
-        depth=n, backward=True,
+        bytes=elem_bytes * (m * n + k * n + m * k),
+        tiles=math.ceil(m / _TILE) * math.ceil(k / _TILE), depth=n, backward=True,
+        precision=precision,
     )
     wgrad = ComputeOp(
         name=f"{name}_wgrad", kind="gemm", flops=2.0 * m * k * n,
-        bytes=BF16 * (m * k + m * n + k * n), tiles=math.ceil(k / _TILE) * math.ceil(n / _TILE),
-        depth=m, backward=True,
+        bytes=elem_bytes * (m * k + m * n + k * n),
+        tiles=math.ceil(k / _TILE) * math.ceil(n / _TILE), depth=m, backward=True,
+        precision=precision,
     )
     return [dgrad, wgrad]
 
@@ -129,26 +181,30 @@ class _LayerOps:
         p = w.parallel
         self.m = model
         self.b = b
+        self.eb = p.element_bytes
+        self.precision = p.precision
+        self.recompute = p.recompute
+        self.attention = p.attention
         self.s_local = p.seq // p.cp
         self.t = b * self.s_local  # tokens on this GPU
         self.hq = model.heads // p.tp  # local query heads
         self.hkv = model.kv_heads // p.tp
         self.ffn = model.ffn // p.tp
         self.tp, self.cp, self.seq = p.tp, p.cp, p.seq
-        group_gpus = p.tp * p.cp
-        self.intra = group_gpus <= p.gpus_per_node
+        self.tp_place = p.group_placement(p.tp, 1)
+        self.cp_place = p.group_placement(p.cp, p.tp)
 
     # -- collectives -------------------------------------------------------------------------
     def _tp_ar(self, name: str) -> CommOp | None:
         if self.tp == 1:
             return None
-        return CommOp(name, "all_reduce", BF16 * self.t * self.m.hidden, self.tp, self.intra)
+        return _comm(name, "all_reduce", self.eb * self.t * self.m.hidden, self.tp, self.tp_place)
 
     def _cp_kv(self, name: str, collective: str) -> CommOp | None:
         if self.cp == 1:
             return None
-        gathered = BF16 * 2 * self.b * self.seq * self.hkv * self.m.head_dim  # K and V, full seq
-        return CommOp(name, collective, gathered, self.cp, self.intra)  # type: ignore[arg-type]
+        gathered = self.eb * 2 * self.b * self.seq * self.hkv * self.m.head_dim  # K and V, full seq
+        return _comm(name, collective, gathered, self.cp, self.cp_place)
 
     # -- forward -----------------------------------------------------------------------------
     def _attention(self, name: str, backward: bool) -> ComputeOp:
@@ -157,63 +213,80 @@ class _LayerOps:
         # CP attention and its host calls.
         calls = TE_CP_ATTENTION_HOST_CALLS[backward] if self.cp > 1 else 0
         return attention_op(name, self.b, self.hq, self.hkv, self.m.head_dim, self.s_local,
-                            self.seq, backward=backward, host_calls=calls)
+                            self.seq, backward=backward, host_calls=calls, elem_bytes=self.eb,
+                            precision=self.precision)
+
+    def _core_attention(self, backward: bool) -> list[ComputeOp]:
+        """The core attention's kernels: one flash-attention kernel, or Megatron-LM's unfused
+        path (:func:`unfused_attention_ops`)."""
+        if self.attention == "flash":
+            return [self._attention("attention_bwd" if backward else "attention", backward)]
+        return unfused_attention_ops(self.b, self.hq, self.m.head_dim, self.s_local, self.seq,
+                                     self.eb, self.precision, backward)
+
+    def _gemm(self, name: str, m: int, k: int, n: int) -> ComputeOp:
+        return gemm_op(name, m, k, n, elem_bytes=self.eb, precision=self.precision)
+
+    def _gemm_bwd(self, name: str, m: int, k: int, n: int) -> list[ComputeOp]:
+        return _gemm_bwd(name, m, k, n, elem_bytes=self.eb, precision=self.precision)
 
     def forward(self) -> list[ComputeOp | _Cut]:
-        m, t, d = self.m, self.t, self.m.head_dim
+        m, t, d, eb = self.m, self.t, self.m.head_dim, self.eb
         h = m.hidden
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         ops: list[ComputeOp | _Cut] = [
-            memory_op("bda", 3 * BF16 * t * h, flops=2.0 * t * h),
-            memory_op("norm", 2 * BF16 * t * h, flops=5.0 * t * h),
-            gemm_op("linear_qkv", t, h, qkv_n),
+            memory_op("bda", 3 * eb * t * h, flops=2.0 * t * h),
+            memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+            self._gemm("linear_qkv", t, h, qkv_n),
         ]
         if m.qk_norm:
-            ops.append(memory_op("qk_norm", 2 * BF16 * qk_elems, flops=5.0 * qk_elems))
+            ops.append(memory_op("qk_norm", 2 * eb * qk_elems, flops=5.0 * qk_elems))
         if m.rope:
-            ops.append(memory_op("rope", 2 * BF16 * qk_elems, flops=3.0 * qk_elems))
+            ops.append(memory_op("rope", 2 * eb * qk_elems, flops=3.0 * qk_elems))
         if self.cp > 1:
             ops.append(_Cut("qkv", self._cp_kv("cp_allgather_kv", "all_gather")))
-        ops.append(self._attention("attention", backward=False))
-        ops.append(gemm_op("linear_proj", t, self.hq * d, h))
+        ops += self._core_attention(backward=False)
+        ops.append(self._gemm("linear_proj", t, self.hq * d, h))
         ops.append(_Cut("ao" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_attn")))
-        ops.append(memory_op("bda", 3 * BF16 * t * h, flops=2.0 * t * h))
-        ops.append(memory_op("norm", 2 * BF16 * t * h, flops=5.0 * t * h))
+        ops.append(memory_op("bda", 3 * eb * t * h, flops=2.0 * t * h))
+        ops.append(memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
-        ops.append(gemm_op("linear_fc1", t, h, fc1_n))
-        act_bytes = BF16 * t * (fc1_n + self.ffn)
+        ops.append(self._gemm("linear_fc1", t, h, fc1_n))
+        act_bytes = eb * t * (fc1_n + self.ffn)
         ops.append(memory_op("activation", act_bytes, flops=8.0 * t * self.ffn))
-        ops.append(gemm_op("linear_fc2", t, self.ffn, h))
+        ops.append(self._gemm("linear_fc2", t, self.ffn, h))
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_mlp")))
         return ops
 
     # -- backward ----------------------------------------------------------------------------
     def backward(self) -> list[ComputeOp | _Cut]:
-        m, t, d = self.m, self.t, self.m.head_dim
+        m, t, d, eb = self.m, self.t, self.m.head_dim, self.eb
         h = m.hidden
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
-        ops: list[ComputeOp | _Cut] = [memory_op("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h)]
-        ops += _gemm_bwd("linear_fc2", t, self.ffn, h)
-        ops.append(memory_op("activation_bwd", BF16 * t * (2 * fc1_n + self.ffn),
+        ops: list[ComputeOp | _Cut] = [memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h)]
+        ops += self._gemm_bwd("linear_fc2", t, self.ffn, h)
+        ops.append(memory_op("activation_bwd", eb * t * (2 * fc1_n + self.ffn),
                         flops=12.0 * t * self.ffn))
-        ops += _gemm_bwd("linear_fc1", t, h, fc1_n)
+        ops += self._gemm_bwd("linear_fc1", t, h, fc1_n)
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad")))
-        ops.append(memory_op("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h))
-        ops.append(memory_op("bda_bwd", 3 * BF16 * t * h, flops=1.0 * t * h))
-        ops += _gemm_bwd("linear_proj", t, self.hq * d, h)
+        ops.append(memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
+        ops.append(memory_op("bda_bwd", 3 * eb * t * h, flops=1.0 * t * h))
+        ops += self._gemm_bwd("linear_proj", t, self.hq * d, h)
         if self.cp > 1:
             ops.append(_Cut("o", self._cp_kv("cp_allgather_kv", "all_gather")))
-        ops.append(self._attention("attention_bwd", backward=True))
+        if self.recompute == "selective":  # Megatron-LM recomputes the core attention only
+            ops += self._core_attention(backward=False)
+        ops += self._core_attention(backward=True)
         if self.cp > 1:
             ops.append(_Cut("a", self._cp_kv("cp_reducescatter_dkv", "reduce_scatter")))
         if m.rope:
-            ops.append(memory_op("rope_bwd", 2 * BF16 * qk_elems, flops=3.0 * qk_elems))
+            ops.append(memory_op("rope_bwd", 2 * eb * qk_elems, flops=3.0 * qk_elems))
         if m.qk_norm:
-            ops.append(memory_op("qk_norm_bwd", 3 * BF16 * qk_elems, flops=8.0 * qk_elems))
-        ops += _gemm_bwd("linear_qkv", t, h, qkv_n)
+            ops.append(memory_op("qk_norm_bwd", 3 * eb * qk_elems, flops=8.0 * qk_elems))
+        ops += self._gemm_bwd("linear_qkv", t, h, qkv_n)
         ops.append(_Cut("qkv" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_qkv_dgrad")))
         return ops
 
@@ -223,6 +296,8 @@ _SLOT_KIND = {
     "rope_bwd": "rope", "qk_norm": "qknorm", "qk_norm_bwd": "qknorm", "attention": "attn",
     "flash_attention": "attn", "qkv_split": "split",
     "attention_bwd": "attn", "activation": "activation", "activation_bwd": "activation",
+    "attention_softmax": "softmax", "attention_softmax_bwd": "softmax",
+    "attention_dropout": "dropout", "attention_dropout_bwd": "dropout",
 }
 
 
@@ -282,11 +357,11 @@ def _partition_chain(
     return tuple(parts)
 
 
-def _instruction_ops(layer: _LayerOps, direction: Direction, recompute: bool
+def _instruction_ops(layer: _LayerOps, direction: Direction
                      ) -> list[tuple[str, list[ComputeOp | _Cut]]]:
     if direction == "forward":
         return [("fwd", layer.forward())]
-    blocks = [("rcp_fwd", layer.forward())] if recompute else []
+    blocks = [("rcp_fwd", layer.forward())] if layer.recompute == "full" else []
     return blocks + [("bwd", layer.backward())]
 
 
@@ -304,53 +379,80 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     m, p = w.model, w.parallel
     t = p.tokens_per_gpu
     h, v = m.hidden, m.vocab // p.tp
-    intra = p.tp * p.cp <= p.gpus_per_node
+    eb = p.element_bytes
+    place = p.group_placement(p.tp, 1)
     segs: list[Segment] = []
+
+    def tp_all_reduce(name: str, nbytes: float) -> CommOp | None:
+        return _comm(name, "all_reduce", nbytes, p.tp, place) if p.tp > 1 else None
+
     if stage == 0:
         if direction == "forward":
-            ar = CommOp("tp_allreduce_embedding", "all_reduce", BF16 * t * h, p.tp, intra) \
-                if p.tp > 1 else None
-            segs.append(Segment(label_slots([memory_op("embedding", 3 * BF16 * t * h)]), ar))
+            segs.append(Segment(label_slots([memory_op("embedding", 3 * eb * t * h)]),
+                                tp_all_reduce("tp_allreduce_embedding", eb * t * h)))
         else:
-            segs.append(Segment(label_slots([memory_op("embedding_bwd", 3 * BF16 * t * h)]), None))
+            segs.append(Segment(label_slots([memory_op("embedding_bwd", 3 * eb * t * h)]), None))
     if stage == p.pp - 1:
         if direction == "forward":
             ops = [
-                memory_op("norm", 2 * BF16 * t * h, flops=5.0 * t * h),
-                gemm_op("linear_output", t, h, v),
-                memory_op("cross_entropy", (BF16 + 4 + 4) * t * v, flops=5.0 * t * v),
+                memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+                gemm_op("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
+                memory_op("cross_entropy", (eb + 4 + 4) * t * v, flops=5.0 * t * v),
             ]
-            ar = CommOp("tp_allreduce_loss", "all_reduce", 4 * 3 * t, p.tp, intra) \
-                if p.tp > 1 else None
+            ar = tp_all_reduce("tp_allreduce_loss", 4 * 3 * t)
         else:
             ops = [
-                memory_op("cross_entropy_bwd", (4 + BF16) * t * v, flops=3.0 * t * v),
-                *_gemm_bwd("linear_output", t, h, v),
-                memory_op("norm_bwd", 4 * BF16 * t * h, flops=8.0 * t * h),
+                memory_op("cross_entropy_bwd", (4 + eb) * t * v, flops=3.0 * t * v),
+                *_gemm_bwd("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
+                memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h),
             ]
-            ar = CommOp("tp_allreduce_output_dgrad", "all_reduce", BF16 * t * h, p.tp, intra) \
-                if p.tp > 1 else None
+            ar = tp_all_reduce("tp_allreduce_output_dgrad", eb * t * h)
         segs.append(Segment(label_slots(ops), ar))
     return tuple(segs)
 
 
-def _stage_tail(w: Workload, stage: int, layers: int) -> tuple[Segment, ...]:
-    """DP gradient all-reduce (fp32 main grads) and the Adam step after the last backward."""
+def stage_params(w: Workload, stage: int, layers: int) -> float:
+    """Parameters one GPU of ``stage`` holds (its 1/TP share of its layers, the embedding on the
+    first stage, the output layer on the last)."""
     m, p = w.model, w.parallel
     params = layers * m.layer_params() / p.tp
     if stage == 0:
         params += m.embedding_params() / p.tp
     if stage == p.pp - 1:
         params += m.vocab * m.hidden / p.tp
-    # Adam, distributed optimizer: read fp32 grad + master + 2 moments, write master + moments +
-    # bf16 weight, on this rank's 1/dp shard.
-    step = memory_op("optimizer_step", params / p.dp * (4 * 4 + 3 * 4 + BF16), flops=12.0 * params / p.dp)
-    sync = None
-    if p.dp > 1:
-        sync = CommOp("dp_allreduce_grads", "all_reduce", 4 * params, p.dp,
-                      p.gpus_per_stage <= p.gpus_per_node)
-    return (Segment((), sync), Segment(label_slots([step]), None)) if sync else (
-        Segment(label_slots([step]), None),)
+    return params
+
+
+def _stage_tail(w: Workload, stage: int, layers: int) -> tuple[Segment, ...]:
+    """What a stage runs after its last backward: the data-parallel gradient synchronisation
+    still exposed and the optimizer step, as Megatron-LM runs them.
+
+    - Gradients (:data:`~workloads.parallel.GRAD_BYTES` per element) are all-reduced over DP, or
+      reduce-scattered with the distributed optimizer, which all-gathers the updated
+      parameters after its step.
+    - Without ``overlap_grad_reduce`` the reduction runs whole after the last backward. With it,
+      buckets are reduced during the last microbatch's backward (:func:`overlapped_grad_sync`
+      in the simulator decides how much stays exposed); the tail keeps the collective with the
+      bucket count in its name so the backend can tell.
+    - Adam reads the gradient, master weight and two moments and writes them back with the
+      working-precision weight, on this rank's shard (1/DP with the distributed optimizer).
+    """
+    p = w.parallel
+    params = stage_params(w, stage, layers)
+    shard = params / p.dp if p.distributed_optimizer else params
+    grad_b = GRAD_BYTES[p.precision]
+    master = 0 if p.precision in ("fp32", "tf32") else 4
+    step = memory_op("optimizer_step", shard * (grad_b + 2 * master + 4 * 4 + p.element_bytes),
+                     flops=12.0 * shard)
+    if p.dp == 1:
+        return (Segment(label_slots([step]), None),)
+    place = p.group_placement(p.dp, p.tp * p.cp)
+    if p.distributed_optimizer:
+        sync = _comm("dp_reducescatter_grads", "reduce_scatter", grad_b * params, p.dp, place)
+        gather = _comm("dp_allgather_params", "all_gather", p.element_bytes * params, p.dp, place)
+        return (Segment((), sync), Segment(label_slots([step]), gather))
+    sync = _comm("dp_allreduce_grads", "all_reduce", grad_b * params, p.dp, place)
+    return (Segment((), sync), Segment(label_slots([step]), None))
 
 
 def build_iteration_graph(w: Workload) -> IterationGraph:
@@ -358,17 +460,17 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
     m, p = w.model, w.parallel
     nb = p.nanobatches
     full = _LayerOps(m, w, p.mbs)
-    half = _LayerOps(m, w, p.mbs // nb) if nb > 1 else None
+    half = _LayerOps(m, w, p.mbs // nb) if p.splits_into_nanobatches else None
     graphs: dict[tuple[int, Direction], InstructionGraph] = {}
     for stage, layers in enumerate(w.stage_layers()):
         for direction in ("forward", "backward"):
-            blocks = _instruction_ops(full, direction, p.recompute)  # type: ignore[arg-type]
+            blocks = _instruction_ops(full, direction)  # type: ignore[arg-type]
             sequential = tuple(
                 Segment(compute, comm) for _, _, compute, comm in _flatten(blocks)
             )
             partitions: tuple[Partition, ...] = ()
             if half is not None:
-                segs = _flatten(_instruction_ops(half, direction, p.recompute))  # type: ignore[arg-type]
+                segs = _flatten(_instruction_ops(half, direction))  # type: ignore[arg-type]
                 partitions = _partition_chain(segs, segs, has_cp=p.cp > 1)
             graphs[(stage, direction)] = InstructionGraph(
                 stage=stage, direction=direction, layers=layers,  # type: ignore[arg-type]
@@ -377,13 +479,24 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
             )
     p2p = None
     if p.pp > 1:
-        p2p = CommOp("pp_send_recv", "send_recv", BF16 * p.tokens_per_gpu * m.hidden, 2,
-                     intra_node=p.gpus_per_stage < p.gpus_per_node)
+        # the stage boundaries' slowest link: a boundary crosses nodes when ranks one stage
+        # apart (TP·CP·DP) sit on different nodes
+        place = p.group_placement(p.pp, p.gpus_per_stage)
+        p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.tokens_per_gpu
+                                                         * m.hidden), 2,
+                     intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
     tails = {s: _stage_tail(w, s, n) for s, n in enumerate(w.stage_layers())}
+    buckets = {s: max(1, math.ceil(stage_params(w, s, n) * p.tp / GRAD_BUCKET_PARAMS))
+               if p.overlap_grad_reduce else 1 for s, n in enumerate(w.stage_layers())}
+    refusal = "" if p.nanobatches == 1 or p.splits_into_nanobatches else (
+        f"micro-batch size {p.mbs} cannot be split into {p.nanobatches} nanobatches; use an MBS "
+        f"that is a multiple of {p.nanobatches} for nanobatched plans")
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,
         stage_tail=tails, model_flops=model_flops(w),
+        overlap_grad_reduce=p.overlap_grad_reduce and p.dp > 1, grad_buckets=buckets,
+        nanobatch_refusal=refusal,
     )
 
 
@@ -391,7 +504,8 @@ def model_flops(w: Workload) -> float:
     """Model FLOPs of one iteration, whole job, without recomputation: 3x the forward FLOPs of
     every layer's matmuls and attention plus the output layer (the usual MFU convention)."""
     m, p = w.model, w.parallel
-    layer = _LayerOps(m, w, p.mbs)
+    # the model's FLOPs, whatever kernels compute them: causal attention counts half the scores
+    layer = _LayerOps(m, Workload(m, replace(p, attention="flash")), p.mbs)
     fwd = sum(op.flops for op in layer.forward() if isinstance(op, ComputeOp) and op.kind != "memory")
     per_gpu_mb = m.layers * fwd + 2.0 * p.tokens_per_gpu * m.hidden * (m.vocab // p.tp)
     # per-GPU numbers times the TP x CP group size give one microbatch of one pipeline replica

@@ -1,23 +1,46 @@
 """Parallel configuration of a training job and the :class:`Workload` (model + parallelism).
 
 The default shape of every workload is the Kareus paper's testbed (2 nodes x 8 A100): PP=2, TP=8,
-micro-batch size 8, 8 microbatches, the model's native sequence length and full activation
-recomputation. A model whose heads, KV heads or FFN width TP=8 does not divide (a Hugging Face
-config, e.g. GPT-2's 12 heads) gets TP halved until it divides them all (GPT-2: TP=4).
+micro-batch size 8, 8 microbatches, the model's native sequence length, bf16 and full activation
+recomputation (the paper's runs recompute every layer; the default keeps that). A model whose
+heads, KV heads or FFN width TP=8 does not divide (a Hugging Face config, e.g. GPT-2's 12 heads)
+gets TP halved until it divides them all (GPT-2: TP=4).
+
+Placement is Megatron-LM's: global rank ``r = tp_rank + TP·(cp_rank + CP·(dp_rank + DP·pp_rank))``
+(TP innermost, then CP, DP, PP), ``gpus_per_node`` consecutive ranks per node. A group of ranks
+``stride`` apart spans ``nodes`` nodes with ``ranks_per_node`` of its ranks on each
+(:meth:`ParallelConfig.group_placement`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from workloads.errors import WorkloadError
 from workloads.models import ModelSpec, get_model
 
-#: Bytes per parameter of bf16 mixed-precision Adam as Megatron-LM keeps it: bf16 weight (2),
-#: fp32 main gradient (4), and fp32 master weight + two Adam moments (12, shardable over DP).
-_BYTES_WEIGHT_AND_GRAD = 2 + 4
-_BYTES_OPTIMIZER = 12
+Precision = Literal["bf16", "fp16", "tf32", "fp32"]
+Recompute = Literal["none", "selective", "full"]
+Attention = Literal["flash", "unfused"]
+ATTENTION_KINDS: tuple[str, ...] = ("flash", "unfused")
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32")
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+
+#: Bytes of one activation / weight element under each precision (tf32: fp32 tensors whose
+#: matmuls run on TF32 tensor cores).
+ELEMENT_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+#: Bytes of one gradient element as Megatron-LM reduces it: bf16 training accumulates and reduces
+#: fp32 main gradients (``accumulate_allreduce_grads_in_fp32`` is forced on with bf16); fp16
+#: reduces fp16 gradients by default; fp32 / tf32 train in fp32.
+GRAD_BYTES: dict[str, int] = {"bf16": 4, "fp16": 2, "tf32": 4, "fp32": 4}
+#: Parameters per gradient bucket with ``overlap_grad_reduce`` (Megatron-core's default
+#: ``bucket_size``, 40 M parameters).
+GRAD_BUCKET_PARAMS = 40_000_000
+#: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP with the
+#: distributed optimizer); mixed precision keeps the master copy, fp32 training does not.
+_OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 12, "tf32": 8, "fp32": 8}
 #: CUDA context, NCCL buffers, allocator fragmentation (bytes); a rough allowance.
 _RUNTIME_OVERHEAD_BYTES = 3 * 2**30
 
@@ -34,10 +57,27 @@ class ParallelConfig:
         mbs: Micro-batch size (sequences per microbatch).
         microbatches: Microbatches per iteration and pipeline.
         seq: Sequence length (tokens).
-        recompute: Full activation recomputation (backward re-runs the layer's forward).
+        recompute: What the backward pass recomputes: ``"full"`` re-runs each layer's forward
+            (the Kareus paper's runs), ``"selective"`` only its core attention (Megatron-LM's
+            selective recomputation), ``"none"`` nothing (activations stored).
         nanobatches: Nanobatches a microbatch is split into for overlap (2 in Kareus; 1 = none).
-        gpus_per_node: GPUs joined by NVLink; groups larger than this cross the network.
-        layer_split: Layers per stage; ``None`` lets :meth:`Workload.stage_layers` choose.
+            A micro-batch size it does not divide builds no partitions: only plans that are not
+            nanobatched can run it.
+        gpus_per_node: GPUs of one node (NVLink or PCIe inside); groups spanning nodes use the
+            network.
+        layer_split: Transformer layers per stage; ``None`` lets :meth:`Workload.stage_layers`
+            choose.
+        precision: ``bf16`` / ``fp16`` (16-bit tensors, tensor cores), ``tf32`` (fp32 tensors,
+            TF32 tensor-core matmuls) or ``fp32`` (no tensor cores).
+        distributed_optimizer: Megatron-LM's distributed optimizer: gradients are
+            reduce-scattered over DP, each rank steps its shard, and parameters are all-gathered;
+            without it gradients are all-reduced and every rank steps every parameter.
+        attention: The core attention's implementation: ``"flash"`` (one fused kernel:
+            Transformer Engine, FlashAttention) or ``"unfused"`` (Megatron-LM's path before
+            flash attention, and plain PyTorch GPT models: the score matrix in HBM).
+        overlap_grad_reduce: Bucketed gradient reduction overlapped with the backward pass
+            (Megatron-LM's ``--overlap-grad-reduce``, buckets of :data:`GRAD_BUCKET_PARAMS`
+            parameters); without it one reduction runs after the last backward.
     """
 
     tp: int = 8
@@ -47,10 +87,14 @@ class ParallelConfig:
     mbs: int = 8
     microbatches: int = 8
     seq: int = 2048
-    recompute: bool = True
+    recompute: Recompute = "full"
     nanobatches: int = 2
     gpus_per_node: int = 8
     layer_split: tuple[int, ...] | None = None
+    precision: Precision = "bf16"
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    attention: Attention = "flash"
 
     @property
     def num_gpus(self) -> int:
@@ -66,6 +110,26 @@ class ParallelConfig:
     def tokens_per_gpu(self) -> int:
         """Tokens of one microbatch that one GPU processes (its CP shard)."""
         return self.mbs * self.seq // self.cp
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one activation or weight element (:data:`ELEMENT_BYTES`)."""
+        return ELEMENT_BYTES[self.precision]
+
+    @property
+    def splits_into_nanobatches(self) -> bool:
+        """Whether the micro-batch divides into :attr:`nanobatches` (partitions exist)."""
+        return self.nanobatches > 1 and self.mbs % self.nanobatches == 0
+
+    def group_placement(self, size: int, stride: int) -> tuple[int, int]:
+        """``(nodes, ranks_per_node)`` of a group of ``size`` ranks ``stride`` apart under
+        Megatron-LM's placement (TP innermost, then CP, DP, PP; ``gpus_per_node`` consecutive
+        ranks per node). The group of global rank 0 is representative: every group of a kind
+        has the same shape when the node size divides the job or the job fits one node."""
+        if size <= 1:
+            return 1, 1
+        nodes = {(i * stride) // self.gpus_per_node for i in range(size)}
+        return len(nodes), size // len(nodes)
 
 
 @dataclass(frozen=True)
@@ -93,7 +157,7 @@ class Workload:
         if self.parallel.layer_split is not None:
             return self.parallel.layer_split
         m, p = self.model, self.parallel
-        per_layer = _layer_flops_per_token(m, p.seq) * (4 if p.recompute else 3)
+        per_layer = _layer_flops_per_token(m, p.seq) * (4 if p.recompute == "full" else 3)
         output = 2 * m.hidden * m.vocab * 3
         stages = p.pp
         best: tuple[float, tuple[int, ...]] | None = None
@@ -120,9 +184,11 @@ class Workload:
 
     def memory_estimate_bytes(self) -> dict[int, float]:
         """Rough peak memory per GPU for each stage (bytes): weights, gradients, Adam states
-        (sharded over DP as with Megatron's distributed optimizer), stored layer inputs of the
-        microbatches in flight (1F1B keeps ``pp - stage`` of them), one layer's working set during
-        recomputation/backward, the logits on the last stage, and a runtime allowance."""
+        (sharded over DP with the distributed optimizer), stored activations of the
+        microbatches in flight (1F1B keeps ``pp - stage`` of them: each layer's input under full
+        recomputation, everything but the core attention under selective, everything under
+        none), one layer's working set during recomputation/backward, the logits on the last
+        stage, and a runtime allowance."""
         m, p = self.model, self.parallel
         layers = self.stage_layers()
         tokens = p.tokens_per_gpu
@@ -133,10 +199,18 @@ class Workload:
                 params += m.embedding_params() / p.tp
             if s == p.pp - 1 and (not m.tied_embeddings or p.pp > 1):
                 params += m.vocab * m.hidden / p.tp
-            states = params * (_BYTES_WEIGHT_AND_GRAD + _BYTES_OPTIMIZER / p.dp)
+            optimizer = _OPTIMIZER_BYTES[p.precision] / (p.dp if p.distributed_optimizer else 1)
+            states = params * (p.element_bytes + GRAD_BYTES[p.precision] + optimizer)
             in_flight = min(p.pp - s, p.microbatches)
-            per_layer_input = tokens * m.hidden * 2
-            stored = (n if p.recompute else n * (10 + 24 / p.tp) / 2) * per_layer_input * in_flight
+            eb = p.element_bytes
+            per_layer_input = tokens * m.hidden * eb
+            # Korthikanti et al. (2022): a layer stores ~34·s·b·h + 5·a·s²·b bytes at 16 bits
+            # without recomputation, the 5·a·s²·b of it the core attention's
+            layer_acts = tokens * m.hidden * (10 + 24 / p.tp) * eb / 2
+            attn_acts = 5 * m.heads / p.tp * tokens * (p.seq / p.cp) * eb / 2
+            per_layer = {"full": per_layer_input, "selective": layer_acts,
+                         "none": layer_acts + attn_acts}[p.recompute]
+            stored = n * per_layer * in_flight
             working = tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp
             logits = tokens * m.vocab / p.tp * 4 * 2 if s == p.pp - 1 else 0.0
             out[s] = states + stored + working + logits + _RUNTIME_OVERHEAD_BYTES
@@ -197,19 +271,31 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"sequence length {p.seq} must be divisible by 2*CP={2 * p.cp} "
             "(load-balanced causal context parallelism)"
         )
-    if p.nanobatches > 1 and (p.mbs < p.nanobatches or p.mbs % p.nanobatches):
+    if p.precision not in PRECISIONS:
+        raise WorkloadError(f"unknown precision {p.precision!r}; choose one of: "
+                            f"{', '.join(PRECISIONS)}")
+    if p.attention not in ATTENTION_KINDS:
+        raise WorkloadError(f"unknown attention {p.attention!r}; choose one of: "
+                            f"{', '.join(ATTENTION_KINDS)}")
+    if p.recompute not in RECOMPUTE_MODES:
+        raise WorkloadError(f"unknown recompute mode {p.recompute!r}; choose one of: "
+                            f"{', '.join(RECOMPUTE_MODES)}")
+    if p.num_gpus > p.gpus_per_node and p.num_gpus % p.gpus_per_node:
         raise WorkloadError(
-            f"micro-batch size {p.mbs} cannot be split into {p.nanobatches} nanobatches; "
-            f"use an MBS that is a multiple of {p.nanobatches} (>= {p.nanobatches})"
-        )
+            f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "
+            f"nodes of --gpus-per-node {p.gpus_per_node}; use a job of a multiple of "
+            f"{p.gpus_per_node} GPUs or another node size")
     if p.layer_split is not None:
-        if len(p.layer_split) != p.pp or sum(p.layer_split) != model.layers or min(
-            p.layer_split
-        ) < 1:
-            raise WorkloadError(
-                f"layer split {p.layer_split} must give each of the {p.pp} stages at least one "
-                f"layer and sum to {model.layers}"
-            )
+        split = p.layer_split
+        if len(split) != p.pp:
+            raise WorkloadError(f"--stage-layers gives {len(split)} stage(s) "
+                                f"({','.join(map(str, split))}) but PP={p.pp}")
+        if min(split) < 1:
+            raise WorkloadError(f"--stage-layers entries must be positive, got "
+                                f"{','.join(map(str, split))}")
+        if sum(split) != model.layers:
+            raise WorkloadError(f"--stage-layers {','.join(map(str, split))} sums to "
+                                f"{sum(split)}, but {model.name} has {model.layers} layers")
 
 
 def default_tp(model: ModelSpec, tp: int) -> int:
@@ -233,8 +319,13 @@ def make_workload(
     mbs: int | None = None,
     seq: int | None = None,
     microbatches: int | None = None,
-    recompute: bool | None = None,
+    recompute: Recompute | None = None,
     layer_split: tuple[int, ...] | None = None,
+    precision: Precision | None = None,
+    gpus_per_node: int | None = None,
+    distributed_optimizer: bool | None = None,
+    overlap_grad_reduce: bool | None = None,
+    attention: Attention | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
     is a built-in model or a Hugging Face config path (:func:`workloads.models.get_model`)."""
@@ -245,7 +336,9 @@ def make_workload(
         k: v
         for k, v in dict(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, seq=seq,
                          microbatches=microbatches, recompute=recompute,
-                         layer_split=layer_split).items()
+                         layer_split=layer_split, precision=precision,
+                         gpus_per_node=gpus_per_node, distributed_optimizer=distributed_optimizer,
+                         overlap_grad_reduce=overlap_grad_reduce, attention=attention).items()
         if v is not None
     }
     return Workload(model=model, parallel=replace(parallel, **overrides))

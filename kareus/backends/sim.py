@@ -182,7 +182,7 @@ class SimulatorBackend:
                 eff, act = nominal, g.activity_attention
             tiles = self._tiles(op, sms)
             waves = self.waves(op, sms, beside)
-            t_comp = waves * (op.flops / tiles) / (g.flops_per_clk_per_sm * hz * eff)
+            t_comp = waves * (op.flops / tiles) / (g.flops_per_clk(op.precision) * hz * eff)
             t_core = np.maximum(t_comp, t_mem)
             compute_share = t_comp / t_core
             occupancy = tiles / (waves * sms)
@@ -213,10 +213,10 @@ class SimulatorBackend:
         """
         g = self.gpu
         f = self.grid[None, :]
-        link = g.nvlink_bw if comm.intra_node else g.network_bw
+        link = self.link_bw(comm)
         library = sms == LIBRARY_DEFAULT
         channels = np.where(library, g.comm_default_sms, sms)
-        lib_rate = np.minimum(link * g.link_efficiency, channels * g.comm_bw_per_sm_mhz * f)
+        lib_rate = np.minimum(self.link_rate(comm), channels * g.comm_bw_per_sm_mhz * f)
         per_sm = g.tuned_bw_per_sm_mhz * (threads / g.comm_block_default) ** g.tuned_block_exponent
         tuned_link = g.tuned_link_fraction * link
         # the soft minimum ((a^-q + b^-q)^(-1/q)), written as lo · (1 + (lo/hi)^q)^(-1/q) so that
@@ -229,8 +229,44 @@ class SimulatorBackend:
         activity = np.where(library, g.library_activity_comm, g.activity_comm)
         power = (g.sm_dyn_power_w * self._sm_scale[None, :] * activity * (channels / g.sms)
                  + g.hbm_dyn_power_w * np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw)
-                 + g.link_dyn_power_w * rate / link)
+                 + g.link_dyn_power_w * np.minimum(1.0, rate / link))
         return rate, power
+
+    def link_bw(self, comm: CommOp) -> float:
+        """Raw bandwidth per direction (B/s) of the links a collective's ring uses on one GPU:
+        the intra-node link, or, across nodes, the NICs of the group's ranks on one node (one
+        NIC per GPU; the node's other NICs serve the other groups)."""
+        g = self.gpu
+        if comm.intra_node:
+            return g.nvlink_bw
+        return min(g.nvlink_bw, comm.ranks_per_node * g.network_bw)
+
+    def link_rate(self, comm: CommOp) -> float:
+        """Bus bandwidth (B/s) a library collective reaches at most on its links: NCCL's rings
+        inside a node at ``link_efficiency`` of the link; across nodes the slower of the NVLink
+        hops and the NICs at ``network_efficiency``."""
+        g = self.gpu
+        if comm.intra_node:
+            return g.nvlink_bw * g.link_efficiency
+        return min(g.nvlink_bw * g.link_efficiency,
+                   comm.ranks_per_node * g.network_bw * g.network_efficiency)
+
+    def comm_latency(self, comm: CommOp) -> float:
+        """Fixed time of one collective (s): the launch and synchronisation inside a node
+        (``comm_latency_s``), plus, across ``n`` nodes, the network steps of the faster of NCCL's
+        algorithms: a ring (``2(n-1)`` steps for an all-reduce, ``n-1`` for an all-gather or
+        reduce-scatter, one for a send) or, for an all-reduce, a tree (``2·ceil(log2 n)``)."""
+        g = self.gpu
+        if comm.intra_node or comm.nodes <= 1:
+            return g.comm_latency_s
+        n = comm.nodes
+        if comm.collective == "all_reduce":
+            steps = min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
+        elif comm.collective == "send_recv":
+            steps = 1
+        else:
+            steps = n - 1
+        return g.comm_latency_s + steps * g.network_hop_latency_s
 
     def _comm_sms(self, ks: tuple[int, ...]) -> NDArray[np.float64]:
         """SMs the collectives of ``ks`` (tuned kernels' block counts; the library's: its
@@ -291,7 +327,7 @@ class SimulatorBackend:
         k = LIBRARY_DEFAULT if sms is None else sms
         rate, _ = self._comm_raw(comm, np.array([[float(k)]]),
                                  threads or self.gpu.comm_block_default)
-        return self.gpu.comm_latency_s + comm.bus_bytes / float(rate[0, j])
+        return self.comm_latency(comm) + comm.bus_bytes / float(rate[0, j])
 
     def kernel_power(self, op: ComputeOp, clock_mhz: float) -> tuple[float, float]:
         """(effective clock MHz, total board power W) of ``op`` running alone, back to back, on
@@ -334,7 +370,7 @@ class SimulatorBackend:
         key = ("comm", comm, ks, threads)
         if key not in self._cache:
             rate, power = self._comm_uncapped(comm, ks, threads)
-            t = self.gpu.comm_latency_s + comm.bus_bytes / rate
+            t = self.comm_latency(comm) + comm.bus_bytes / rate
             t, power, rate = self._throttled(t, power, rate)
             self._cache[key] = (_Phase(t, power), rate)
         return self._cache[key]  # type: ignore[return-value]
@@ -432,7 +468,8 @@ class SimulatorBackend:
             comm = dict(bytes=partition.comm.bus_bytes, rate=grid(rate), power=grid(ph.power))
         t, e = partition_timeline(
             ops, comm, np.broadcast_to(win[:, 0], shape), np.broadcast_to(win[:, 1], shape),
-            launch_s=g.comm_launch_s, latency_s=g.comm_latency_s,
+            launch_s=g.comm_launch_s,
+            latency_s=g.comm_latency_s if partition.comm is None else self.comm_latency(partition.comm),
             partial_wave_loss=g.partial_wave_loss)
         t, e = np.broadcast_to(t, shape), np.broadcast_to(e, shape)
         if harness:
@@ -498,6 +535,8 @@ class SimulatorBackend:
         if cache_key in self._cache:
             return self._cache[cache_key][0]  # type: ignore[index]
         f_idx = self._scalar_index(plan.clock_mhz)
+        if plan.nanobatched and graph.nanobatch_refusal:
+            raise PlanError(graph.nanobatch_refusal)
         if plan.nanobatched and ig.partitions:
             unknown = {k for k, _ in plan.schedules} - {p.key for p in ig.partitions}
             if unknown:
@@ -534,17 +573,35 @@ class SimulatorBackend:
                 xt, xe = self._exposed_cost(first.comm, f_idx, s)
                 t += ct + xt - pt
                 e += ce + xe - pe
+            for seg in ig.extra:
+                st, se = self._segment_cost(seg, f_idx)
+                t += st
+                e += se
         else:
             for seg in ig.sequential:
                 st, se = self._segment_cost(seg, f_idx)
                 t += st * ig.layers
                 e += se * ig.layers
-        for seg in ig.extra:
-            st, se = self._segment_cost(seg, f_idx)
-            t += st
-            e += se
+            for seg in ig.extra:
+                st, se = self._segment_cost(seg, f_idx)
+                t += st
+                e += se
+            t = max(t, self.host_time(ig))
         self._cache[key] = (t, e)
         return t, e
+
+    def host_time(self, ig: InstructionGraph) -> float:
+        """Host time (s) to issue one sequential instruction's ops: ``host_eager_op_s`` per
+        compute op and per collective. The host runs ahead of the GPU, so a sequential
+        instruction takes the longer of its GPU time and this (at small micro-batches the
+        kernels are shorter than their issue, and the GPU waits; Megatron-LM synchronises the
+        host with the GPU at every pipeline transfer, so no instruction inherits another's
+        head start)."""
+        per_layer = sum(len(seg.compute) + (seg.comm is not None and seg.comm.group > 1)
+                        for seg in ig.sequential)
+        extra = sum(len(seg.compute) + (seg.comm is not None and seg.comm.group > 1)
+                    for seg in ig.extra)
+        return self.gpu.host_eager_op_s * (per_layer * ig.layers + extra)
 
     # ------------------------------------------------------------------ iterations
     def p2p_time(self, graph: IterationGraph) -> float:
@@ -552,8 +609,10 @@ class SimulatorBackend:
         if graph.p2p is None:
             return 0.0
         g = self.gpu
-        link = g.nvlink_bw if graph.p2p.intra_node else g.network_bw
-        return g.comm_latency_s + graph.p2p.bytes / (link * g.link_efficiency)
+        if graph.p2p.intra_node:
+            return g.comm_latency_s + graph.p2p.bytes / (g.nvlink_bw * g.link_efficiency)
+        return self.comm_latency(graph.p2p) + graph.p2p.bytes / (g.network_bw
+                                                                 * g.network_efficiency)
 
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
@@ -577,11 +636,18 @@ class SimulatorBackend:
         last_end = [0.0] * graph.stages
         for ins, (_, end) in times.items():
             last_end[ins.stage] = max(last_end[ins.stage], end)
+        last_backward = {ins.stage: times[ins] for ins in times
+                         if ins.direction == "backward" and ins.microbatch == graph.microbatches - 1}
         for s in range(graph.stages):
             last = last_end[s]
             tail_t = 0.0
-            for seg in graph.stage_tail.get(s, ()):
+            for i, seg in enumerate(graph.stage_tail.get(s, ())):
                 st, se = self._segment_cost(seg, f_top)
+                if i == 0 and graph.overlap_grad_reduce and seg.comm is not None:
+                    # bucketed reduction during the last backward: only its overhang shows
+                    start, end = last_backward[s]
+                    st = self.overlapped_grad_sync(seg.comm, graph.grad_buckets.get(s, 1),
+                                                   start, end, f_top)
                 tail_t += st
                 dyn[s] += se
             ends[s] = last + tail_t
@@ -596,6 +662,25 @@ class SimulatorBackend:
             per_gpu_energy_j={s: dyn[s] + per_gpu_static for s in dyn},
             instruction_times=times, model_flops=graph.model_flops,
         )
+
+    def overlapped_grad_sync(self, comm: CommOp, buckets: int, start_s: float, end_s: float,
+                             f_idx: int) -> float:
+        """Exposed time (s) of a gradient reduction split into ``buckets`` equal buckets and
+        launched during the last backward (``start_s`` to ``end_s``): bucket ``b`` (in the
+        backward's order) is ready when ``(b + 1) / buckets`` of the backward has run, and the
+        buckets reduce one after another on NCCL's stream (each with its fixed latency). What
+        runs past the backward's end is exposed."""
+        k = (LIBRARY_DEFAULT,)
+        threads = self.gpu.comm_block_default
+        bucket = CommOp(comm.name, comm.collective, comm.bytes / buckets, comm.group,
+                        comm.intra_node, comm.nodes, comm.ranks_per_node)
+        ph, _ = self._comm_alone(bucket, k, threads)
+        t_bucket = float(ph.time[0, f_idx])
+        done = start_s
+        for b in range(buckets):
+            ready = start_s + (end_s - start_s) * (b + 1) / buckets
+            done = max(done, ready) + t_bucket
+        return max(0.0, done - end_s)
 
     def _with_limit(self, limit_w: float) -> "SimulatorBackend":
         if not math.isfinite(limit_w) or limit_w <= self.gpu.static_power_w:

@@ -26,12 +26,26 @@ class GPUPreset:
     Attributes:
         name: Preset name.
         sms: Streaming multiprocessors.
-        flops_per_clk_per_sm: Dense bf16 tensor FLOP per SM per clock cycle.
+        flops_per_clk_per_sm: Dense bf16 / fp16 tensor FLOP per SM per clock cycle.
+        tf32_flops_per_clk_per_sm: Dense TF32 tensor FLOP per SM per clock (0: no TF32).
+        fp32_flops_per_clk_per_sm: fp32 FLOP per SM per clock on the CUDA cores (FMA = 2).
+        precisions: The math precisions the GPU runs (``bf16``, ``fp16``, ``tf32``, ``fp32``).
         clock_min_mhz, clock_max_mhz, clock_step_mhz: Lockable SM clock range and step.
         memory_bytes: HBM capacity.
         hbm_bw: HBM bandwidth (B/s); independent of the SM clock.
-        nvlink_bw: NVLink bandwidth per GPU per direction (B/s).
-        network_bw: Inter-node network bandwidth per GPU per direction (B/s).
+        nvlink_bw: Intra-node link bandwidth per GPU per direction (B/s): NVLink, or PCIe on
+            PCIe cards.
+        network_bw: Inter-node network bandwidth per GPU per direction (B/s): one NIC per GPU
+            (rail-optimised), so a ring crossing nodes with ``k`` ranks on each node uses ``k``
+            NICs at once.
+        network_efficiency: Fraction of the NICs' bandwidth NCCL's rings reach across nodes.
+        network_hop_latency_s: Latency of one step of a ring or tree across the network (s); a
+            ring all-reduce over ``n`` nodes takes ``2(n-1)`` steps, a tree ``2·log2(n)``, and NCCL
+            takes the faster.
+        host_eager_op_s: Host time the framework (eager PyTorch, Megatron-LM) spends to issue one
+            op outside partitions (s). A sequential instruction takes the longer of its GPU time
+            and its ops' host time: the host runs ahead of short kernels only as fast as it
+            issues them.
         power_limit_w: Default board power limit; above it the card lowers its clock.
         static_power_w: Power while blocked on a point-to-point receive (the paper's static power).
         gemm_efficiency: Fraction of tensor peak a deep GEMM reaches per full wave.
@@ -123,6 +137,12 @@ class GPUPreset:
     hbm_dyn_power_w: float
     knee_mhz: float
     v_ratio: float
+    tf32_flops_per_clk_per_sm: float = 0.0
+    fp32_flops_per_clk_per_sm: float = 128.0
+    precisions: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32")
+    network_efficiency: float = 0.80
+    network_hop_latency_s: float = 10e-6
+    host_eager_op_s: float = 75.44e-6
     gemm_efficiency: float = 0.80
     gemm_depth_half: float = 128.0
     attention_efficiency: float = 0.55
@@ -172,6 +192,16 @@ class GPUPreset:
         """Dense bf16 tensor peak at the maximum clock (FLOP/s)."""
         return self.sms * self.flops_per_clk_per_sm * self.clock_max_mhz * 1e6
 
+    def flops_per_clk(self, precision: str) -> float:
+        """FLOP per SM per clock of math in ``precision`` (raises :class:`PresetError` for a
+        precision this GPU cannot run)."""
+        if precision not in self.precisions:
+            raise PresetError(f"{self.name} cannot run {precision}; it runs "
+                              f"{', '.join(self.precisions)}")
+        return {"bf16": self.flops_per_clk_per_sm, "fp16": self.flops_per_clk_per_sm,
+                "tf32": self.tf32_flops_per_clk_per_sm,
+                "fp32": self.fp32_flops_per_clk_per_sm}[precision]
+
     def clock_grid(self, lo: float | None = None, hi: float | None = None) -> NDArray[np.float64]:
         """Lockable clocks from ``lo`` to ``hi`` (default: the whole range), ascending (MHz)."""
         lo = self.clock_min_mhz if lo is None else lo
@@ -196,6 +226,11 @@ _SWEEP_FIT = ("fitted: `kareus calibrate --partition-sweep` on the Kareus artifa
               "attention-partition sweep (shared/kareus_artifact/attention_partition, 2 x A100 "
               "SXM, default clock); GPUs without such a sweep reuse the A100 fit")
 
+_MEGATRON_FIT_COMMON = (
+    "fitted: benchmarks/fidelity.py --fit-megatron on vTrain's measured single-node Megatron-LM "
+    "runs (shared/vtrain_megatron/single_node.csv); the host and framework, not the GPU, so "
+    "every preset reuses it")
+
 _COMMON_SOURCES = {
     "gemm_efficiency": "assumed: large bf16 GEMMs reach ~60-80% of tensor peak (hardware.md); "
                        "wave quantization is modelled separately",
@@ -219,6 +254,15 @@ _COMMON_SOURCES = {
         "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
         "partition_harness_s", "partial_wave_loss")},
     "library_rate_beside": "assumed: NCCL keeps ~80% of its throughput beside compute",
+    "precisions": "datasheet: Ampere and Hopper tensor cores run bf16, fp16 and tf32",
+    "fp32_flops_per_clk_per_sm": "datasheet: 64 fp32 FMA units per SM (A100: 19.5 TFLOP/s)",
+    "network_efficiency": ("assumed: NCCL's rings reach ~80% of the NICs' bandwidth (vTrain's "
+                           "64-GPU runs, fitted, push it to its 1.0 bound and 7.1% MAPE, against "
+                           "8.7% at 0.8: the 800 Gb/s per node their configs state is a floor)"),
+    "network_hop_latency_s": ("assumed: ~10 us per ring/tree step over InfiniBand or EFA (vTrain's "
+                              "64-GPU runs do not pin it: fitted it runs to its 1 us bound and "
+                              "moves their MAPE by 0.04 points)"),
+    "host_eager_op_s": _MEGATRON_FIT_COMMON,
     **{name: ("fitted: benchmarks/fidelity.py --fit (its second stage) on the Kareus "
               "artifact's measured ratios of Nanobatching + Perseus's fastest time to Perseus's "
               "(A100 SXM4 40 GB testbed; docs/simulator.md, 'The host inside an iteration'); the "
@@ -275,14 +319,23 @@ _A100_40_FRONTIER = dict(gemm_efficiency=0.7085, hbm_efficiency=0.4783, sm_dyn_p
 _FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                  "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 
+#: Fitted by `python benchmarks/fidelity.py --fit-megatron` on vTrain's 1,440 measured single-node
+#: Megatron-LM runs (shared/vtrain_megatron/single_node.csv; A100 SXM, fp16, Megatron-LM's unfused
+#: attention): what that software reaches on the A100's memory-bound kernels, and how a GEMM's
+#: efficiency falls with its reduction depth. Priors: 0.85 and 128.
+_A100_80_FIT = dict(hbm_efficiency=0.8012, gemm_depth_half=568.7)
+_MEGATRON_FIT = ("fitted: benchmarks/fidelity.py --fit-megatron on vTrain's measured single-node "
+                 "Megatron-LM runs (shared/vtrain_megatron/single_node.csv)")
+
 _A100_COMMON = dict(
-    sms=108, flops_per_clk_per_sm=2048.0, clock_min_mhz=210.0, clock_max_mhz=1410.0,
+    sms=108, flops_per_clk_per_sm=2048.0, tf32_flops_per_clk_per_sm=1024.0, clock_min_mhz=210.0, clock_max_mhz=1410.0,
     clock_step_mhz=15.0, nvlink_bw=300e9, network_bw=25e9,
     sm_dyn_power_w=_A100_SM_DYN_W, knee_mhz=_A100_KNEE_MHZ, v_ratio=_A100_V_RATIO,
 )
 _A100_SOURCES = {
     "sms": "datasheet: NVIDIA A100 whitepaper, 108 SMs",
     "flops_per_clk_per_sm": "datasheet: 312 TFLOP/s bf16 dense = 108 SMs x 2048 x 1.41 GHz",
+    "tf32_flops_per_clk_per_sm": "datasheet: 156 TFLOP/s TF32 dense = 108 SMs x 1024 x 1.41 GHz",
     "clock_min_mhz": "datasheet: nvidia-smi supported clocks 210-1410 MHz",
     "clock_max_mhz": "datasheet: 1410 MHz boost",
     "clock_step_mhz": "datasheet: 15 MHz steps",
@@ -316,13 +369,18 @@ PRESETS: dict[str, GPUPreset] = {
              "hbm_bw": "datasheet: 2.039 TB/s",
              "power_limit_w": "datasheet: 400 W and 500 W SKUs exist; 500 W, the Perseus parts",
              "static_power_w": "published: 83.64 W (Perseus artifact)",
-             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2e) x 2.039 TB/s"},
+             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2e) x 2.039 TB/s",
+             **{k: _MEGATRON_FIT for k in _A100_80_FIT}},
             name="a100-sxm4-80gb", memory_bytes=80e9, hbm_bw=2.039e12, power_limit_w=500.0,
-            static_power_w=83.64, hbm_dyn_power_w=_A100_80_HBM_DYN_W, **_A100_COMMON,
+            static_power_w=83.64, hbm_dyn_power_w=_A100_80_HBM_DYN_W,
+            **{**_A100_COMMON, **_A100_80_FIT},
         ),
         _preset(
             {"sms": "datasheet: NVIDIA A40, 84 SMs (GA102)",
              "flops_per_clk_per_sm": "datasheet: ~150 TFLOP/s bf16 dense = 84 x 1024 x 1.74 GHz",
+             "tf32_flops_per_clk_per_sm": "datasheet: 74.8 TFLOP/s TF32 dense = 84 x 512 x "
+                                          "1.74 GHz",
+             "fp32_flops_per_clk_per_sm": "datasheet: 37.4 TFLOP/s fp32 = 84 x 256 x 1.74 GHz",
              "clock_min_mhz": "datasheet: 210 MHz", "clock_max_mhz": "datasheet: 1740 MHz",
              "clock_step_mhz": "datasheet: 15 MHz",
              "memory_bytes": "datasheet: 48 GB GDDR6", "hbm_bw": "datasheet: 696 GB/s",
@@ -334,7 +392,8 @@ PRESETS: dict[str, GPUPreset] = {
              "sm_dyn_power_w": _A40_FIT,
              "hbm_dyn_power_w": "assumed: ~7.5 pJ/bit (GDDR6) x 696 GB/s",
              "knee_mhz": _A40_FIT, "v_ratio": _A40_FIT},
-            name="a40", sms=84, flops_per_clk_per_sm=1024.0, clock_min_mhz=210.0,
+            name="a40", sms=84, flops_per_clk_per_sm=1024.0, tf32_flops_per_clk_per_sm=512.0,
+            fp32_flops_per_clk_per_sm=256.0, clock_min_mhz=210.0,
             clock_max_mhz=1740.0, clock_step_mhz=15.0, memory_bytes=48e9, hbm_bw=696e9,
             nvlink_bw=25e9, network_bw=12.5e9, power_limit_w=300.0, static_power_w=70.38,
             sm_dyn_power_w=445.9, hbm_dyn_power_w=7.5e-12 * 8 * 696e9, knee_mhz=1062.3, v_ratio=1.306,
@@ -343,9 +402,42 @@ PRESETS: dict[str, GPUPreset] = {
     )
 }
 
+def _a100_pcie(name: str, memory: float, hbm_bw: float, power_limit: float, static: float,
+               mem_src: str, bw_src: str, limit_src: str, static_src: str) -> GPUPreset:
+    """An A100 PCIe card: the GA100 die, clocks and V-f curve of the SXM module (the 80 GB SXM
+    fit), a lower board power limit, and four GPUs of a node that talk over PCIe 4.0 x16 (no
+    NVLink bridges)."""
+    sxm = PRESETS["a100-sxm4-80gb"]
+    return _preset(
+        {**_A100_SOURCES, **{k: sxm.sources[k] for k in _A100_80_FIT},
+         "memory_bytes": mem_src, "hbm_bw": bw_src, "power_limit_w": limit_src,
+         "static_power_w": static_src,
+         "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2/HBM2e) x bandwidth",
+         "nvlink_bw": "datasheet: PCIe 4.0 x16, 32 GB/s per direction (no NVLink bridge "
+                      "between the 4 GPUs of a PCIe node)",
+         "network_bw": "assumed: one 200 Gb/s NIC per GPU, as the SXM nodes",
+         "comm_default_sms": "assumed: NCCL opens few channels over PCIe (the link, not the "
+                             "SMs, limits it)"},
+        name=name, memory_bytes=memory, hbm_bw=hbm_bw, power_limit_w=power_limit,
+        static_power_w=static, hbm_dyn_power_w=_HBM2_J_PER_BYTE * hbm_bw,
+        **{**_A100_COMMON, "nvlink_bw": 32e9, "comm_default_sms": 4, **_A100_80_FIT},
+    )
+
+
+PRESETS["a100-pcie-80gb"] = _a100_pcie(
+    "a100-pcie-80gb", 80e9, 1.935e12, 300.0, 83.64, "datasheet: 80 GB HBM2e",
+    "datasheet: 1.935 TB/s", "datasheet: 300 W (A100 80GB PCIe)",
+    "assumed: the 80 GB SXM part's 83.64 W (Perseus artifact): same die and HBM2e")
+PRESETS["a100-pcie-40gb"] = _a100_pcie(
+    "a100-pcie-40gb", 40e9, 1.555e12, 250.0, 85.0, "datasheet: 40 GB HBM2",
+    "datasheet: 1.555 TB/s", "datasheet: 250 W (A100 40GB PCIe)",
+    "assumed: the 40 GB SXM part's 85 W (Kareus paper): same die and HBM2")
+
 _HOPPER_SOURCES = {
     "sms": "datasheet: H100 SXM5, 132 SMs",
     "flops_per_clk_per_sm": "datasheet: 4096 bf16 FLOP/clk/SM (989 TFLOP/s at 1830 MHz)",
+    "tf32_flops_per_clk_per_sm": "datasheet: 2048 TF32 FLOP/clk/SM (494 TFLOP/s dense)",
+    "fp32_flops_per_clk_per_sm": "datasheet: 128 fp32 FMA units per SM (67 TFLOP/s)",
     "clock_min_mhz": "datasheet: 345 MHz", "clock_max_mhz": "datasheet: 1980 MHz",
     "clock_step_mhz": "datasheet: 15 MHz",
     "nvlink_bw": "datasheet: NVLink 4, 900 GB/s total = 450 GB/s per direction",
@@ -364,7 +456,8 @@ def _hopper(name: str, memory: float, hbm_bw: float, hbm_power: float, mem_src: 
     return _preset(
         {**_HOPPER_SOURCES, "memory_bytes": mem_src, "hbm_bw": bw_src,
          "hbm_dyn_power_w": "assumed: ~3.5 pJ/bit (HBM3/HBM3e) x bandwidth"},
-        name=name, sms=132, flops_per_clk_per_sm=4096.0, clock_min_mhz=345.0,
+        name=name, sms=132, flops_per_clk_per_sm=4096.0, tf32_flops_per_clk_per_sm=2048.0,
+        fp32_flops_per_clk_per_sm=256.0, clock_min_mhz=345.0,
         clock_max_mhz=1980.0, clock_step_mhz=15.0, memory_bytes=memory, hbm_bw=hbm_bw,
         nvlink_bw=450e9, network_bw=50e9, power_limit_w=700.0, static_power_w=110.0,
         sm_dyn_power_w=_A100_SM_DYN_W * (700 - 110) / (400 - 85) * 0.95,

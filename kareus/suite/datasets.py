@@ -41,3 +41,21 @@ def kareus_artifact(name: str) -> Path | None:
         return None
     p = base / "kareus_artifact" / name
     return p if p.exists() else None
+
+
+def vtrain_runs(name: str) -> Path | None:
+    """Path of ``vtrain_megatron/<name>`` (``single_node.csv``, ``multi_node_3.6b.csv``)."""
+    base = shared_dir()
+    if base is None:
+        return None
+    p = base / "vtrain_megatron" / name
+    return p if p.is_file() else None
+
+
+def perseus_measured(name: str) -> Path | None:
+    """Path of ``perseus_sosp24/measured/<name>`` (``gpt3-xl_a100-pcie_pp4.csv``)."""
+    base = shared_dir()
+    if base is None:
+        return None
+    p = base / "perseus_sosp24" / "measured" / name
+    return p if p.is_file() else None

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from kareus.backends import make_backend
+from kareus.errors import InputError
 from kareus.hardware.knobs import KnobSpace
-from kareus.hardware.presets import get_preset
+from kareus.hardware.presets import GPUPreset, get_preset
 from kareus.plugins import Problem
 from kareus.progress import SILENT, Progress
-from workloads import make_workload
+from workloads import Workload, make_workload
 from workloads.graph_builder import build_iteration_graph
+
+
+def check_precision(w: Workload, preset: GPUPreset) -> None:
+    """Raise :class:`InputError` (one line) when ``preset`` cannot run ``w``'s precision."""
+    if w.parallel.precision not in preset.precisions:
+        raise InputError(f"{preset.name} cannot run {w.parallel.precision}; choose --precision "
+                         f"from {', '.join(preset.precisions)}")
 
 
 def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0,
@@ -26,6 +34,7 @@ def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0
     if gpu_overrides:
         preset = preset.with_overrides(**gpu_overrides)
     w = make_workload(workload, **overrides)  # type: ignore[arg-type]
+    check_precision(w, preset)
     knobs = KnobSpace.default(preset)
     knobs.validate(preset)
     runner = make_backend(backend, preset, **(backend_options or {}))

@@ -1,0 +1,200 @@
+"""The simulator held against measured Megatron-LM iteration times (vTrain's ground truth).
+
+vTrain (MICRO '24) measured Megatron-LM GPT training iterations on A100 nodes to validate its own
+simulator: 1,440 runs on 2-8 GPUs of one node and 26 runs of a 3.6B model on 64 GPUs
+(``shared/vtrain_megatron/``, PROVENANCE.md there). What those runs were, and so how each row
+becomes a :class:`~workloads.Workload`:
+
+- Megatron-LM GPT: learned positions, LayerNorm, GELU MLP of 4x the width, 16 (single node) or
+  32 (3.6B) heads, GPT-2's 50,257-token vocabulary padded to a multiple of 128·TP.
+- fp16, full activation recomputation, 1F1B, one gradient all-reduce after the backward (no
+  bucketing), Megatron-LM's core attention without flash attention (``attention="unfused"``).
+- ``global batch / (micro batch · DP)`` micro-batches per pipeline; layers split evenly.
+- A100 SXM GPUs, 8 per node; 800 Gb/s of network per node (vTrain's validation configs), i.e.
+  12.5 GB/s per GPU (:data:`VTRAIN_NETWORK`).
+
+:func:`simulate_runs` evaluates Megatron-LM's plan (every instruction at the top clock, nothing
+overlapped) of every row; :func:`run_errors` and :func:`accuracy` compare them with the
+measurement. The 80 GB A100 preset is assumed (vTrain's PROVENANCE does not say which A100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from kareus.errors import InputError
+from kareus.plan import IterationPlan
+from kareus.progress import SILENT, Progress
+from workloads.graph_builder import build_iteration_graph
+from workloads.models import ModelSpec
+from workloads.parallel import ParallelConfig, Workload
+
+if TYPE_CHECKING:
+    from kareus.hardware.presets import GPUPreset
+
+#: Preset overrides that describe vTrain's cluster rather than the GPU: 800 Gb/s of network per
+#: node of 8 GPUs (vTrain's validation configs), one NIC's share per GPU (B/s).
+VTRAIN_NETWORK = {"network_bw": 800e9 / 8 / 8}
+#: The preset vTrain's runs are simulated on (assumed: A100 SXM, 80 GB).
+VTRAIN_GPU = "a100-sxm4-80gb"
+#: Columns of vTrain's ground-truth files.
+_COLUMNS = {"global batch": "global_batch", "micro batch": "mbs", "hidden size": "hidden",
+            "attention heads": "heads", "# layers": "layers", "sequence length": "seq",
+            "tensor parallelism": "tp", "data parallelism": "dp",
+            "pipeline parallelism": "pp", "iteration time (ms)": "measured_ms"}
+_GPT2_VOCAB = 50257
+
+
+def load_runs(path: str | Path) -> pd.DataFrame:
+    """vTrain's ground-truth CSV with short column names (``global_batch, mbs, hidden, heads,
+    layers, seq, tp, dp, pp, measured_ms``) and ``microbatches``; raises :class:`InputError`
+    naming missing columns."""
+    df = pd.read_csv(path)
+    missing = sorted(set(_COLUMNS) - set(df.columns))
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
+    df = df.rename(columns=_COLUMNS)
+    df["microbatches"] = df.global_batch // (df.mbs * df.dp)
+    df["model"] = [f"gpt-h{h}-l{n}-s{s}" for h, n, s in zip(df.hidden, df.layers, df.seq)]
+    return df.reset_index(drop=True)
+
+
+def run_workload(row: pd.Series | dict) -> Workload:
+    """The workload of one vTrain run (see the module docstring)."""
+    h, heads, tp = int(row["hidden"]), int(row["heads"]), int(row["tp"])
+    mult = 128 * tp
+    model = ModelSpec(
+        name=f"gpt-h{h}-l{int(row['layers'])}", hidden=h, heads=heads, kv_heads=heads,
+        head_dim=h // heads, ffn=4 * h, layers=int(row["layers"]),
+        vocab=(_GPT2_VOCAB + mult - 1) // mult * mult, native_seq=int(row["seq"]), mlp="gelu",
+        norm="layernorm", rope=False, tied_embeddings=True)
+    parallel = ParallelConfig(
+        tp=tp, cp=1, pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["mbs"]),
+        microbatches=int(row["microbatches"]), seq=int(row["seq"]), recompute="full",
+        nanobatches=1, precision="fp16", attention="unfused", gpus_per_node=8)
+    return Workload(model=model, parallel=parallel)
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """Measured runs and their iteration graphs, built once for repeated simulation (fits)."""
+
+    runs: pd.DataFrame
+    graphs: tuple
+
+    @classmethod
+    def build(cls, runs: pd.DataFrame) -> "RunSet":
+        return cls(runs, tuple(build_iteration_graph(run_workload(r))
+                               for r in runs.to_dict("records")))
+
+    def subset(self, mask: np.ndarray) -> "RunSet":
+        idx = np.flatnonzero(mask)
+        return RunSet(self.runs.iloc[idx].reset_index(drop=True),
+                      tuple(self.graphs[i] for i in idx))
+
+
+def simulate_runs(runs: RunSet, gpu: "GPUPreset", progress: Progress = SILENT) -> np.ndarray:
+    """Simulated iteration time (ms) of Megatron-LM's plan for every run."""
+    from kareus.backends.sim import SimulatorBackend
+
+    sim = SimulatorBackend(gpu)
+    out = np.empty(len(runs.graphs))
+    task = progress.start("simulating measured runs", total=len(runs.graphs))
+    for i, g in enumerate(runs.graphs):
+        plan = IterationPlan.uniform(g, gpu.clock_max_mhz, label="megatron")
+        out[i] = sim.evaluate_plan(g, plan).energy.time_s * 1e3
+        task.advance()
+    task.done()
+    return out
+
+
+def run_errors(runs: RunSet, simulated_ms: np.ndarray) -> pd.DataFrame:
+    """The runs with ``simulated_ms`` and ``error_pct`` (simulated over measured, minus 1)."""
+    df = runs.runs.copy()
+    df["simulated_ms"] = simulated_ms
+    df["error_pct"] = 100.0 * (df.simulated_ms / df.measured_ms - 1.0)
+    return df
+
+
+def accuracy(errors: pd.DataFrame) -> dict[str, float]:
+    """MAPE, maximum and signed mean of the errors (%), and Spearman's rank correlation of the
+    simulated against the measured times among each model's layouts (mean and minimum over the
+    models with at least three runs)."""
+    from scipy.stats import spearmanr
+
+    rhos = [spearmanr(g.measured_ms, g.simulated_ms).statistic
+            for _, g in errors.groupby("model") if len(g) >= 3]
+    e = errors.error_pct.to_numpy()
+    return {"runs": float(len(e)), "mape_pct": float(np.abs(e).mean()),
+            "max_pct": float(np.abs(e).max()), "signed_mean_pct": float(e.mean()),
+            "spearman_mean": float(np.mean(rhos)) if rhos else float("nan"),
+            "spearman_min": float(np.min(rhos)) if rhos else float("nan")}
+
+
+def worst(errors: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The ``n`` runs with the largest absolute error, with their layouts."""
+    cols = ["model", "tp", "dp", "pp", "mbs", "microbatches", "measured_ms", "simulated_ms",
+            "error_pct"]
+    return errors.reindex(errors.error_pct.abs().sort_values(ascending=False).index)[cols].head(n)
+
+
+
+#: The Perseus authors' measured GPT-3 XL job (shared/perseus_sosp24/measured, PROVENANCE.md):
+#: Merak's 1F1B over 4 A100 80 GB PCIe in one node, fp32 with TF32 matmuls (torch 1.10), stages
+#: of 6, 6, 7 and 5 blocks, full recomputation, GPT-2-style unfused attention.
+PERSEUS_XL_JOB = dict(tp=1, cp=1, pp=4, dp=1, mbs=8, microbatches=128, seq=1024,
+                      layer_split=(6, 6, 7, 5), precision="tf32", recompute="full",
+                      attention="unfused", gpus_per_node=4)
+PERSEUS_XL_GPU = "a100-pcie-80gb"
+#: Measured method -> the suite's optimizer that reproduces it.
+PERSEUS_XL_METHODS = {"perseus": "perseus", "zeus_global": "zeus-power-limit",
+                      "envpipe": "envpipe"}
+
+
+def savings(time_s: np.ndarray, energy_j: np.ndarray, t0: float, e0: float
+            ) -> dict[str, float]:
+    """Energy saved (%) against the default plan's ``(t0, e0)``: by the least-energy point within
+    +1 % of its time, and by the least-energy point overall (and that point's time change)."""
+    t, e = np.asarray(time_s, float), np.asarray(energy_j, float)
+    near = t <= 1.01 * t0
+    j = int(np.argmin(e))
+    return {"saved_within_1pct_time_pct": float(100 * (1 - e[near].min() / e0)) if near.any()
+            else float("nan"),
+            "saved_least_energy_pct": float(100 * (1 - e[j] / e0)),
+            "time_at_least_energy_pct": float(100 * (t[j] / t0 - 1))}
+
+
+def perseus_xl_comparison(measured_csv: str | Path) -> pd.DataFrame:
+    """Each measured method's savings on the Perseus GPT-3 XL job beside the simulator's (the
+    suite's optimizer on the same job): one row per method with the measured and simulated
+    :func:`savings` and both default plans' iteration time (s) and energy (J)."""
+    from kareus.plugins import load_optimizer
+    from kareus.suite.harness import run_optimizer
+    from kareus.suite.problem import make_problem
+
+    meas = pd.read_csv(measured_csv)
+    default = meas[meas.method == "default"]
+    t0, e0 = float(default.time_s.mean()), float(default.energy_j.mean())
+    problem = make_problem("gpt3-xl", gpu=PERSEUS_XL_GPU, **PERSEUS_XL_JOB)
+    base = problem.backend.evaluate_plan(
+        problem.graph, IterationPlan.uniform(problem.graph, problem.gpu.clock_max_mhz))
+    st0, se0 = base.energy.time_s, base.energy.total_j
+    rows = []
+    for method, optimizer in PERSEUS_XL_METHODS.items():
+        m = meas[meas.method == method]
+        run = run_optimizer(optimizer, load_optimizer(optimizer), problem)
+        if run.error:
+            raise InputError(f"{optimizer} failed on the Perseus GPT-3 XL job: {run.error}")
+        sim = savings([p.time_s for p in run.points], [p.energy_j for p in run.points], st0, se0)
+        rows.append({"method": method, "optimizer": optimizer,
+                     **{f"measured_{k}": v for k, v in savings(m.time_s, m.energy_j, t0,
+                                                               e0).items()},
+                     **{f"simulated_{k}": v for k, v in sim.items()},
+                     "measured_default_time_s": t0, "simulated_default_time_s": st0,
+                     "measured_default_energy_j": e0, "simulated_default_energy_j": se0})
+    return pd.DataFrame(rows)

@@ -1,0 +1,59 @@
+"""Command-line options shared by the faces (``kareus`` and ``reproduce.py``): the job's whole
+shape beyond its parallel degrees. Each option's value is passed as a keyword to
+:func:`workloads.make_workload`; ``None`` keeps the job's default."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def _stage_layers(ctx: click.Context, param: click.Parameter, value: str | None
+                  ) -> tuple[int, ...] | None:
+    """``--stage-layers 6,6,7,5`` -> ``(6, 6, 7, 5)``; the count and sum are checked against the
+    job by :func:`workloads.parallel.validate`."""
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers "
+                                 "(transformer blocks per stage, e.g. 6,6,7,5)") from None
+
+
+def _flag_or_none(ctx: click.Context, param: click.Parameter, value: bool) -> bool | None:
+    """A flag that overrides the job's default only when given."""
+    return True if value else None
+
+
+#: The job's whole shape beyond its parallel degrees, shared by every command taking a workload
+#: and by ``reproduce.py``.
+JOB_SHAPE_OPTIONS = [
+    click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None,
+                 help="What the backward recomputes [full: the paper's testbed]."),
+    click.option("--precision", type=click.Choice(["bf16", "fp16", "tf32", "fp32"]),
+                 default=None, help="Math and tensor precision [bf16]; tf32: fp32 tensors, "
+                                    "TF32 tensor-core matmuls; fp32: no tensor cores."),
+    click.option("--stage-layers", "layer_split", default=None, callback=_stage_layers,
+                 metavar="N,N,...", help="Transformer blocks per pipeline stage (embedding on the "
+                                         "first, head on the last) [chosen by the suite]."),
+    click.option("--gpus-per-node", type=int, default=None,
+                 help="GPUs per node [8]; groups spanning nodes use the network."),
+    click.option("--distributed-optimizer", is_flag=True, callback=_flag_or_none,
+                 help="Megatron-LM's distributed optimizer (reduce-scatter + all-gather)."),
+    click.option("--overlap-grad-reduce", is_flag=True, callback=_flag_or_none,
+                 help="Bucketed DP gradient reduction overlapped with the backward."),
+    click.option("--attention", type=click.Choice(["flash", "unfused"]), default=None,
+                 help="Core attention: one flash kernel [flash], or Megatron-LM's unfused path."),
+]
+
+
+def job_shape_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Apply :data:`JOB_SHAPE_OPTIONS` (passed as keywords)."""
+    for opt in reversed(JOB_SHAPE_OPTIONS):
+        f = opt(f)
+    return f
+
+

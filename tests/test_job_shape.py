@@ -1,0 +1,154 @@
+"""The job's whole shape: precision, recomputation, stage split, placement over nodes, data-
+parallel synchronisation, odd micro-batch sizes, and the refusals of impossible settings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from kareus.backends.sim import SimulatorBackend
+from kareus.cli import main
+from kareus.errors import PlanError
+from kareus.hardware.presets import get_preset
+from kareus.plan import InstructionPlan, IterationPlan
+from workloads import WorkloadError, make_workload
+from workloads.graph_builder import build_iteration_graph
+
+
+def _time(w, gpu="a100-sxm4-80gb", **plan):
+    g = build_iteration_graph(w)
+    sim = SimulatorBackend(get_preset(gpu))
+    return sim.evaluate_plan(g, IterationPlan.uniform(g, sim.gpu.clock_max_mhz, **plan))
+
+
+def test_precision_sets_math_rate_and_bytes():
+    bf16 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2)).energy.time_s
+    tf32 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2,
+                               precision="tf32")).energy.time_s
+    fp32 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2,
+                               precision="fp32")).energy.time_s
+    # TF32 tensor cores run at half the 16-bit rate, fp32 CUDA cores at 1/16 of it
+    assert 1.4 < tf32 / bf16 < 2.2
+    assert fp32 / bf16 > 6
+    g = build_iteration_graph(make_workload("gpt3-xl", precision="tf32"))
+    op = g.instruction_graphs[(0, "forward")].sequential[0].compute[0]
+    g16 = build_iteration_graph(make_workload("gpt3-xl"))
+    assert op.bytes == 2 * g16.instruction_graphs[(0, "forward")].sequential[0].compute[0].bytes
+
+
+def test_recompute_modes_order_the_backward():
+    t = {m: _time(make_workload("llama3.2-3b", tp=8, recompute=m)).energy.time_s
+         for m in ("none", "selective", "full")}
+    assert t["none"] < t["selective"] < t["full"]
+    mem = {m: max(make_workload("llama3.2-3b", recompute=m).memory_estimate_bytes().values())
+           for m in ("none", "selective", "full")}
+    assert mem["full"] < mem["selective"] < mem["none"]
+
+
+def test_stage_layers_are_the_split():
+    w = make_workload("gpt3-xl", tp=1, pp=4, layer_split=(6, 6, 7, 5))
+    g = build_iteration_graph(w)
+    assert [g.instruction_graphs[(s, "forward")].layers for s in range(4)] == [6, 6, 7, 5]
+
+
+@pytest.mark.parametrize("split, needle", [((6, 6, 12), "3 stage(s)"), ((0, 12, 6, 6), "positive"),
+                                           ((6, 6, 6, 5), "sums to 23")])
+def test_stage_layers_refusals(split, needle):
+    with pytest.raises(WorkloadError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        make_workload("gpt3-xl", tp=1, pp=4, layer_split=split)
+
+
+def test_groups_spanning_nodes_use_the_network():
+    inside = build_iteration_graph(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2))
+    across = build_iteration_graph(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2, gpus_per_node=4))
+    seg = inside.instruction_graphs[(0, "forward")].sequential[0]
+    assert seg.comm.intra_node and seg.comm.nodes == 1
+    seg = across.instruction_graphs[(0, "forward")].sequential[0]
+    assert not seg.comm.intra_node and (seg.comm.nodes, seg.comm.ranks_per_node) == (2, 4)
+    # DP groups of one rank per node: ranks 8 apart
+    sync = inside.stage_tail[0][0].comm
+    assert not sync.intra_node and sync.ranks_per_node == 1
+    assert _time(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2, gpus_per_node=4)).energy.time_s \
+        > _time(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2)).energy.time_s
+
+
+def test_gpus_per_node_must_divide_the_job():
+    with pytest.raises(WorkloadError, match="whole nodes"):
+        make_workload("gpt3-xl", tp=2, pp=3, dp=1, gpus_per_node=4)
+    with pytest.raises(WorkloadError, match="positive"):
+        make_workload("gpt3-xl", gpus_per_node=0)
+
+
+def test_overlapped_grad_reduction_hides_most_of_it():
+    kw = dict(tp=1, pp=1, dp=8, mbs=2, microbatches=2, seq=1024)
+    end = _time(make_workload("gpt3-xl", **kw)).energy.time_s
+    overlapped = _time(make_workload("gpt3-xl", overlap_grad_reduce=True, **kw)).energy.time_s
+    assert overlapped < end
+    dist = build_iteration_graph(make_workload("gpt3-xl", distributed_optimizer=True, **kw))
+    assert [s.comm.collective for s in dist.stage_tail[0]] == ["reduce_scatter", "all_gather"]
+
+
+def test_odd_micro_batches_run_sequential_plans_only():
+    w = make_workload("llama3.2-3b", mbs=3)
+    assert _time(w).energy.time_s > 0
+    with pytest.raises(PlanError, match="cannot be split into 2 nanobatches"):
+        _time(w, nanobatched=True)
+
+
+def test_host_floor_binds_at_tiny_micro_batches():
+    w = make_workload("gpt3-xl", tp=8, pp=1, mbs=1, seq=256, microbatches=4)
+    g = build_iteration_graph(w)
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    ig = g.instruction_graphs[(0, "backward")]
+    plan = InstructionPlan.make(1410.0, False)
+    cost = sim.evaluate_instruction(g, (0, "backward"), plan)
+    assert cost.time_s == pytest.approx(sim.host_time(ig))
+    fast = SimulatorBackend(replace(get_preset("a100-sxm4-80gb"), host_eager_op_s=1e-9))
+    assert fast.evaluate_instruction(g, (0, "backward"), plan).time_s < cost.time_s
+
+
+def test_unfused_attention_materialises_the_scores():
+    flash = build_iteration_graph(make_workload("gpt3-xl", tp=1, pp=1))
+    unfused = build_iteration_graph(make_workload("gpt3-xl", tp=1, pp=1, attention="unfused"))
+    names = {op.name for seg in unfused.instruction_graphs[(0, "forward")].sequential
+             for op in seg.compute}
+    assert {"attention_scores", "attention_softmax", "attention_dropout",
+            "attention_context"} <= names
+    assert _time(make_workload("gpt3-xl", tp=1, pp=1, attention="unfused")).energy.time_s > \
+        _time(make_workload("gpt3-xl", tp=1, pp=1)).energy.time_s
+    assert flash.model_flops == unfused.model_flops
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--stage-layers", "6,6,7"], "stage(s)"),
+    (["--stage-layers", "6,x"], "comma-separated"),
+    (["--gpus-per-node", "0"], "positive"),
+    (["--precision", "fp8"], "fp8"),
+    (["--recompute", "some"], "some"),
+])
+def test_bad_job_shape_exits_2_with_one_line(args, needle, capsys):
+    status = main(["simulate", "-w", "gpt3-xl", "--tp", "1", "--pp", "4", *args])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_a_precision_the_gpu_cannot_run_is_refused(monkeypatch, capsys):
+    from kareus.hardware import presets
+
+    no_bf16 = replace(presets.PRESETS["a40"], name="no-bf16", precisions=("fp16", "fp32"))
+    monkeypatch.setitem(presets.PRESETS, "no-bf16", no_bf16)
+    assert main(["simulate", "-w", "gpt3-xl", "--gpu", "no-bf16"]) == 2
+    assert "cannot run bf16" in capsys.readouterr().err
+
+
+def test_perseus_job_runs_on_the_pcie_card(capsys):
+    status = main(["simulate", "-w", "gpt3-xl", "--tp", "1", "--pp", "4", "--mbs", "8",
+                   "--microbatches", "8", "--seq", "1024", "--stage-layers", "6,6,7,5",
+                   "--precision", "tf32", "--gpu", "a100-pcie-80gb", "--gpus-per-node", "4",
+                   "--json"])
+    assert status == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["stage_layers"] == [6, 6, 7, 5] and obj["parallel"]["precision"] == "tf32"
