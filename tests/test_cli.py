@@ -17,7 +17,8 @@ def test_lists(capsys):
     assert code == 0 and "llama3.3-70b" in out and "qwen3-1.7b" in out
     code, out, _ = run(capsys, "gpus", "--json")
     data = json.loads(out)
-    assert code == 0 and set(data) == {"a100-sxm4-40gb", "a100-sxm4-80gb", "a40", "h100-sxm", "h200"}
+    assert code == 0 and set(data) == {"a100-sxm4-40gb", "a100-sxm4-80gb", "a40", "a100-pcie-80gb",
+                                        "a100-pcie-40gb", "h100-sxm", "h200"}
     assert all(v["source"] for p in data.values() for v in p.values())
     assert data["a100-sxm4-40gb"]["static_power_w"]["source"].startswith("published")
 

@@ -345,3 +345,36 @@ def test_gpu_backend_runs_a_config_workload(hf, monkeypatch):
                                  pp=1, mbs=2, seq=32, microbatches=2)
     assert backend.workload_for(p.graph) is p.workload
     assert backend.workload_for(build_iteration_graph(p.workload)) == p.workload
+
+
+def test_bloom_config_is_bloom_176b(tmp_path):
+    pytest.importorskip("transformers")
+    from workloads.hf_config import load_model
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"model_type": "bloom", "n_embed": 14336, "n_head": 112,
+                             "n_layer": 70, "vocab_size": 250880}))
+    m = load_model(f)
+    assert (m.hidden, m.heads, m.layers, m.vocab, m.ffn) == (14336, 112, 70, 250880, 57344)
+    assert m.alibi and m.embedding_norm and not m.rope and m.mlp == "gelu"
+    assert m.native_seq == 2048
+    assert abs(m.total_params() / 1e9 - 176.2) < 0.1  # BigScience: 176,247,271,424
+    g = build_iteration_graph(make_workload(str(f), tp=8, pp=8))
+    names = [op.name for seg in g.instruction_graphs[(0, "forward")].extra for op in seg.compute]
+    assert names == ["embedding", "norm"]
+    assert not any(op.name == "rope" for seg in g.instruction_graphs[(0, "forward")].sequential
+                   for op in seg.compute)
+
+
+@pytest.mark.parametrize("drop", ["n_embed", "n_head", "n_layer", "vocab_size"])
+def test_bloom_config_missing_a_size_is_refused(tmp_path, drop):
+    pytest.importorskip("transformers")
+    from workloads.hf_config import load_model
+
+    raw = {"model_type": "bloom", "n_embed": 1024, "n_head": 16, "n_layer": 4,
+           "vocab_size": 1000}
+    del raw[drop]
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(raw))
+    with pytest.raises(WorkloadError, match=f"must give {drop}"):
+        load_model(f)

@@ -388,10 +388,16 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
 
     if stage == 0:
         if direction == "forward":
-            segs.append(Segment(label_slots([memory_op("embedding", 3 * eb * t * h)]),
+            ops = [memory_op("embedding", 3 * eb * t * h)]
+            if m.embedding_norm:  # after the embedding's all-reduce in Megatron-LM; same work
+                ops.append(memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
+            segs.append(Segment(label_slots(ops),
                                 tp_all_reduce("tp_allreduce_embedding", eb * t * h)))
         else:
-            segs.append(Segment(label_slots([memory_op("embedding_bwd", 3 * eb * t * h)]), None))
+            ops = [memory_op("embedding_bwd", 3 * eb * t * h)]
+            if m.embedding_norm:
+                ops.insert(0, memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
+            segs.append(Segment(label_slots(ops), None))
     if stage == p.pp - 1:
         if direction == "forward":
             ops = [

@@ -12,6 +12,10 @@ use. Supported are dense decoder-only families:
   sliding window of ``mistral`` / ``qwen2`` (attention is costed as full causal attention).
 - ``gpt2``: ``n_embd``, ``n_head``, ``n_layer``, ``n_inner`` (``None``: 4 x ``n_embd``),
   learned positions (no RoPE), LayerNorm, GELU, biases, tied embeddings.
+- ``bloom``: ``n_embed`` (``hidden_size``), ``n_head``, ``n_layer``, ``vocab_size`` (all four
+  required: Bloom's config has no defaults worth trusting), ALiBi attention (no position
+  embedding), LayerNorm, the LayerNorm after the word embedding, GELU MLP of 4x the width,
+  biases, tied embeddings; default sequence 2048 (its training length; ALiBi has no limit).
 - ``gpt_neox``: LayerNorm, GELU, biases, rotary embeddings (a partial rotary fraction counts as
   RoPE), ``tie_word_embeddings``. The parallel residual (``use_parallel_residual``) is ignored:
   the layer is costed and built as the sequential pre-norm block, which has the same matrices.
@@ -46,7 +50,12 @@ from workloads.errors import WorkloadError
 from workloads.models import MODELS, ModelSpec
 
 #: The ``model_type`` values this module maps.
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox", "bloom")
+#: Bloom's size fields, every one required in the file (``hidden_size`` may be ``n_embed``).
+_BLOOM_SIZES = (("n_embed", "hidden_size"), ("n_head", "num_attention_heads"),
+                ("n_layer", "num_hidden_layers"), ("vocab_size",))
+#: Bloom's training sequence length, the default ``native_seq`` (ALiBi sets no context limit).
+_BLOOM_SEQ = 2048
 #: Families whose MLP is gated (gate, up, down) with RMSNorm and RoPE.
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 #: Keys that only mixture-of-experts configs carry.
@@ -152,6 +161,10 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
 
         raise WorkloadError(f"{file}: transformers {transformers.__version__} does not know "
                             f"model_type {model_type!r}; upgrade it: {EXTRA_HINT}")
+    if model_type == "bloom":
+        missing = [names[0] for names in _BLOOM_SIZES if all(raw.get(n) is None for n in names)]
+        if missing:
+            raise WorkloadError(f"{file}: a bloom config must give {', '.join(missing)}")
     _check_raw(file, raw, CONFIG_MAPPING[model_type].attribute_map)
     from transformers.utils import logging as hf_logging
 
@@ -211,7 +224,12 @@ def _spec(file: Path, raw: dict[str, Any], cfg: Any) -> ModelSpec:
         head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
         native_seq=min(context, NATIVE_SEQ_CAP),
         tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)))
-    if family in _LLAMA_LIKE:
+    if family == "bloom":
+        common["native_seq"] = _BLOOM_SEQ
+        common["tied_embeddings"] = True
+        spec = ModelSpec(**common, ffn=4 * hidden, mlp="gelu", norm="layernorm", rope=False,
+                         alibi=True, embedding_norm=True)
+    elif family in _LLAMA_LIKE:
         act = getattr(cfg, "hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise WorkloadError(f"{file}: hidden_act {act!r} is not supported for {family} "

@@ -32,8 +32,13 @@ class ModelSpec:
         mlp: ``"gelu"`` (two matrices) or ``"swiglu"`` (gate, up and down matrices).
         norm: ``"layernorm"`` (GPT-3) or ``"rmsnorm"`` (Llama, Qwen).
         qk_norm: Whether queries and keys are RMS-normalised per head (Qwen 3).
-        rope: Rotary position embeddings (``False``: learned absolute positions, GPT-3).
+        rope: Rotary position embeddings (``False``: learned absolute positions, GPT-3, unless
+            ``alibi``).
         tied_embeddings: Input embedding and output layer share weights.
+        alibi: ALiBi attention (Bloom): a per-head linear bias on the attention scores, applied
+            inside the attention kernel; no position embedding and no rotary op.
+        embedding_norm: A LayerNorm right after the token embedding (Bloom's
+            ``word_embeddings_layernorm``).
     """
 
     name: str
@@ -50,6 +55,8 @@ class ModelSpec:
     qk_norm: bool = False
     rope: bool = True
     tied_embeddings: bool = False
+    alibi: bool = False
+    embedding_norm: bool = False
 
     @property
     def q_width(self) -> int:
@@ -77,8 +84,9 @@ class ModelSpec:
 
     def embedding_params(self) -> int:
         """Parameters of the input embedding (and learned positions for GPT-3)."""
-        pos = 0 if self.rope else self.native_seq * self.hidden
-        return self.vocab * self.hidden + pos
+        pos = 0 if self.rope or self.alibi else self.native_seq * self.hidden
+        norm = 2 * self.hidden if self.embedding_norm else 0
+        return self.vocab * self.hidden + pos + norm
 
     def total_params(self) -> int:
         """All parameters, output layer included unless tied."""

@@ -311,6 +311,11 @@ class GPTStage(nn.Module):
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  **layer_kwargs) -> None:
         super().__init__()
+        if spec.alibi:
+            from workloads.errors import WorkloadError
+
+            raise WorkloadError(f"{spec.name}: the torch model has no ALiBi attention yet; "
+                                "simulate it instead (--backend sim)")
         factory = {"dtype": dtype, "device": device}
         self.vocab_local = -(-spec.vocab // tp)
         self.vocab_start = tp_rank * self.vocab_local

@@ -93,7 +93,7 @@ def workload_from_graph(graph: IterationGraph,
     mbs = t * cp // seq
     dp = graph.gpus_per_stage // (tp * cp)
     bwd = graph.instruction_graphs[(0, "backward")]
-    recompute = bwd.sequential[0].compute[0].name == "bda"
+    recompute = "full" if bwd.sequential[0].compute[0].name == "bda" else "none"
     nanobatches = 1
     if ig.partitions:
         half = next(op for p in ig.partitions for op in p.compute if op.name == "bda")
