@@ -4,8 +4,16 @@ Keep the pipeline's **outer envelope** at the top clock: every instruction of th
 first forward and the last backward of every stage. Every other instruction starts at its slowest
 Pareto-optimal clock, which is its minimum-energy clock. Then, repeatedly, take one critical path
 of the 1F1B iteration and raise the instructions on it that sit at the path's lowest clock by one
-clock step, until the envelope is critical (the iteration is as long as the envelope path). One
-plan, near the fastest time.
+clock step, until the path taken is the envelope. One plan, near the fastest time.
+
+As in the Perseus authors' ``lowtime/scripts/envpipe.py`` (Perseus artifact, ``ml-energy/zeus``
+branch ``kronos``): critical paths are found on times quantized down to the emulation's unit, but
+the iteration time reported is the *measured* length of the path the procedure stops on (their
+``iter_time += ...real_time``), not the quantized schedule's, which is 0.2 - 0.7 % shorter on
+their profiles. Remaining difference: of several tied critical paths they take the first that
+networkx enumerates on lowtime's activity-on-arc graph, we the one :func:`kareus.graph.
+critical_path` traces back; the times agree, clocks off the envelope can differ by a step
+(energy within 0.2 % on their profiles).
 
 One algorithm, two inputs: :func:`envpipe_clocks` takes each instruction type's options (time,
 energy, clock), which come from a measured profile (``kareus envpipe``, :mod:`baselines.profiles`)

@@ -33,6 +33,15 @@ from kareus.methods.tradeoff import solve, solver_energy, solver_span
 from kareus.progress import SILENT, Progress
 
 
+#: Most (microbatch, stage) pairs ``kareus perseus`` / ``kareus envpipe`` accept: the exact
+#: Phillips-Dessouky solve has as many steps as the iteration has time units, each over the
+#: whole DAG, so its time grows with the square of the pairs.
+MAX_PROFILE_SLOTS = 8192
+#: Measured reference for the estimate in the refusal: the exact solve of the published
+#: gpt3-175b A100 profile, 8 stages x 12 microbatches at 1 ms, took about 4 s (one core).
+REFERENCE_SLOTS, REFERENCE_SOLVE_S = 96, 4.0
+
+
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
                     static_power_w: float, unit_time_s: float) -> None:
     """Raise :class:`InputError` (one line) when the arguments do not fit the profile, or the
@@ -40,6 +49,15 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     check_clock_sweep(profile, source)
     if stages < 1 or microbatches < 1:
         raise InputError("--stages and --microbatches must be positive integers")
+    if microbatches < stages:
+        raise InputError(f"--microbatches {microbatches} is fewer than the {stages} stages; 1F1B "
+                         f"needs at least one microbatch per stage (use >= {stages})")
+    slots = stages * microbatches
+    if slots > MAX_PROFILE_SLOTS:
+        hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600
+        raise InputError(f"--stages {stages} x --microbatches {microbatches} = {slots:,} "
+                         f"(microbatch, stage) pairs; Perseus's exact solve grows with their "
+                         f"square (about {hours:,.0f} h here); at most {MAX_PROFILE_SLOTS:,}")
     seen = int(profile.stage.nunique())
     if seen != stages:
         raise InputError(f"{source}: profile has {seen} stages, --stages says {stages}")
