@@ -56,8 +56,9 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     if slots > MAX_PROFILE_SLOTS:
         hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600
         raise InputError(f"--stages {stages} x --microbatches {microbatches} = {slots:,} "
-                         f"(microbatch, stage) pairs; Perseus's exact solve grows with their "
-                         f"square (about {hours:,.0f} h here); at most {MAX_PROFILE_SLOTS:,}")
+                         f"(microbatch, stage) pairs; the solve's work grows with their square "
+                         f"(Perseus's exact solve: about {hours:,.0f} h here); at most "
+                         f"{MAX_PROFILE_SLOTS:,}")
     seen = int(profile.stage.nunique())
     if seen != stages:
         raise InputError(f"{source}: profile has {seen} stages, --stages says {stages}")

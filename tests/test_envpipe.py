@@ -137,8 +137,8 @@ def test_profile_commands_refuse_bad_input(tmp_path, capsys, command, mutate, ar
 @pytest.mark.parametrize("command", ["perseus", "envpipe"])
 @pytest.mark.parametrize("micro,fragment", [
     ("1", "--microbatches 1 is fewer than the 2 stages"),
-    ("2000000", "4,000,000 (microbatch, stage) pairs; Perseus's exact solve grows with their "
-                "square (about"),
+    ("2000000", "4,000,000 (microbatch, stage) pairs; the solve's work grows with their "
+                "square (Perseus's exact solve: about"),
 ])
 def test_profile_commands_refuse_too_few_or_too_many_microbatches(tmp_path, capsys, command,
                                                                    micro, fragment):
