@@ -196,6 +196,10 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         )
     if model.ffn % p.tp:
         raise WorkloadError(f"{model.name}: FFN width {model.ffn} is not divisible by TP={p.tp}")
+    if model.layers < p.pp:
+        raise WorkloadError(
+            f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages"
+        )
     if p.microbatches < p.pp:
         raise WorkloadError(
             f"--microbatches {p.microbatches} is fewer than the {p.pp} pipeline stages; 1F1B "
@@ -207,10 +211,6 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"(microbatch, stage) pairs; the iteration graph would need about "
             f"{p.microbatches * p.pp * GRAPH_BYTES_PER_SLOT / 2**30:,.1f} GiB of memory; at most "
             f"{MAX_PIPELINE_SLOTS:,} (--microbatches <= {MAX_PIPELINE_SLOTS // p.pp:,} here)"
-        )
-    if model.layers < p.pp:
-        raise WorkloadError(
-            f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages"
         )
     if p.seq % (2 * p.cp):
         raise WorkloadError(
