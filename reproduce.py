@@ -12,8 +12,9 @@ workloads/hf_config.py) (summary.json, frontiers.csv, comparison.md,
 frontiers.png, energy_breakdown.png). A suite writes results/<suite>[-<gpu>]/ with one such folder
 per configuration plus the cross-configuration tables and figures; finished configurations are
 reused on a rerun (``--force`` recomputes). ``--strict`` refuses a configuration whose estimated
-memory exceeds the GPU's (otherwise a warning). Exit status 0 on success, 2 on bad input, 1 on
-internal failure.
+memory exceeds the GPU's (otherwise a warning). Exit status 0 on success, 2 on bad input (an
+``--out`` folder that cannot be written is refused before any work), 1 on internal failure and
+when every optimizer failed (nothing came out; the failures are still written).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kareus.errors import InputError
+from kareus.atomic import check_writable_dir
+from kareus.errors import AllOptimizersFailed, InputError
 from kareus.hardware.presets import DEFAULT_GPU
 from kareus.suite.options import job_shape_options
 from kareus.suite.sweep import make_console, run_configs, run_suite
@@ -118,8 +120,10 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
                           preset.with_overrides(**cfg.gpu_overrides)
                           if cfg.gpu_overrides else preset, strict)
         default = ROOT / "results" / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
-        run_suite(suite, gpu, backend, names, seed, Path(out) if out else default, force,
-                  jobs, executor, backend_options)
+        target = check_writable_dir(Path(out), "--out") if out else default
+        run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
+                  backend_options)
+        _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
         return
     if workload is None:
         raise InputError("give --workload NAME (see `kareus workloads`) or --suite paper")
@@ -129,7 +133,7 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
     clean = {k: v for k, v in overrides.items() if v is not None}
     w = make_workload(ref, **clean)  # validate before any work
     _check_memory(w, get_preset(gpu), strict)
-    out_dir = Path(out) if out else ROOT / "results" / w.name
+    out_dir = check_writable_dir(Path(out), "--out") if out else ROOT / "results" / w.name
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
@@ -137,6 +141,32 @@ def cli(workload: str | None, suite: str | None, gpu: str, backend: str, optimiz
                           backend_options=backend_options)[cfg.label]
     _print_tables(summary)
     make_console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
+    _fail_if_all_failed({cfg.label: summary}, out_dir)
+
+
+def _load_summaries(root: Path, labels: list[str]) -> dict[str, dict]:
+    """The summary.json of each configuration ``label`` under ``root`` that has one."""
+    import json
+
+    out = {}
+    for label in labels:
+        path = root / label / "summary.json"
+        if path.is_file():
+            out[label] = json.loads(path.read_text())
+    return out
+
+
+def _fail_if_all_failed(summaries: dict[str, dict], where: Path) -> None:
+    """Raise :class:`AllOptimizersFailed` (exit status 1) when no optimizer of any
+    configuration finished: a run that produced nothing must not exit 0."""
+    statuses = [(label, name, obj.get("status"), obj.get("error"))
+                for label, s in summaries.items() for name, obj in s["optimizers"].items()]
+    if statuses and all(status != "ok" for _, _, status, _ in statuses):
+        label, name, _, error = statuses[0]
+        first = str(error or "no error recorded").splitlines()[0] if error else "no error recorded"
+        raise AllOptimizersFailed(
+            f"every optimizer failed ({len(statuses)} runs; first: {name} on {label}: {first}); "
+            f"the failures are recorded in {where}")
 
 
 def _check_memory(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:

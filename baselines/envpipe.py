@@ -4,8 +4,16 @@ Keep the pipeline's **outer envelope** at the top clock: every instruction of th
 first forward and the last backward of every stage. Every other instruction starts at its slowest
 Pareto-optimal clock, which is its minimum-energy clock. Then, repeatedly, take one critical path
 of the 1F1B iteration and raise the instructions on it that sit at the path's lowest clock by one
-clock step, until the envelope is critical (the iteration is as long as the envelope path). One
-plan, near the fastest time.
+clock step, until the path taken is the envelope. One plan, near the fastest time.
+
+As in the Perseus authors' ``lowtime/scripts/envpipe.py`` (Perseus artifact, ``ml-energy/zeus``
+branch ``kronos``): critical paths are found on times quantized down to the emulation's unit, but
+the iteration time reported is the *measured* length of the path the procedure stops on (their
+``iter_time += ...real_time``), not the quantized schedule's, which is 0.2 - 0.7 % shorter on
+their profiles. Remaining difference: of several tied critical paths they take the first that
+networkx enumerates on lowtime's activity-on-arc graph, we the one :func:`kareus.graph.
+critical_path` traces back; the times agree, clocks off the envelope can differ by a step
+(energy within 0.2 % on their profiles).
 
 One algorithm, two inputs: :func:`envpipe_clocks` takes each instruction type's options (time,
 energy, clock), which come from a measured profile (``kareus envpipe``, :mod:`baselines.profiles`)
@@ -15,19 +23,15 @@ or from profiling the problem's backend (the ``envpipe`` optimizer below).
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
-from kareus.frontier import pareto_indices
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
 from kareus.methods.profiling import profile_instructions
 from kareus.methods.tradeoff import Option
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
-
-#: Relative tolerance of "the iteration is as long as the envelope" (float sums).
-_TOLERANCE = 1e-9
-
 
 def in_envelope(ins: Instruction, stages: int, microbatches: int) -> bool:
     """Whether ``ins`` is on the outer envelope: the last stage, or a stage's first forward or
@@ -50,10 +54,55 @@ def envelope_time(durations: Mapping[Instruction, float], stages: int, microbatc
     return t + 2 * last * p2p_s
 
 
-def envpipe_clocks(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                   microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0
-                   ) -> dict[Instruction, Hashable]:
-    """EnvPipe's knob (clock) for every instruction.
+@dataclass(frozen=True)
+class EnvPipeRun:
+    """What :func:`envpipe_run` ends with.
+
+    Attributes:
+        clocks: The clock (knob) of every instruction.
+        path: The critical path the procedure stopped on, first instruction first (the
+            envelope, unless no clock on the path could be raised any more).
+        time_s: The iteration time as the authors report it (s): the *measured* times of the
+            instructions on ``path`` (their options at the chosen clocks, not quantized) plus
+            the transfers between stages along it.
+        steps: Raising steps taken (each raised one clock step on one critical path).
+    """
+
+    clocks: dict[Instruction, Hashable]
+    path: tuple[Instruction, ...]
+    time_s: float
+    steps: int
+
+
+def starting_clock(options: Sequence[Option], unit_time_s: float = 0.0) -> Hashable:
+    """The clock an instruction off the envelope starts at: the slowest Pareto-optimal one.
+
+    As lowtime's ``CandidateExecutionOptions`` (which the authors' script starts every
+    instruction from) defines it: an option is Pareto-optimal unless another is strictly faster
+    *and* strictly cheaper (measured time s, energy J); of the Pareto-optimal options with the
+    largest time quantized down to ``unit_time_s``, the most energetic one (the one whose
+    quantized time is closest to its measured time). With ``unit_time_s`` 0, simply the slowest
+    Pareto-optimal option.
+    """
+    pareto = [o for o in options
+              if not any(p.time_s < o.time_s and p.energy_j < o.energy_j for p in options)]
+    slowest = max(_quantized(o.time_s, unit_time_s) for o in pareto)
+    return max((o for o in pareto if _quantized(o.time_s, unit_time_s) == slowest),
+               key=lambda o: (o.energy_j, o.time_s)).knob
+
+
+def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0) -> EnvPipeRun:
+    """EnvPipe's procedure, as the Perseus authors' ``lowtime/scripts/envpipe.py`` runs it.
+
+    1. The envelope (:func:`in_envelope`) runs at the top clock; every other instruction starts
+       at :func:`starting_clock`.
+    2. Repeatedly: take one critical path of the 1F1B iteration (on times quantized down to
+       ``unit_time_s``), raise the instructions on it that sit at the path's lowest clock by one
+       clock step, and stop once that path lies on the envelope. (Not once the envelope is
+       *a* critical path: while another path ties with it, that one is raised too.) It also
+       stops when no instruction on the path can be raised.
+    3. The iteration time is the path's measured length (:attr:`EnvPipeRun.time_s`).
 
     Args:
         options: Each (stage, direction)'s options (measured time s, energy J, clock MHz); the
@@ -61,38 +110,45 @@ def envpipe_clocks(options: Mapping[tuple[int, Direction], Sequence[Option]], st
         stages: Pipeline stages.
         microbatches: Microbatches per iteration.
         p2p_s: Activation transfer between stages (s), on every cross-stage dependency.
-        unit_time_s: When positive, instruction times are quantized down to this unit (the
-            Perseus emulation's time unit); 0 uses the measured times.
+        unit_time_s: When positive, the critical path is found on instruction times quantized
+            down to this unit (the Perseus emulation's time unit); 0 uses the measured times.
     """
     clocks = {k: sorted(o.knob for o in opts) for k, opts in options.items()}  # type: ignore[type-var]
-    time_of = {k: {o.knob: _quantized(o.time_s, unit_time_s) for o in opts}
-               for k, opts in options.items()}
-    slowest = {}
-    for k, opts in options.items():
-        keep = pareto_indices([o.time_s for o in opts], [o.energy_j for o in opts])
-        slowest[k] = max((opts[i] for i in keep), key=lambda o: o.time_s).knob
+    measured = {k: {o.knob: o.time_s for o in opts} for k, opts in options.items()}
+    time_of = {k: {c: _quantized(t, unit_time_s) for c, t in m.items()}
+               for k, m in measured.items()}
+    start = {k: starting_clock(opts, unit_time_s) for k, opts in options.items()}
     order = [ins for seq in one_f_one_b(stages, microbatches).values() for ins in seq]
     clock = {ins: clocks[ins.type_key][-1] if in_envelope(ins, stages, microbatches)
-             else slowest[ins.type_key] for ins in order}
-    for _ in range(sum(len(c) for c in clocks.values()) * len(order) + 1):
+             else start[ins.type_key] for ins in order}
+    steps = 0
+    while True:
         durations = {ins: time_of[ins.type_key][clock[ins]] for ins in order}
         times = schedule_times(stages, microbatches, durations, p2p_s)
-        total = max(end for _, end in times.values())
-        if total <= envelope_time(durations, stages, microbatches, p2p_s) * (1 + _TOLERANCE):
+        path = critical_path(stages, microbatches, times, p2p_s)
+        raisable = [ins for ins in path if clock[ins] != clocks[ins.type_key][-1]]
+        if all(in_envelope(ins, stages, microbatches) for ins in path) or not raisable:
             break
-        path = [ins for ins in critical_path(stages, microbatches, times, p2p_s)
-                if clock[ins] != clocks[ins.type_key][-1]]
-        if not path:
-            break
-        low = min(clock[ins] for ins in path)  # type: ignore[type-var]
-        for ins in path:
+        low = min(clock[ins] for ins in raisable)  # type: ignore[type-var]
+        for ins in raisable:
             if clock[ins] == low:
-                steps = clocks[ins.type_key]
-                clock[ins] = steps[steps.index(low) + 1]
-    return clock
+                c = clocks[ins.type_key]
+                clock[ins] = c[c.index(low) + 1]
+        steps += 1
+    hops = sum(1 for a, b in zip(path, path[1:]) if a.stage != b.stage)
+    length = sum(measured[ins.type_key][clock[ins]] for ins in path) + hops * p2p_s
+    return EnvPipeRun(clock, tuple(path), length, steps)
+
+
+def envpipe_clocks(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                   microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0
+                   ) -> dict[Instruction, Hashable]:
+    """EnvPipe's knob (clock) for every instruction (:func:`envpipe_run`'s clocks)."""
+    return envpipe_run(options, stages, microbatches, p2p_s, unit_time_s).clocks
 
 
 def _quantized(time_s: float, unit_time_s: float) -> float:
+    """``time_s`` rounded down to a whole number of ``unit_time_s`` (s); as is when 0."""
     return (time_s // unit_time_s) * unit_time_s if unit_time_s > 0 else time_s
 
 

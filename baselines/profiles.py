@@ -22,15 +22,24 @@ from collections.abc import Hashable, Mapping
 
 import pandas as pd
 
-from baselines.envpipe import envpipe_clocks
+from baselines.envpipe import envpipe_run
 from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError
 from kareus.frontier import pareto_indices
-from kareus.graph import Instruction, schedule_times
+from kareus.graph import Instruction
 from kareus.hardware.profile import check_clock_sweep
 from kareus.methods.profiling import profile_to_options
 from kareus.methods.tradeoff import solve, solver_energy, solver_span
 from kareus.progress import SILENT, Progress
+
+
+#: Most (microbatch, stage) pairs ``kareus perseus`` / ``kareus envpipe`` accept: the exact
+#: Phillips-Dessouky solve has as many steps as the iteration has time units, each over the
+#: whole DAG, so its time grows with the square of the pairs.
+MAX_PROFILE_SLOTS = 8192
+#: Measured reference for the estimate in the refusal: the exact solve of the published
+#: gpt3-175b A100 profile, 8 stages x 12 microbatches at 1 ms, took about 4 s (one core).
+REFERENCE_SLOTS, REFERENCE_SOLVE_S = 96, 4.0
 
 
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
@@ -40,6 +49,16 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     check_clock_sweep(profile, source)
     if stages < 1 or microbatches < 1:
         raise InputError("--stages and --microbatches must be positive integers")
+    if microbatches < stages:
+        raise InputError(f"--microbatches {microbatches} is fewer than the {stages} stages; 1F1B "
+                         f"needs at least one microbatch per stage (use >= {stages})")
+    slots = stages * microbatches
+    if slots > MAX_PROFILE_SLOTS:
+        hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600
+        raise InputError(f"--stages {stages} x --microbatches {microbatches} = {slots:,} "
+                         f"(microbatch, stage) pairs; the solve's work grows with their square "
+                         f"(Perseus's exact solve: about {hours:,.0f} h here); at most "
+                         f"{MAX_PROFILE_SLOTS:,}")
     seen = int(profile.stage.nunique())
     if seen != stages:
         raise InputError(f"{source}: profile has {seen} stages, --stages says {stages}")
@@ -92,23 +111,24 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
 
 def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
                        static_power_w: float, *, unit_time_s: float = 1e-3) -> list[dict]:
-    """EnvPipe on a Zeus-format profile: one point.
+    """EnvPipe on a Zeus-format profile: one point, as the authors' script reports it.
 
-    Instruction times are quantized down to ``unit_time_s`` (the Perseus emulation's unit), the
-    iteration time is the 1F1B critical path of those times, and the energy is every GPU's
-    instruction energies plus static power over its idle time in the iteration.
+    The procedure finds critical paths on instruction times quantized down to ``unit_time_s``
+    (the Perseus emulation's unit); the iteration time is the measured length of the path it
+    stops on (:func:`baselines.envpipe.envpipe_run`), and the energy is every instruction's
+    measured energy plus every GPU's static power over its idle time in that iteration.
+    Also returns the raising ``steps`` taken.
     """
     options = profile_to_options(profile)
-    clocks = envpipe_clocks(options, stages, microbatches, unit_time_s=unit_time_s)
+    run = envpipe_run(options, stages, microbatches, unit_time_s=unit_time_s)
     by_knob = {k: {o.knob: o for o in opts} for k, opts in options.items()}
-    durations, dynamic = {}, 0.0
-    for ins, clock in clocks.items():
+    dynamic = 0.0
+    for ins, clock in run.clocks.items():
         opt = by_knob[ins.type_key][clock]
-        durations[ins] = (opt.time_s // unit_time_s) * unit_time_s
-        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, durations[ins])
-    t = max(end for _, end in schedule_times(stages, microbatches, durations).values())
-    energy = iteration_energy(dynamic, stages, static_power_w, t).total_j
-    return [{"time_s": t, "energy_j": energy, "frequencies": _frequencies(clocks)}]
+        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
+    energy = iteration_energy(dynamic, stages, static_power_w, run.time_s).total_j
+    return [{"time_s": run.time_s, "energy_j": energy, "steps": run.steps,
+             "frequencies": _frequencies(run.clocks)}]
 
 
 def run_on_profile(method: str, profile: pd.DataFrame, source: str, stages: int,

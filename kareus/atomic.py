@@ -54,3 +54,24 @@ def atomic_write_json(path: str | Path, obj: object) -> None:
     """Write ``obj`` as JSON (indent 2) to ``path`` atomically; an object JSON cannot encode
     raises before anything is written."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False))
+
+
+def check_writable_dir(path: str | Path, option: str) -> Path:
+    """Make sure results can be written under the folder ``path`` before any work is done:
+    create it (and its parents) if missing and write a probe file there. Raises
+    :class:`~kareus.errors.InputError` (one line: the folder, the option that named it and why)
+    when that fails, e.g. ``/proc/x`` or a read-only place. Returns ``path``."""
+    from kareus.errors import InputError
+
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(20, "it is a file, not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise InputError(f"{option} {str(path)!r}: cannot write results there "
+                         f"({e.strerror or e})") from None
+    return path

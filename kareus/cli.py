@@ -266,6 +266,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
+    if export_dir is not None:
+        from kareus.atomic import check_writable_dir
+
+        check_writable_dir(export_dir, "--export")
     from kareus.suite.progress import terminal_progress
 
     with terminal_progress(not as_json) as progress:
@@ -278,7 +282,9 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         opt = load_optimizer(optimizer_name)
         run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
-        raise RuntimeError(f"optimizer {optimizer_name} failed: {run.error}")
+        from kareus.errors import AllOptimizersFailed
+
+        raise AllOptimizersFailed(f"optimizer {optimizer_name} failed: {run.error}")
     g = problem.graph
     extra: dict[str, Any] = {}
     chosen = None
@@ -473,6 +479,9 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json)
         return
     if gpu_measure:
+        from kareus.atomic import check_writable_dir
+
+        check_writable_dir(out_path or "results/calibration", "--out")
         report = _gpu_measure(get_preset(gpu), workload, layers, clocks,
                               out_path or "results/calibration", partitions,
                               allow_clock_control, static_power, strict)
@@ -533,6 +542,9 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
         raise InputError("--partition-sweep needs --out CALIB.json (where the fit is written)")
     if Path(out_path).is_dir():
         raise InputError(f"--out {out_path} is a folder; give the calibration file's path")
+    from kareus.atomic import check_writable_dir
+
+    check_writable_dir(Path(out_path).parent, "--out's folder")
     part = spec.partition()
     sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
     from kareus.suite.progress import terminal_progress

@@ -47,5 +47,10 @@ class ClockPermissionError(InputError):
     """Clock or power-limit control was asked for without the permission to do it."""
 
 
+class AllOptimizersFailed(KareusError, RuntimeError):
+    """Every optimizer of a run failed (exit status 1: nothing was wrong with the input, and
+    nothing came out; each failure is printed and kept in the results)."""
+
+
 class DeviceError(KareusError, RuntimeError):
     """NVML failed for a reason other than permissions (internal failure, exit status 1)."""

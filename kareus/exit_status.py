@@ -1,6 +1,7 @@
 """The outside contract's exit statuses, applied to a click command: 0 success; 2 bad input (one
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
-traceback); 130 / 143 interrupted by SIGINT / SIGTERM. A :class:`~kareus.errors.KareusError`
+traceback; 1 also when every optimizer of a run failed: ``error: every optimizer failed``);
+130 / 143 interrupted by SIGINT / SIGTERM. A :class:`~kareus.errors.KareusError`
 chooses its status by class (``exit_status``)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 import click
 
-from kareus.errors import KareusError
+from kareus.errors import AllOptimizersFailed, KareusError
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
@@ -35,7 +36,7 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         return e.exit_code
     except Exception as e:
         status = e.exit_status if isinstance(e, KareusError) else 1
-        if status != 1:
+        if status != 1 or isinstance(e, AllOptimizersFailed):
             click.echo(f"error: {e}".splitlines()[0], err=True)
             return status
         if os.environ.get("KAREUS_DEBUG"):

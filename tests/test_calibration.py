@@ -16,12 +16,13 @@ GOOD = "stage,instruction,frequency,time,energy\n0,forward,1410,0.05,24\n0,backw
     (GOOD + "0,forward,1410,0.05,24\n", "duplicate row"),
     (GOOD.replace("0.05", "-0.05"), "positive"),
     (GOOD.replace("24", "0"), "positive"),
-    (GOOD.replace("24", "abc"), "non-numeric"),
-    (GOOD.replace("24", "nan"), "non-numeric"),
-    (GOOD.replace("24", "inf"), "positive and finite"),
+    (GOOD.replace("24", "abc"), "data row 1, column 'energy': 'abc' is not a finite number"),
+    (GOOD.replace("24", "nan"), "data row 1, column 'energy': empty or NaN is not a finite"),
+    (GOOD.replace("0.05", ""), "data row 1, column 'time': empty or NaN is not a finite"),
+    (GOOD.replace("24", "inf"), "data row 1, column 'energy': inf is not a finite number"),
     ("stage,instruction,frequency,time,energy\n", "no rows"),
     (GOOD.replace("0,backward", "1,backward"), "no rows for stage"),
-    ("", "not a readable CSV"),
+    ("", "is empty; expected a CSV with header"),
 ])
 def test_malformed_profiles_are_rejected(tmp_path, body, fragment):
     path = tmp_path / "p.csv"

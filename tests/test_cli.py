@@ -91,3 +91,16 @@ def test_frontier_exports_a_deployable_plan(capsys, tmp_path):
     assert all(d in ("forward", "backward") and 900 <= f <= 1410 for st in sched for d, f in st)
     js = json.loads((out / "schedules.json").read_text())
     assert js["stages"][0]["instructions"][0]["clock_mhz"] == sched[0][0][1]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--pp", "4", "--microbatches", "2"], "--microbatches 2 is fewer than the 4 pipeline stages"),
+    (["--microbatches", "2000000"], "would need about 5.6 GiB of memory; at most 1,048,576"),
+])
+def test_simulate_refuses_impossible_microbatch_counts(capsys, args, fragment):
+    """Fewer microbatches than stages is not a 1F1B pipeline; two million would build the
+    graph for minutes past 3 GB: both are refused at once, the second with its estimate."""
+    code = main(["simulate", "-w", "llama3.2-3b", *args, "--json"])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == "" and len(out.err.strip().splitlines()) == 1
+    assert fragment in out.err

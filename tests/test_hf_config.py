@@ -378,3 +378,27 @@ def test_bloom_config_missing_a_size_is_refused(tmp_path, drop):
     f.write_text(json.dumps(raw))
     with pytest.raises(WorkloadError, match=f"must give {drop}"):
         load_model(f)
+
+
+@pytest.mark.parametrize("fields,missing", [
+    ({}, "hidden_size, num_attention_heads, num_hidden_layers, vocab_size, intermediate_size"),
+    ({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 128},
+     "intermediate_size"),
+])
+def test_a_config_without_its_sizes_is_refused_not_filled_with_defaults(hf, tmp_path, capsys,
+                                                                        fields, missing):
+    """transformers' AutoConfig would fill the sizes a file lacks from the family's defaults
+    ({"model_type": "llama"} would be a 6.7B model): the file must give them itself."""
+    path = write(tmp_path, model_type="llama", **fields)
+    code, out, err = run(capsys, "simulate", "-w", str(path), "--json")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"missing size field(s) {missing};" in err
+
+
+def test_gpt2_sizes_are_named_by_its_own_keys(hf, tmp_path):
+    """gpt2 names its sizes n_embd, n_head, n_layer; its n_inner may be absent (4 x n_embd)."""
+    with pytest.raises(WorkloadError, match=r"missing size field\(s\) n_layer;"):
+        get_model(str(write(tmp_path, model_type="gpt2", n_embd=64, n_head=4, vocab_size=128)))
+    m = get_model(str(write(tmp_path, model_type="gpt2", n_embd=64, n_head=4, n_layer=2,
+                            vocab_size=128)))
+    assert m.ffn == 256 and m.layers == 2

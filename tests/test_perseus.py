@@ -109,15 +109,15 @@ def test_effective_prefilter_differs_only_in_filtering():
 
 def test_perseus_command_on_the_published_profile(capsys):
     path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")
-    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "4",
+    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "8",
                  "--p-static", "83.64", "--all-iterations", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     pts = out["points"]
     assert [p["iteration"] for p in pts] == list(range(1, len(pts) + 1))
-    assert all(len(p["frequencies"]) == 8 and len(p["frequencies"][0]) == 8 for p in pts)
+    assert all(len(p["frequencies"]) == 8 and len(p["frequencies"][0]) == 16 for p in pts)
     assert pts[-1]["time_s"] < pts[0]["time_s"]
-    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "4",
+    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "8",
                  "--p-static", "83.64", "--json"])
     front = json.loads(capsys.readouterr().out)["points"]
     times = [p["time_s"] for p in front]
@@ -133,7 +133,7 @@ def test_perseus_command_on_the_published_profile(capsys):
 ])
 def test_perseus_command_bad_input(capsys, args, fragment):
     path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")
-    code = main(["perseus", "--profile", str(path), "--microbatches", "4", "--p-static", "83.64",
+    code = main(["perseus", "--profile", str(path), "--microbatches", "8", "--p-static", "83.64",
                  *args])
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
@@ -168,8 +168,8 @@ def test_perseus_command_is_the_authors_driver_step_for_step(capsys, name, p_sta
     from tests.perseus_reference import reference_frontier
 
     path = profile_or_skip(name)
-    ref = reference_frontier(str(path), 8, 4, p_static, unit_ms / 1e3)
-    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "4",
+    ref = reference_frontier(str(path), 8, 8, p_static, unit_ms / 1e3)
+    code = main(["perseus", "--profile", str(path), "--stages", "8", "--microbatches", "8",
                  "--p-static", str(p_static), "--unit-ms", str(unit_ms), "--all-iterations",
                  "--json"])
     pts = json.loads(capsys.readouterr().out)["points"]

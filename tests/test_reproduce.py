@@ -64,3 +64,48 @@ def test_summary_is_byte_identical_across_runs(tmp_path, capsys):
         (tmp_path / "b" / "summary.json").read_bytes()
     assert (tmp_path / "a" / "frontiers.csv").read_bytes() == \
         (tmp_path / "b" / "frontiers.csv").read_bytes()
+
+
+class _Fails:
+    """An optimizer that always raises (the harness records it as failed)."""
+
+    name = "always-fails"
+
+    def optimize(self, problem):
+        raise RuntimeError("boom")
+
+
+class _EntryPoint:
+    name, value = "always-fails", "tests.test_reproduce:_Fails"
+
+    def load(self):
+        return _Fails
+
+
+def test_every_optimizer_failing_exits_1_and_keeps_the_record(tmp_path, capsys, monkeypatch):
+    """A run where no optimizer finished produced nothing: exit status 1 with one line, the
+    failures still written to summary.json."""
+    import kareus.plugins as plugins
+
+    monkeypatch.setattr(plugins, "registered_optimizers", lambda: {"always-fails": _EntryPoint()})
+    out = tmp_path / "res"
+    code = reproduce.main(["--workload", "gpt3-xl", *SMALL, "--optimizers", "always-fails",
+                           "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip().splitlines()[-1].startswith("error: every optimizer failed (1 runs; "
+                                                   "first: always-fails on res: RuntimeError: boom")
+    s = json.loads((out / "summary.json").read_text())
+    assert s["optimizers"]["always-fails"]["status"] != "ok"
+
+
+@pytest.mark.parametrize("out", ["/proc/kareus-cannot-write-here", "FILE"])
+def test_an_unwritable_out_folder_is_refused_before_any_work(tmp_path, capsys, out):
+    if out == "FILE":
+        out = str(tmp_path / "a-file")
+        (tmp_path / "a-file").write_text("x")
+    code = reproduce.main(["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron",
+                           "--out", out])
+    o = capsys.readouterr()
+    assert code == 2 and o.out == "" and len(o.err.strip().splitlines()) == 1
+    assert f"--out {out!r}: cannot write results there" in o.err

@@ -35,7 +35,10 @@ results never overwrite the built-in's ``results/<name>/``).
 
 Refused with one line naming what is unsupported: mixture-of-experts models, encoder-decoder
 models, and every other ``model_type``. Missing files, malformed JSON and missing, non-positive or
-contradictory sizes are refused the same way (:class:`WorkloadError`, exit status 2).
+contradictory sizes are refused the same way (:class:`WorkloadError`, exit status 2). The sizes
+(:data:`REQUIRED_SIZES`) must be in the file itself: transformers' ``AutoConfig`` fills any it
+lacks from the family's defaults, so ``{"model_type": "llama"}`` alone would become a 6.7B model;
+such a file is refused, naming the fields it lacks.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 #: Keys that only mixture-of-experts configs carry.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
              "moe_intermediate_size", "moe_layer_freq", "n_shared_experts")
+#: Sizes a config must give itself (transformers' names; each family's aliases apply, e.g.
+#: gpt2's ``n_embd``), plus ``intermediate_size`` for every family but gpt2 (whose ``n_inner``
+#: may be absent or null: 4 x ``n_embd``). Absent, transformers would silently fill in its own
+#: defaults (a Llama config with none of them is a 6.7B model).
+REQUIRED_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 #: The default sequence length is the model's context, capped at this many tokens.
 NATIVE_SEQ_CAP = 4096
 #: Pip's name for the optional dependency.
@@ -187,6 +195,15 @@ def _check_raw(file: Path, raw: dict[str, Any], alias: dict[str, str]) -> None:
     def get(field: str) -> tuple[str, Any]:
         key = alias.get(field, field)
         return key, raw.get(key)
+
+    # gpt2's MLP width defaults to 4x (n_inner None); bloom's sizes are checked by their own names
+    required = () if raw["model_type"] == "bloom" else REQUIRED_SIZES + (
+        () if raw["model_type"] == "gpt2" else ("intermediate_size",))
+    missing = [alias.get(f, f) for f in required if raw.get(alias.get(f, f)) is None]
+    if missing:
+        raise WorkloadError(f"{file}: missing size field(s) {', '.join(missing)}; the file must "
+                            f"give them (transformers would fill in its "
+                            f"{raw['model_type']} defaults, a different model)")
 
     for field, optional in (("hidden_size", False), ("num_attention_heads", False),
                             ("num_hidden_layers", False), ("vocab_size", False),

@@ -243,6 +243,14 @@ def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     return 2 * mats + attention
 
 
+#: Most (microbatch, stage) pairs an iteration may have: every one holds a forward and a
+#: backward instruction in the iteration graph, the plans and the schedule.
+MAX_PIPELINE_SLOTS = 1 << 20
+#: Memory one (microbatch, stage) pair takes through the graph and a simulated plan (bytes),
+#: measured on ``kareus simulate`` (peak resident size over microbatch counts).
+GRAPH_BYTES_PER_SLOT = 1500
+
+
 def validate(model: ModelSpec, p: ParallelConfig) -> None:
     """Raise :class:`WorkloadError` with one line naming the first impossible setting."""
     for name in ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "nanobatches",
@@ -265,6 +273,18 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
     if model.layers < p.pp:
         raise WorkloadError(
             f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages"
+        )
+    if p.microbatches < p.pp:
+        raise WorkloadError(
+            f"--microbatches {p.microbatches} is fewer than the {p.pp} pipeline stages; 1F1B "
+            f"needs at least one microbatch per stage (use --microbatches >= {p.pp})"
+        )
+    if p.microbatches * p.pp > MAX_PIPELINE_SLOTS:
+        raise WorkloadError(
+            f"--microbatches {p.microbatches} x {p.pp} stages is {p.microbatches * p.pp:,} "
+            f"(microbatch, stage) pairs; the iteration graph would need about "
+            f"{p.microbatches * p.pp * GRAPH_BYTES_PER_SLOT / 2**30:,.1f} GiB of memory; at most "
+            f"{MAX_PIPELINE_SLOTS:,} (--microbatches <= {MAX_PIPELINE_SLOTS // p.pp:,} here)"
         )
     if p.seq % (2 * p.cp):
         raise WorkloadError(

@@ -27,12 +27,20 @@ def load_profile(path: str | Path) -> pd.DataFrame:
     non-finite values, and duplicate (stage, instruction, frequency) rows.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ProfileError(f"profile {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ProfileError(f"profile {str(path)!r} is a folder, not a CSV file")
     try:
         df = pd.read_csv(path, skipinitialspace=True)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+    except pd.errors.EmptyDataError:
+        raise ProfileError(f"profile {str(path)!r} is empty; expected a CSV with header "
+                           f"{','.join(COLUMNS)}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise ProfileError(f"profile {str(path)!r} is not a readable CSV: {e}".splitlines()[0]) from None
+    except OSError as e:
+        raise ProfileError(f"profile {str(path)!r} cannot be read: "
+                           f"{e.strerror or e}".splitlines()[0]) from None
     return validate_profile(df, str(path))
 
 
@@ -62,18 +70,20 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
         values = pd.to_numeric(df[col], errors="coerce")
         if values.isna().any():
             row = int(values.isna().to_numpy().argmax())
+            raw = df[col].iloc[row]
+            shown = "empty or NaN" if pd.isna(raw) or not str(raw).strip() else repr(str(raw))
             raise ProfileError(
-                f"{source}: column {col!r} has a non-numeric value {df[col].iloc[row]!r} "
-                f"(data row {row + 1})"
+                f"{source}: data row {row + 1}, column {col!r}: {shown} is not a finite number"
             )
         df[col] = values
     for col in ("time", "energy", "frequency"):
         vals = df[col].to_numpy(dtype=float)
         bad_rows = [i for i, v in enumerate(vals) if not (math.isfinite(v) and v > 0)]
         if bad_rows:
+            v = float(vals[bad_rows[0]])
+            what = "is not a finite number" if not math.isfinite(v) else "is not positive"
             raise ProfileError(
-                f"{source}: column {col!r} must be positive and finite; got {vals[bad_rows[0]]!r} "
-                f"(data row {bad_rows[0] + 1})"
+                f"{source}: data row {bad_rows[0] + 1}, column {col!r}: {v:g} {what}"
             )
     stages = df["stage"].to_numpy(dtype=float)
     if any(not math.isfinite(s) or s < 0 or s != int(s) for s in stages):
