@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from baselines.profiles import check_arguments, frequencies_record
+from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
-from kareus.methods.profiling import profile_instructions
+from kareus.methods.profiling import profile_instructions, profile_to_options
 from kareus.methods.tradeoff import Option
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
@@ -152,6 +154,28 @@ def _quantized(time_s: float, unit_time_s: float) -> float:
     return (time_s // unit_time_s) * unit_time_s if unit_time_s > 0 else time_s
 
 
+def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
+                       static_power_w: float, *, unit_time_s: float = 1e-3) -> list[dict]:
+    """EnvPipe on a Zeus-format profile: one point, as the authors' script reports it.
+
+    The procedure finds critical paths on instruction times quantized down to ``unit_time_s``
+    (the Perseus emulation's unit); the iteration time is the measured length of the path it
+    stops on (:func:`envpipe_run`), and the energy is every instruction's
+    measured energy plus every GPU's static power over its idle time in that iteration.
+    Also returns the raising ``steps`` taken.
+    """
+    options = profile_to_options(profile)
+    run = envpipe_run(options, stages, microbatches, unit_time_s=unit_time_s)
+    by_knob = {k: {o.knob: o for o in opts} for k, opts in options.items()}
+    dynamic = 0.0
+    for ins, clock in run.clocks.items():
+        opt = by_knob[ins.type_key][clock]
+        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
+    energy = iteration_energy(dynamic, stages, static_power_w, run.time_s).total_j
+    return [{"time_s": run.time_s, "energy_j": energy, "steps": run.steps,
+             "frequencies": frequencies_record(run.clocks)}]
+
+
 class EnvPipe:
     """EnvPipe on the problem's backend: its instructions profiled per clock (sequential
     execution), then :func:`envpipe_clocks`."""
@@ -169,9 +193,9 @@ class EnvPipe:
     def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,
                    static_power_w: float, *, unit_time_s: float,
                    **options: object) -> list[dict]:
-        """envpipe on a measured Zeus-format profile (``kareus envpipe``); see
-        :func:`baselines.profiles.run_on_profile`."""
-        from baselines.profiles import run_on_profile
-
-        return run_on_profile(self.name, profile, source, stages, microbatches, static_power_w,
-                              unit_time_s=unit_time_s, **options)
+        """envpipe on a measured Zeus-format profile (``kareus envpipe``): the arguments checked
+        (:func:`baselines.profiles.check_arguments`), then :func:`envpipe_on_profile`."""
+        check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
+        options.pop("progress", None)  # about a second: nothing to report
+        return envpipe_on_profile(profile, stages, microbatches, static_power_w,
+                                  unit_time_s=unit_time_s, **options)  # type: ignore[arg-type]

@@ -27,9 +27,11 @@ class Perseus:
     def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,
                    static_power_w: float, *, unit_time_s: float,
                    **options: object) -> list[dict]:
-        """perseus on a measured Zeus-format profile (``kareus perseus``); see
-        :func:`baselines.profiles.run_on_profile`."""
-        from baselines.profiles import run_on_profile
+        """perseus on a measured Zeus-format profile (``kareus perseus``): the arguments checked
+        (:func:`baselines.profiles.check_arguments`), then
+        :func:`baselines.profiles.perseus_on_profile` (solver steps reported to ``progress``)."""
+        from baselines.profiles import check_arguments, perseus_on_profile
 
-        return run_on_profile(self.name, profile, source, stages, microbatches, static_power_w,
-                              unit_time_s=unit_time_s, **options)
+        check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
+        return perseus_on_profile(profile, stages, microbatches, static_power_w,
+                                  unit_time_s=unit_time_s, **options)  # type: ignore[arg-type]

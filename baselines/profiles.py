@@ -10,9 +10,9 @@ an instruction executes (overlap, SM counts, a power cap), which a clock-only pr
 measured.
 
 ``kareus perseus`` and ``kareus envpipe`` reach these through the registry: the optimizer's
-``on_profile`` (:class:`kareus.plugins.ProfileRunner`) calls :func:`run_on_profile`, which checks
-the arguments (:func:`check_arguments`), then runs :func:`perseus_on_profile` or
-:func:`envpipe_on_profile`; both return point records with ``time_s`` and ``energy_j`` for the
+``on_profile`` (:class:`kareus.plugins.ProfileRunner`) checks the arguments
+(:func:`check_arguments`), then runs :func:`perseus_on_profile` or
+:func:`baselines.envpipe.envpipe_on_profile` (EnvPipe's own module owns it); both return point records with ``time_s`` and ``energy_j`` for the
 GPUs the profile describes (one per stage, static included).
 """
 
@@ -22,7 +22,6 @@ from collections.abc import Hashable, Mapping
 
 import pandas as pd
 
-from baselines.envpipe import envpipe_run
 from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError
 from kareus.frontier import pareto_indices
@@ -68,7 +67,7 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
         raise InputError(f"--unit-ms must be positive, got {unit_time_s * 1e3}")
 
 
-def _frequencies(knobs: Mapping[Instruction, Hashable]) -> list[list[Hashable]]:
+def frequencies_record(knobs: Mapping[Instruction, Hashable]) -> list[list[Hashable]]:
     """Per stage, the clocks in 1F1B order (the order the knobs come in)."""
     freqs: dict[int, list[Hashable]] = {}
     for ins, knob in knobs.items():
@@ -99,7 +98,7 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
             points.append({"time_s": step.real_time_s,
                            "energy_j": solver_energy(step, stages, static_power_w),
                            "iteration": step.iteration, "quant_time": step.quant_time,
-                           "cost": step.cost, "frequencies": _frequencies(step.knobs)})
+                           "cost": step.cost, "frequencies": frequencies_record(step.knobs)})
             task.advance()
     finally:
         task.done()
@@ -107,40 +106,3 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
         return points
     keep = pareto_indices([p["time_s"] for p in points], [p["energy_j"] for p in points])
     return [points[i] for i in keep]
-
-
-def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
-                       static_power_w: float, *, unit_time_s: float = 1e-3) -> list[dict]:
-    """EnvPipe on a Zeus-format profile: one point, as the authors' script reports it.
-
-    The procedure finds critical paths on instruction times quantized down to ``unit_time_s``
-    (the Perseus emulation's unit); the iteration time is the measured length of the path it
-    stops on (:func:`baselines.envpipe.envpipe_run`), and the energy is every instruction's
-    measured energy plus every GPU's static power over its idle time in that iteration.
-    Also returns the raising ``steps`` taken.
-    """
-    options = profile_to_options(profile)
-    run = envpipe_run(options, stages, microbatches, unit_time_s=unit_time_s)
-    by_knob = {k: {o.knob: o for o in opts} for k, opts in options.items()}
-    dynamic = 0.0
-    for ins, clock in run.clocks.items():
-        opt = by_knob[ins.type_key][clock]
-        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
-    energy = iteration_energy(dynamic, stages, static_power_w, run.time_s).total_j
-    return [{"time_s": run.time_s, "energy_j": energy, "steps": run.steps,
-             "frequencies": _frequencies(run.clocks)}]
-
-
-def run_on_profile(method: str, profile: pd.DataFrame, source: str, stages: int,
-                   microbatches: int, static_power_w: float, *, unit_time_s: float,
-                   progress: Progress = SILENT, **options: object) -> list[dict]:
-    """Check the arguments against ``profile`` (read from ``source``), then run ``method``
-    (``"perseus"`` or ``"envpipe"``) on it with ``options``; Perseus reports its solver steps
-    to ``progress`` (EnvPipe takes about a second)."""
-    check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
-    if method == "perseus":
-        return perseus_on_profile(profile, stages, microbatches, static_power_w,
-                                  unit_time_s=unit_time_s, progress=progress,
-                                  **options)  # type: ignore[arg-type]
-    return envpipe_on_profile(profile, stages, microbatches, static_power_w,
-                              unit_time_s=unit_time_s, **options)  # type: ignore[arg-type]

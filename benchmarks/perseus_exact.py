@@ -24,7 +24,8 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from baselines.profiles import envpipe_on_profile, perseus_on_profile  # noqa: E402
+from baselines.envpipe import envpipe_on_profile  # noqa: E402
+from baselines.profiles import perseus_on_profile  # noqa: E402
 from kareus.hardware.profile import load_profile  # noqa: E402
 from kareus.suite.datasets import perseus_profile  # noqa: E402
 from tests.perseus_reference import reference_frontier  # noqa: E402

@@ -4,7 +4,8 @@ backend runs. Knows nothing of optimizers, backends or the harness."""
 
 from workloads.errors import WorkloadError
 from workloads.hf_config import workload_ref
-from workloads.models import MODELS, ModelSpec, get_model
+from workloads.catalog import get_model
+from workloads.models import MODELS, ModelSpec
 from workloads.parallel import ParallelConfig, Workload, make_workload
 
 __all__ = ["MODELS", "ModelSpec", "ParallelConfig", "Workload", "WorkloadError", "get_model",

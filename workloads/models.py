@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from workloads.errors import WorkloadError
 
 
 @dataclass(frozen=True)
@@ -125,19 +124,3 @@ MODELS: dict[str, ModelSpec] = {
                   layers=80, vocab=128256, native_seq=4096, mlp="swiglu", norm="rmsnorm"),
     )
 }
-
-
-def get_model(name: str) -> ModelSpec:
-    """A built-in model by name, or the model of a Hugging Face ``config.json`` (a path to it or
-    its folder; see :mod:`workloads.hf_config`). Raises :class:`WorkloadError` (one line) naming
-    the valid choices or what is wrong with the file."""
-    if name in MODELS:
-        return MODELS[name]
-    from workloads.hf_config import load_model, looks_like_path
-
-    if looks_like_path(name):
-        return load_model(name)
-    raise WorkloadError(
-        f"unknown workload {name!r}; choose one of: {', '.join(MODELS)}, or give the path of a "
-        "Hugging Face config.json (or its folder)"
-    )

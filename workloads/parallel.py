@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from workloads.errors import WorkloadError
-from workloads.models import ModelSpec, get_model
+from workloads.catalog import get_model
+from workloads.models import ModelSpec
 
 Precision = Literal["bf16", "fp16", "tf32", "fp32"]
 Recompute = Literal["none", "selective", "full"]
@@ -348,7 +349,7 @@ def make_workload(
     attention: Attention | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
-    is a built-in model or a Hugging Face config path (:func:`workloads.models.get_model`)."""
+    is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`)."""
     model = get_model(name)
     parallel = ParallelConfig(seq=model.native_seq)
     parallel = replace(parallel, tp=default_tp(model, parallel.tp))
