@@ -76,7 +76,11 @@ def test_a_killed_run_keeps_finished_phases(tmp_path):
     proc.wait(timeout=60)
     assert json.loads((tmp_path / "env.json").read_text())["ok"]
     assert not (tmp_path / "power.json").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # SIGKILL may land between a temporary file and its rename: the temp name may stay, the
+    # records are whole
+    for p in tmp_path.iterdir():
+        if p.suffix == ".json" and not p.name.startswith("."):
+            json.loads(p.read_text())
 
 
 @pytest.mark.parametrize("args, words", [

@@ -180,7 +180,8 @@ def phase_pytest(run: Run) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              timeout=run.cfg.pytest_limit_s)
+                              timeout=run.cfg.pytest_limit_s,
+                              cwd=Path(__file__).resolve().parents[3])
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         rc = 124
