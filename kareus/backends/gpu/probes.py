@@ -107,7 +107,8 @@ def spin_power(dev: Device, device: str, cfg: MeasureConfig) -> ProbeResult:
     import torch
 
     if device == "cuda":
-        cycles = int(torch.cuda.get_device_properties(0).clock_rate * 1e3 * 0.05)  # ~50 ms
+        # ~50 ms of SM cycles (NVML's max clock: cudaDeviceProp.clockRate is gone in CUDA 13)
+        cycles = int(dev.max_sm_clock_mhz() * 1e6 * 0.05)
 
         def step() -> None:
             torch.cuda._sleep(cycles)
