@@ -437,6 +437,13 @@ def envpipe(profile_path: str, stages: int, microbatches: int, p_static: float, 
                    "or its folder).")
 @STRICT_OPTION
 @click.option("--layers", type=int, default=None, help="--gpu-measure: layers to run per stage.")
+@click.option("--tp", type=int, default=None, help="--gpu-measure: tensor-parallel degree.")
+@click.option("--pp", type=int, default=None, help="--gpu-measure: pipeline stages.")
+@click.option("--dp", type=int, default=None, help="--gpu-measure: data-parallel replicas.")
+@click.option("--mbs", type=int, default=None, help="--gpu-measure: micro-batch size.")
+@click.option("--seq", type=int, default=None, help="--gpu-measure: sequence length (tokens).")
+@click.option("--microbatches", type=int, default=None,
+              help="--gpu-measure: microbatches per iteration.")
 @click.option("--clocks", default=None, help="--gpu-measure: comma-separated clocks, MHz.")
 @click.option("--out", "out_path", default=None,
               help="--gpu-measure: output folder [results/calibration]; --partition-sweep: the "
@@ -450,7 +457,9 @@ def envpipe(profile_path: str, stages: int, microbatches: int, p_static: float, 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str | None, gpu: str,
               static_power: float | None, power_limit: float | None, gpu_measure: bool,
-              workload: str, layers: int | None, clocks: str | None, out_path: str | None,
+              workload: str, layers: int | None, tp: int | None, pp: int | None,
+              dp: int | None, mbs: int | None, seq: int | None, microbatches: int | None,
+              clocks: str | None, out_path: str | None,
               partitions: bool, figure_path: str | None, allow_clock_control: bool,
               strict: bool, as_json: bool) -> None:
     """Fit a preset's clock->time and clock->power curves to a measured profile (or measure one
@@ -478,13 +487,17 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     if sweep_path is not None:
         _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json)
         return
+    layout = {k: v for k, v in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("seq", seq),
+                                 ("microbatches", microbatches)) if v is not None}
+    if layout and not gpu_measure:
+        raise InputError(f"--{next(iter(layout))} applies to --gpu-measure only")
     if gpu_measure:
         from kareus.atomic import check_writable_dir
 
         check_writable_dir(out_path or "results/calibration", "--out")
         report = _gpu_measure(get_preset(gpu), workload, layers, clocks,
                               out_path or "results/calibration", partitions,
-                              allow_clock_control, static_power, strict)
+                              allow_clock_control, static_power, strict, layout)
         _emit(report, as_json, lambda: json.dumps(report, indent=2))
         return
     if profile_path is None:
@@ -659,8 +672,10 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
 
 def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | None,
                  out_dir: str, partitions: bool, allow: bool, static_power: float | None,
-                 strict: bool = False) -> dict:
-    """``kareus calibrate --gpu-measure``: profile on the GPU backend, fit, report the error."""
+                 strict: bool = False, layout: dict[str, int] | None = None) -> dict:
+    """``kareus calibrate --gpu-measure``: profile on the GPU backend, fit, report the error.
+    ``layout``: the job's parallelism and shape (``tp``, ``pp``, ``dp``, ``mbs``, ``seq``,
+    ``microbatches``; the workload's defaults otherwise, e.g. TP 8)."""
     from kareus.errors import InputError
 
     clock_list: list[float] | None = None
@@ -676,7 +691,9 @@ def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | N
     from kareus.backends.gpu.measure import MeasureConfig
     from kareus.backends.gpu.serialize import reduced_workload
 
-    w = reduced_workload(workload, layers) if layers else build_workload(workload)
+    layout = layout or {}
+    w = reduced_workload(workload, layers, **layout) if layers else \
+        build_workload(workload, **layout)
     warn(w.memory_warnings(preset.memory_bytes, strict))
     backend = GPUBackend.create(preset, allow_clock_control=allow, static_power_w=static_power,
                                 measure=MeasureConfig(window_s=5, cooldown_s=5))

@@ -144,3 +144,36 @@ def test_import_is_cheap():
             "assert 'torch' not in sys.modules and 'zeus' not in sys.modules, "
             "[m for m in sys.modules if m.startswith(('torch', 'zeus'))][:5]")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_calibrate_gpu_measure_takes_the_layout(monkeypatch, capsys):
+    """`kareus calibrate --gpu-measure` runs the job layout it is given (one GPU: TP1 PP1),
+    not the workload's default (TP 8)."""
+    from kareus.backends.gpu import calibrate as gcal
+
+    seen = {}
+    monkeypatch.setattr(GPUBackend, "create", classmethod(lambda cls, preset, **kw: "backend"))
+
+    def fake_measure(backend, w, out_dir, **kw):
+        seen["w"] = w
+        return {"workload": w.name}
+
+    monkeypatch.setattr(gcal, "gpu_measure", fake_measure)
+    code = main(["calibrate", "--gpu-measure", "--gpu", "h200", "-w", "qwen3-1.7b",
+                 "--layers", "2", "--tp", "1", "--pp", "1", "--mbs", "2", "--seq", "512",
+                 "--microbatches", "3", "--json"])
+    assert code == 0, capsys.readouterr().err
+    p = seen["w"].parallel
+    assert (p.tp, p.pp, p.dp, p.mbs, p.seq, p.microbatches) == (1, 1, 1, 2, 512, 3)
+    assert seen["w"].model.layers == 2 and p.num_gpus == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpu-measure", "--tp", "0"], "tp"),
+    (["--profile", "x.csv", "--tp", "1"], "--gpu-measure only"),
+])
+def test_calibrate_layout_errors_exit_2(args, words, capsys):
+    code = main(["calibrate", "--gpu", "h200", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert words in err.lower()

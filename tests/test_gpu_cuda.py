@@ -143,6 +143,7 @@ def test_side_stream_collectives_are_joined_before_use():
 
 
 def test_zeus_window_positive_energy_and_time():
+    pytest.importorskip("zeus")
     from kareus.backends.gpu.measure import MeasureConfig, ZeusMeter, measure_window
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -157,6 +158,23 @@ def test_zeus_window_positive_energy_and_time():
     assert 30.0 < res.energy_j / res.time_s < 1500.0  # watts of one busy GPU
 
 
+def test_nvml_counter_window_positive_energy_and_time():
+    """The window the backend uses without zeus: NVML's energy counter read directly."""
+    from kareus.backends.gpu.device import NvmlDevice
+    from kareus.backends.gpu.measure import CounterMeter, MeasureConfig, measure_window
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        for _ in range(20):
+            a @ a
+
+    meter = CounterMeter([NvmlDevice(0)], sync=torch.cuda.synchronize)
+    res = measure_window(step, meter, MeasureConfig(warmup_s=0.5, window_s=1.5),
+                         sync=torch.cuda.synchronize)
+    assert res.time_s >= 1.0 and 30.0 < res.energy_j / res.time_s < 1500.0
+
+
 def _matching_backend(**kw):
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.environment import match_preset, probe_environment
@@ -165,6 +183,8 @@ def _matching_backend(**kw):
 
     env = probe_environment()
     name = match_preset(env.gpu_names[0], env.gpu_memory[0]) if env.gpu_names else None
+    if not env.gpu_names:
+        pytest.fail(f"NVML lists no GPU: {env.zeus_error or env.nvml_error}")
     if name is None:
         pytest.skip(f"no preset describes {env.gpu_names[:1]}")
     measure = MeasureConfig(warmup_s=1.0, warmup_steps=2, window_s=2.0, min_steps=2)
@@ -210,9 +230,9 @@ def test_backend_instruction_and_partition_on_one_gpu():
                                                "locking clocks")
 def test_clock_lock_and_restore_on_the_gpu():
     from kareus.backends.gpu.clocks import ClockController
-    from kareus.backends.gpu.device import ZeusDevice
+    from kareus.backends.gpu.device import open_device
 
-    dev = ZeusDevice(0)
+    dev = open_device(0)
     clocks = dev.supported_sm_clocks_mhz()
     target = clocks[len(clocks) // 3]
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

@@ -44,3 +44,19 @@ def test_gpu_check_without_a_gpu_exits_2_and_says_why(tmp_path):
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["ok"] is False
     assert "\n" not in result["error"] and "CUDA" in result["error"]
+
+
+def test_gpu_tests_collect_without_the_solvers_dependencies():
+    """A GPU image has torch but not lowtime, ortools, pymoo, zeus or ray: `pytest -m gpu` must
+    still collect (a collection error would stop every GPU test)."""
+    code = ("import sys\n"
+            "for m in ('lowtime', 'ortools', 'pymoo', 'zeus', 'ray', 'pynvml'):\n"
+            "    sys.modules[m] = None  # import raises ImportError\n"
+            "import pytest\n"
+            "sys.exit(pytest.main(['-m', 'gpu', '--collect-only', '-q', '-p', "
+            "'no:cacheprovider', 'tests']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "error" not in proc.stdout.lower().split("collected")[-1]
+    assert "test_gpu_cuda.py::test_backend_measures_a_plan_on_one_gpu" in proc.stdout

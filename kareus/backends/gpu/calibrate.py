@@ -108,9 +108,10 @@ def simulator_error(profile: pd.DataFrame, workload: Workload, preset: GPUPreset
 
 
 def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
-                stage: int = 0) -> list[dict[str, Any]]:
+                stage: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
     """Each compute op of one layer's forward and backward partitions (nanobatch 0) alone, next
-    to the simulator's time and energy (static included) for the same op on all SMs."""
+    to the simulator's time and energy (static included) for the same op on all SMs; the first
+    ``limit`` ops only when given."""
     from kareus.backends.sim import SimulatorBackend
 
     graph = backend.bind(workload)
@@ -123,7 +124,7 @@ def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
             if not part.key.endswith("/0"):
                 continue
             for i, op in enumerate(part.compute):
-                if (part.key, op.name) in seen:
+                if (part.key, op.name) in seen or (limit is not None and len(rows) >= limit):
                     continue
                 seen.add((part.key, op.name))  # type: ignore[arg-type]
                 t, dyn = backend.measure_partition_op(part, i, clock_mhz)

@@ -61,7 +61,8 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
     from kareus.backends.base import Point
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.calibrate import snap_to_grid
-    from kareus.backends.gpu.device import ZeusDevice
+    from kareus.atomic import atomic_write_json
+    from kareus.backends.gpu.device import open_device
     from kareus.backends.gpu.environment import match_preset, probe_environment
     from kareus.backends.gpu.measure import MeasureConfig
     from kareus.backends.gpu.serialize import reduced_workload
@@ -80,7 +81,7 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
     if preset_name is None:
         raise InputError(f"GPU 0 is an {name}, which no preset describes; pass --gpu PRESET")
     preset = get_preset(preset_name)
-    dev = ZeusDevice(0)
+    dev = open_device(0)
     before = _readings(dev, "sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w", "power_w")
     _log(lines, f"GPU 0: {name} -> preset {preset.name}; idle SM clock "
                 f"{_fmt(before['sm_clock_mhz'])} MHz (max {_fmt(before['max_sm_clock_mhz'])}), "
@@ -128,6 +129,10 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
                           "avg_power": _pct(p.total_j / p.time_s, m.total_j / m.time_s)},
         }
         runs.append(run)
+        # a kill keeps every finished plan: the record so far, replaced atomically
+        atomic_write_json(Path(args.out) / "gpu_check.json",
+                          {"ok": False, "partial": True, "gpu_name": name, "preset": preset.name,
+                           "gpu_before": before, "runs": runs, "log": lines})
         _log(lines, f"[{label}] measured {m.time_s * 1e3:.1f} ms/iter, {m.total_j:.1f} J/iter "
                     f"({m.total_j / m.time_s:.0f} W avg, SM clock {clock:.0f} MHz, "
                     f"{rank['steps']} iters in {rank['time_s']:.1f} s); simulator at "

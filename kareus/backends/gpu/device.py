@@ -188,6 +188,108 @@ class ZeusDevice:
                       f"{PERMISSION_HINT}"
 
 
+class NvmlDevice:
+    """A real GPU through the NVML bindings alone (``pynvml``), for machines without zeus: the
+    same readings and controls as :class:`ZeusDevice` (the energy counter is the one ZeusMonitor
+    reads). ``nvml`` may be any module with pynvml's names (e.g.
+    :class:`~kareus.backends.gpu.fake_nvml.FakeNvml` in tests).
+
+    Args:
+        index: GPU index in NVML's numbering.
+        nvml: The bindings module (default: ``import pynvml``, initialised here).
+    """
+
+    def __init__(self, index: int, nvml: object | None = None) -> None:
+        if nvml is None:
+            try:
+                import pynvml as nvml  # type: ignore[no-redef]
+            except ImportError as e:
+                raise DeviceError(f"nvidia-ml-py is not installed ({e}); pip install "
+                                  "nvidia-ml-py") from None
+        self.index = index
+        self.nvml = nvml
+        err = getattr(nvml, "NVMLError", Exception)
+        try:
+            nvml.nvmlInit()  # type: ignore[attr-defined]
+            self.handle = nvml.nvmlDeviceGetHandleByIndex(  # type: ignore[attr-defined]
+                nvml_index(index))
+        except err as e:  # type: ignore[misc]
+            raise DeviceError(f"NVML unavailable for GPU {index}: {e}") from None
+
+    def _nvml(self, fn_name: str, *args: object) -> object:
+        nvml = self.nvml
+        try:
+            return getattr(nvml, fn_name)(self.handle, *args)
+        except nvml.NVMLError as e:  # type: ignore[attr-defined]
+            if getattr(e, "value", None) == getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4):
+                raise ClockPermissionError(f"GPU {self.index}: {e}; {PERMISSION_HINT}") from None
+            raise DeviceError(f"GPU {self.index}: {fn_name}: {e}") from None
+
+    def name(self) -> str:
+        n = self._nvml("nvmlDeviceGetName")
+        return n.decode() if isinstance(n, bytes) else str(n)
+
+    def memory_bytes(self) -> int:
+        return int(self._nvml("nvmlDeviceGetMemoryInfo").total)  # type: ignore[attr-defined]
+
+    def memory_used_bytes(self) -> int:
+        """Device memory in use, all processes (bytes)."""
+        return int(self._nvml("nvmlDeviceGetMemoryInfo").used)  # type: ignore[attr-defined]
+
+    def sm_clock_mhz(self) -> float:
+        return float(self._nvml("nvmlDeviceGetClockInfo", self.nvml.NVML_CLOCK_SM))  # type: ignore[attr-defined, arg-type]
+
+    def max_sm_clock_mhz(self) -> float:
+        return float(self._nvml("nvmlDeviceGetMaxClockInfo", self.nvml.NVML_CLOCK_SM))  # type: ignore[attr-defined, arg-type]
+
+    def supported_sm_clocks_mhz(self) -> list[int]:
+        mem = self._nvml("nvmlDeviceGetSupportedMemoryClocks")
+        top = max(mem)  # type: ignore[call-overload]
+        return sorted((int(c) for c in self._nvml("nvmlDeviceGetSupportedGraphicsClocks",  # type: ignore[union-attr]
+                                                   top)), reverse=True)
+
+    def lock_sm_clock(self, mhz: int) -> None:
+        self._nvml("nvmlDeviceSetGpuLockedClocks", int(mhz), int(mhz))
+
+    def reset_sm_clock(self) -> None:
+        self._nvml("nvmlDeviceResetGpuLockedClocks")
+
+    def power_limit_w(self) -> float:
+        return float(self._nvml("nvmlDeviceGetPowerManagementLimit")) / 1e3  # type: ignore[arg-type]
+
+    def set_power_limit_w(self, watts: float) -> None:
+        self._nvml("nvmlDeviceSetPowerManagementLimit", int(round(watts * 1e3)))
+
+    def energy_j(self) -> float:
+        return float(self._nvml("nvmlDeviceGetTotalEnergyConsumption")) / 1e3  # type: ignore[arg-type]
+
+    def power_w(self) -> float:
+        return float(self._nvml("nvmlDeviceGetPowerUsage")) / 1e3  # type: ignore[arg-type]
+
+    def control_permission(self) -> tuple[bool, str]:
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            return True, ""
+        return False, f"this process is not root and zeus (with its daemon) is not installed; " \
+                      f"{PERMISSION_HINT}"
+
+
+def nvml_index(index: int) -> int:
+    """NVML's index of the ``index``-th GPU CUDA sees (``CUDA_VISIBLE_DEVICES`` of plain
+    numbers is followed, as zeus does; anything else, e.g. UUIDs, maps to itself)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if v.strip()]
+    if visible and all(v.isdigit() for v in visible) and index < len(visible):
+        return int(visible[index])
+    return index
+
+
+def zeus_available() -> bool:
+    """Whether zeus can be found (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("zeus") is not None
+
+
 # --------------------------------------------------------------------------------- fake device
 
 
@@ -294,7 +396,10 @@ class FakeDevice:
 
 
 def open_device(index: int, fake: bool = False) -> Device:
-    """The real GPU ``index`` (through Zeus/NVML), or a :class:`FakeDevice` when ``fake``."""
+    """The real GPU ``index`` (through Zeus/NVML; through the NVML bindings alone where zeus is
+    not installed), or a :class:`FakeDevice` when ``fake``."""
     if fake:
         return FakeDevice(index)
+    if not zeus_available():
+        return NvmlDevice(index)
     return ZeusDevice(index)

@@ -24,7 +24,8 @@ class Environment:
         torch_version: ``torch.__version__``.
         torch_cuda: ``torch.version.cuda`` (``None``: a CPU-only build).
         cuda_devices: GPUs torch sees (0 when CUDA is unavailable).
-        zeus_error: Why zeus / nvidia-ml-py cannot be imported (``None``: they can).
+        zeus_error: Why the NVML bindings (nvidia-ml-py) cannot be imported (``None``: they
+            can; zeus itself is optional).
         nvml_error: Why NVML cannot be initialised (``None``: it can).
         gpu_names: NVML names of the visible GPUs.
         gpu_memory: Their memory (bytes).
@@ -40,26 +41,40 @@ class Environment:
 
 
 def probe_environment() -> Environment:
-    """Look at torch, zeus and NVML; never raises."""
+    """Look at torch, NVML and zeus; never raises. Where zeus is not installed the GPUs are
+    listed through the NVML bindings alone (the backend then measures NVML's energy counter
+    directly, as ZeusMonitor does); ``zeus_error`` is set only when neither can be used."""
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     env = dict(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cuda_devices=n)
     try:
-        import pynvml  # noqa: F401
-        from zeus.device import get_gpus
-    except Exception as e:  # noqa: BLE001 - ImportError, or zeus refusing an unofficial pynvml
-        return Environment(**env, zeus_error=f"{type(e).__name__}: {e}")  # type: ignore[arg-type]
-    try:
-        gpus = get_gpus()
-        names = tuple(str(gpus.get_name(i)) for i in range(len(gpus)))
         import pynvml
+    except Exception as e:  # noqa: BLE001 - ImportError
+        return Environment(**env, zeus_error=f"{type(e).__name__}: {e}")  # type: ignore[arg-type]
+    from kareus.backends.gpu.device import nvml_index, zeus_available
 
-        mem = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(g.handle).total)  # type: ignore[attr-defined]
-                    for g in gpus.gpus)
-    except Exception as e:  # noqa: BLE001 - ZeusGPUInitError and friends
+    try:
+        if zeus_available():
+            from zeus.device import get_gpus
+
+            gpus = get_gpus()
+            names = tuple(str(gpus.get_name(i)) for i in range(len(gpus)))
+            handles = [g.handle for g in gpus.gpus]
+        else:
+            pynvml.nvmlInit()
+            count = n or pynvml.nvmlDeviceGetCount()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(nvml_index(i)) for i in range(count)]
+            names = tuple(_text(pynvml.nvmlDeviceGetName(h)) for h in handles)
+        mem = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(h).total)  # type: ignore[attr-defined]
+                    for h in handles)
+    except Exception as e:  # noqa: BLE001 - ZeusGPUInitError, NVMLError, zeus refusing pynvml
         return Environment(**env, nvml_error=str(e) or type(e).__name__)  # type: ignore[arg-type]
     return Environment(**env, gpu_names=names, gpu_memory=mem)  # type: ignore[arg-type]
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def match_preset(name: str, memory_bytes: int | None = None) -> str | None:
@@ -102,9 +117,9 @@ def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int =
                          f"(CUDA {env.torch_cuda}) sees none (no driver, or CUDA_VISIBLE_DEVICES "
                          f"hides them); run on a GPU machine, {_SIM_HINT}")
     if env.zeus_error is not None:
-        raise InputError(f"the GPU backend measures energy with zeus and NVML, which cannot be "
-                         f"imported ({env.zeus_error}); pip install 'zeus>=0.11' nvidia-ml-py "
-                         f"(the [gpu] extra), {_SIM_HINT}")
+        raise InputError(f"the GPU backend measures energy with NVML (directly or through "
+                         f"zeus), whose bindings cannot be imported ({env.zeus_error}); pip "
+                         f"install nvidia-ml-py (or the [gpu] extra), {_SIM_HINT}")
     if env.nvml_error is not None or not env.gpu_names:
         raise InputError(f"NVML is unavailable ({env.nvml_error or 'no GPUs listed'}); the "
                          f"NVIDIA driver must be loaded and nvidia-ml-py installed, {_SIM_HINT}")

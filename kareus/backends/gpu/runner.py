@@ -443,9 +443,11 @@ class _Setup:
 
 def _meter(s: _Setup) -> Meter:
     """Zeus's monitor over this rank's GPU; the same NVML energy counter read directly through
-    ``s.dev`` if the monitor cannot start (its CPU/RAPL probing can fail in VMs and containers
-    with a partial powercap tree, which says nothing about the GPU)."""
-    if not s.job.fake_device:
+    ``s.dev`` where zeus is not installed or the monitor cannot start (its CPU/RAPL probing can
+    fail in VMs and containers with a partial powercap tree, which says nothing about the GPU)."""
+    from kareus.backends.gpu.device import zeus_available
+
+    if not s.job.fake_device and zeus_available():
         try:
             return ZeusMeter([s.r.local_rank])
         except Exception as e:  # noqa: BLE001 -- any zeus init failure; the fallback is equivalent

@@ -22,10 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m kareus.backends.gpu.worker JOB.json OUT_DIR", file=sys.stderr)
         return 2
+    from kareus.backends.gpu.nvml_guard import activate_if_requested
     from kareus.backends.gpu.runner import execute
     from kareus.backends.gpu.serialize import Job
 
     try:
+        activate_if_requested()  # KAREUS_NVML_GUARD=1: every NVML setter raises in this rank
         with open(args[0]) as f:
             job = Job.from_dict(json.load(f))
         execute(job, args[1])

@@ -1,0 +1,226 @@
+"""SM contention on one GPU: a communication-like kernel confined to ``k`` SMs on a side stream,
+beside a compute op (a GEMM, causal attention, an elementwise add) on the main stream.
+
+One GPU has no NCCL peer, so a one-rank all-reduce does no work and never takes SMs from compute.
+This stands in for the collective: :data:`KERNEL` runs ``k`` thread blocks, each reserving the
+SM's whole opt-in shared memory (so no other block -- of it or of the compute kernel -- fits on
+that SM), streaming a buffer through HBM the way a reduction's copy loop does (read two, add,
+write). Each block records the SM it ran on (``%smid``): the result says how many *distinct* SMs
+the kernel held (the proof that it was confined to ``k`` SMs, one block each).
+
+For each op and ``k``: the op's time per call on the main stream (CUDA events), the window's
+energy and power, next to the simulator's law: the op on the ``sms - k`` SMs the collective
+leaves (:meth:`SimulatorBackend.kernel_time`) times the preset's contention factor
+``1 + overlap_slowdown_<kind> * k / sms`` (the simulator's extra slowdown beside a collective).
+Units: s, J, W, MHz.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kareus.backends.gpu.device import Device
+from kareus.backends.gpu.measure import ClockSampler, CounterMeter
+from kareus.graph import ComputeOp
+from kareus.hardware.presets import GPUPreset
+
+KERNEL = r"""
+extern "C" __global__ void comm_like(const float4* __restrict__ src, float4* __restrict__ dst,
+                                     int n4, int iters, int* smids) {
+    extern __shared__ float4 reserve[];
+    unsigned int smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    if (threadIdx.x == 0) { smids[blockIdx.x] = (int)smid; reserve[0] = src[0]; }
+    for (int it = 0; it < iters; ++it) {
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += gridDim.x * blockDim.x) {
+            float4 a = src[i];
+            float4 b = dst[i];
+            b.x += a.x; b.y += a.y; b.z += a.z; b.w += a.w;
+            dst[i] = b;
+        }
+    }
+}
+"""
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One compute op to run beside the collective: its name, the graph's op (for the
+    simulator), and a function making its torch step on a device."""
+
+    name: str
+    op: ComputeOp
+    make_step: Callable[[str], Callable[[], None]]
+
+
+def op_cases(workload: Any, device: str) -> list[OpCase]:
+    """The GEMM (``linear_fc1``), causal attention and elementwise op (``bda``, the residual
+    add) of one layer of ``workload`` (TP 1), as the graph describes them and as torch runs them
+    (bf16 on CUDA, float32 on CPU)."""
+    import torch
+    import torch.nn.functional as F
+
+    from workloads.graph_builder import build_iteration_graph
+
+    graph = build_iteration_graph(workload)
+    ops = {op.name: op for seg in graph.instruction_graphs[(0, "forward")].sequential
+           for op in seg.compute}
+    m, p = workload.model, workload.parallel
+    t = p.mbs * p.seq
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+    def gemm(dev: str) -> Callable[[], None]:
+        x = torch.randn(t, m.hidden, device=dev, dtype=dtype)
+        w = torch.randn(m.hidden, m.ffn, device=dev, dtype=dtype)
+        return lambda: torch.mm(x, w)
+
+    def attention(dev: str) -> Callable[[], None]:
+        q = torch.randn(p.mbs, m.heads, p.seq, m.head_dim, device=dev, dtype=dtype)
+        kv = torch.randn(p.mbs, m.kv_heads, p.seq, m.head_dim, device=dev, dtype=dtype)
+        return lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True,
+                                                      enable_gqa=m.kv_heads != m.heads)
+
+    def elementwise(dev: str) -> Callable[[], None]:
+        a = torch.randn(t, m.hidden, device=dev, dtype=dtype)
+        b = torch.randn(t, m.hidden, device=dev, dtype=dtype)
+        return lambda: torch.add(a, b)
+
+    return [OpCase("gemm", ops["linear_fc1"], gemm),
+            OpCase("attention", ops["attention"], attention),
+            OpCase("elementwise", ops["bda"], elementwise)]
+
+
+class CommLike:
+    """The communication-like kernel on ``k`` SMs (CUDA: compiled with NVRTC through
+    ``torch.cuda._compile_kernel``; CPU: a host thread adding buffers, for the dry run, whose SM
+    ids are not measured)."""
+
+    def __init__(self, device: str, nbytes: int = 256 << 20) -> None:
+        import torch
+
+        self.device = device
+        self.n4 = nbytes // 16
+        self.src = torch.ones(self.n4 * 4, device=device, dtype=torch.float32)
+        self.dst = torch.zeros_like(self.src)
+        self.kernel: Any = None
+        if device == "cuda":
+            self.kernel = torch.cuda._compile_kernel(KERNEL, "comm_like")
+            props = torch.cuda.get_device_properties(0)
+            self.shared = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+            self.kernel.set_shared_memory_config(self.shared)
+            self.stream = torch.cuda.Stream()
+
+    def pass_time(self, k: int) -> float:
+        """Seconds of one pass over the buffer on ``k`` SMs (CUDA), timed alone."""
+        import torch
+
+        self.launch(k, 1)  # warm
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(self.stream)
+        self.launch(k, 2)
+        b.record(self.stream)
+        b.synchronize()
+        return max(a.elapsed_time(b) / 2e3, 1e-6)
+
+    def launch(self, k: int, iters: int) -> Any:
+        """Queue one kernel on ``k`` SMs (CUDA) and return the tensor its blocks write their SM
+        ids to."""
+        import torch
+
+        smids = torch.full((k,), -1, device=self.device, dtype=torch.int32)
+        if self.kernel is not None:
+            with torch.cuda.stream(self.stream):
+                self.kernel(grid=(k, 1, 1), block=(512, 1, 1),
+                            args=[self.src, self.dst, self.n4, iters, smids],
+                            shared_mem=self.shared)
+        return smids
+
+
+def predict(sim: Any, preset: GPUPreset, op: ComputeOp, clock_mhz: float, k: int
+            ) -> dict[str, float]:
+    """The simulator's time of ``op`` beside a collective on ``k`` SMs at ``clock_mhz``: on the
+    SMs left, and with the preset's contention factor."""
+    alone = sim.kernel_time(op, clock_mhz, preset.sms)
+    left = sim.kernel_time(op, clock_mhz, preset.sms - k) if k else alone
+    factor = 1.0 + getattr(preset, f"overlap_slowdown_{op.kind}") * k / preset.sms
+    return {"time_alone_s": alone, "time_on_sms_left_s": left, "contention_factor": factor,
+            "time_s": left * factor, "slowdown": left * factor / alone}
+
+
+def measure_case(case: OpCase, ks: list[int], dev: Device, device: str, comm: CommLike | None,
+                 window_s: float, sim: Any, preset: GPUPreset) -> list[dict[str, Any]]:
+    """``case``'s op alone (k = 0) and beside the collective on each ``k``: per-call time,
+    window energy and power, SMs proven, and the simulator's prediction."""
+    import torch
+
+    step = case.make_step(device)
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(3):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        step()
+    sync()
+    per_call = max((time.perf_counter() - t0) / 5, 1e-6)
+    calls = max(5, int(window_s / per_call))
+    rows = []
+    base: float | None = None
+    for k in ks:
+        stop = threading.Event()
+        smids = None
+        host_thread = None
+        if k and comm is not None and cuda:
+            # one kernel that outlasts the op's calls: passes timed alone first
+            iters = max(1, math.ceil(1.5 * calls * per_call / comm.pass_time(k)))
+            smids = comm.launch(k, iters)
+        elif k and comm is not None:
+            def spin() -> None:
+                while not stop.is_set():
+                    comm.dst.add_(comm.src)
+            host_thread = threading.Thread(target=spin, daemon=True)
+            host_thread.start()
+        meter = CounterMeter([dev], sync=None)
+        sampler = ClockSampler(dev, period_s=0.05).start()
+        meter.begin()
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+        t_host = time.perf_counter()
+        for _ in range(calls):
+            step()
+        if cuda:
+            b.record()
+            b.synchronize()
+            t_op = a.elapsed_time(b) / 1e3 / calls
+        else:
+            t_op = (time.perf_counter() - t_host) / calls
+        t, e = meter.end()
+        clock = sampler.stop()
+        stop.set()
+        if host_thread is not None:
+            host_thread.join()
+        sync()
+        distinct = None
+        if smids is not None:
+            ids = smids.tolist()
+            distinct = len({i for i in ids if i >= 0})
+        f = clock or preset.clock_max_mhz
+        from kareus.backends.gpu.calibrate import snap_to_grid
+
+        pred = predict(sim, preset, case.op, snap_to_grid(f, preset), k)
+        if k == 0:
+            base = t_op
+        rows.append({"op": case.name, "graph_op": case.op.name, "kind": case.op.kind,
+                     "comm_sms": k, "distinct_sms": distinct,
+                     "sms_proven": (distinct == k) if smids is not None else None,
+                     "time_per_call_s": t_op, "slowdown": t_op / base if base else None,
+                     "window_s": t, "energy_j": e, "power_w": e / t if t > 0 else None,
+                     "sm_clock_mhz": clock, "calls": calls, "simulated": pred})
+    return rows
