@@ -275,11 +275,6 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         raise WorkloadError(
             f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages"
         )
-    if p.microbatches < p.pp:
-        raise WorkloadError(
-            f"--microbatches {p.microbatches} is fewer than the {p.pp} pipeline stages; 1F1B "
-            f"needs at least one microbatch per stage (use --microbatches >= {p.pp})"
-        )
     if p.microbatches * p.pp > MAX_PIPELINE_SLOTS:
         raise WorkloadError(
             f"--microbatches {p.microbatches} x {p.pp} stages is {p.microbatches * p.pp:,} "
@@ -362,4 +357,18 @@ def make_workload(
                          overlap_grad_reduce=overlap_grad_reduce, attention=attention).items()
         if v is not None
     }
-    return Workload(model=model, parallel=replace(parallel, **overrides))
+    w = Workload(model=model, parallel=replace(parallel, **overrides))
+    check_pipeline_fill(w.parallel)
+    return w
+
+
+def check_pipeline_fill(p: ParallelConfig) -> None:
+    """Refuse (one line) a job asked for with fewer microbatches than pipeline stages: its 1F1B
+    never reaches a steady state, so no stage is ever busy with both directions. Megatron-LM runs
+    such a job (vTrain measured some), and :class:`Workload` itself describes it; the commands,
+    built on :func:`make_workload`, refuse it as a mistake."""
+    if p.microbatches < p.pp:
+        raise WorkloadError(
+            f"--microbatches {p.microbatches} is fewer than the {p.pp} pipeline stages; 1F1B "
+            f"needs at least one microbatch per stage (use --microbatches >= {p.pp})"
+        )
