@@ -29,16 +29,19 @@ from kareus.suite.records import frontier_object
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
-                   comparison: Mapping[str, object], **meta: object) -> dict:
-    """The ``summary.json`` object."""
+                   comparison: Mapping[str, object],
+                   made_by: Mapping[str, Mapping] | None = None, **meta: object) -> dict:
+    """The ``summary.json`` object. ``made_by``: per optimizer, who computed its cell (suite
+    version, git commit, code hashes), recorded in its object when given."""
     w, g = problem.workload, problem.graph
     optimizers = {}
     for name, run in runs.items():
+        extra = {"made_by": dict(made_by[name])} if made_by and name in made_by else {}
         optimizers[name] = frontier_object(
             workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
             num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
             status=run.status, error=run.error, evaluated_plans=len(run.points),
-            spread_plan_ids=run.spread, choice=run.choice,
+            spread_plan_ids=run.spread, choice=run.choice, **extra,
         )
     p = w.parallel
     return {
@@ -77,10 +80,40 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.1f}"
 
 
+#: Each comparison block of ``summary.json`` and the optimizer it compares against.
+REFERENCES = {"max_throughput_vs_megatron": "megatron", "frontier_vs_perseus": "perseus"}
+
+
+def na_reason(summary: Mapping, block: str, name: str) -> str:
+    """Why ``name`` has no value in comparison ``block``: the method did not run or failed, its
+    reference (Megatron-LM, Perseus) did not run or failed, or no point of the method reaches
+    the reference's time or energy ("not attainable")."""
+    from kareus.suite.style import method_style
+
+    def state(n: str) -> str | None:
+        obj = summary["optimizers"].get(n)
+        return "not run" if obj is None or obj["status"] == "missing" else \
+            "failed" if obj["status"] != "ok" else None
+
+    ref = REFERENCES[block]
+    if state(name):
+        return str(state(name))
+    if state(ref):
+        return f"{method_style(ref).label} {state(ref)}"
+    return "not attainable"
+
+
+def _metric(summary: Mapping, block: str, name: str, field: str) -> str:
+    """A comparison metric as a signed percentage, or the reason it is missing."""
+    m = summary["comparison"][block].get(name)
+    value = m.get(field) if m else None
+    return _pct(value) if value is not None else na_reason(summary, block, name)
+
+
 def max_throughput_table(summary: Mapping) -> pd.DataFrame:
     """Fastest plan of every optimizer vs Megatron-LM (ΔT %, ΔE %: positive = reduction)."""
     rows = []
-    cmp_ = summary["comparison"]["max_throughput_vs_megatron"]
+    block = "max_throughput_vs_megatron"
     for name, obj in summary["optimizers"].items():
         mt = obj["max_throughput"]
         row = {"optimizer": name, "status": obj["status"]}
@@ -88,25 +121,26 @@ def max_throughput_table(summary: Mapping) -> pd.DataFrame:
             row.update({"time s": round(mt["time_s"], 4), "E kJ": round(mt["energy_j"] / 1e3, 3),
                         "dyn kJ": round(mt["dynamic_energy_j"] / 1e3, 3),
                         "static kJ": round(mt["static_energy_j"] / 1e3, 3)})
-        m = cmp_.get(name)
-        row["ΔT %"] = _pct(m["time_reduction_pct"]) if m else "n/a"
-        row["ΔE %"] = _pct(m["energy_reduction_pct"]) if m else "n/a"
+        row["ΔT %"] = _metric(summary, block, name, "time_reduction_pct")
+        row["ΔE %"] = _metric(summary, block, name, "energy_reduction_pct")
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def frontier_table(summary: Mapping) -> pd.DataFrame:
     """Iso-time energy reduction and iso-energy time reduction vs the Perseus frontier (%)."""
-    rows = []
-    cmp_ = summary["comparison"]["frontier_vs_perseus"]
-    for name, obj in summary["optimizers"].items():
-        m = cmp_.get(name)
-        rows.append({
-            "optimizer": name, "frontier points": len(obj["points"]),
-            "iso-time ΔE %": _pct(m["iso_time_energy_reduction_pct"]) if m else "n/a",
-            "iso-energy ΔT %": _pct(m["iso_energy_time_reduction_pct"]) if m else "n/a",
-        })
-    return pd.DataFrame(rows)
+    block = "frontier_vs_perseus"
+    return pd.DataFrame([{
+        "optimizer": name, "frontier points": len(obj["points"]),
+        "iso-time ΔE %": _metric(summary, block, name, "iso_time_energy_reduction_pct"),
+        "iso-energy ΔT %": _metric(summary, block, name, "iso_energy_time_reduction_pct"),
+    } for name, obj in summary["optimizers"].items()])
+
+
+#: What the frontier table's missing values mean (printed with it).
+NA_NOTE = ("not attainable: no point of the method is as fast as Perseus's fastest (iso-time) "
+           "or as frugal as its most frugal (iso-energy); 'Perseus not run': the reference is "
+           "not in this folder")
 
 
 def comparison_markdown(summary: Mapping) -> str:
@@ -123,12 +157,19 @@ def comparison_markdown(summary: Mapping) -> str:
         "## Frontier vs Perseus", "",
         "Iso-time: at Perseus's fastest point, the least energy of the method's points that are "
         "at least as fast. Iso-energy: at Perseus's lowest-energy point, the least time of the "
-        "method's points using no more energy. n/a = not attainable.", "",
+        "method's points using no more energy. " + NA_NOTE + ".", "",
         frontier_table(summary).to_markdown(index=False, disable_numparse=True), "",
     ]
     failed = {n: o["error"] for n, o in summary["optimizers"].items() if o["status"] != "ok"}
     if failed:
         lines += ["## Failed optimizers", ""] + [f"- `{n}`: {e}" for n, e in failed.items()] + [""]
+    made = sorted({(o["made_by"].get("suite"), o["made_by"].get("git_commit"))
+                   for o in summary["optimizers"].values() if o.get("made_by")},
+                  key=lambda m: (str(m[0]), str(m[1])))
+    if made:
+        lines += ["Computed by " + "; ".join(
+            f"{suite} at git {commit[:10] if commit else 'unknown'}" for suite, commit in made)
+            + " (code hashes of each optimizer in summary.json, `made_by`).", ""]
     choices = {n: o["choice"] for n, o in summary["optimizers"].items() if o.get("choice")}
     for n, c in choices.items():
         lines += [f"{n} picks *{c['label']}*: {c['time_s']:.4f} s, {c['energy_j'] / 1e3:.3f} kJ.",
@@ -289,10 +330,13 @@ def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerR
 # Suites: tables and figures across configurations
 
 
-def suite_tables(summaries: Mapping[str, Mapping]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def suite_tables(summaries: Mapping[str, Mapping]
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, str], str]]:
     """Max-throughput (ΔT %, ΔE % vs Megatron-LM) and frontier (iso-time ΔE %, iso-energy ΔT %
-    vs Perseus) tables, one row per configuration and a column pair per optimizer."""
+    vs Perseus) tables, one row per configuration and a column pair per optimizer, and for each
+    missing value ``(config, column)`` the reason (:func:`na_reason`)."""
     mt_rows, fr_rows = [], []
+    notes: dict[tuple[str, str], str] = {}
     for label, s in summaries.items():
         mt = {"config": label}
         fr_ = {"config": label}
@@ -307,18 +351,25 @@ def suite_tables(summaries: Mapping[str, Mapping]) -> tuple[pd.DataFrame, pd.Dat
                 fr_[f"{name} iso-energy ΔT %"] = f["iso_energy_time_reduction_pct"] if f else None
             if obj["status"] != "ok":
                 mt[f"{name} ΔT %"] = mt[f"{name} ΔE %"] = None
+            for block, row in (("max_throughput_vs_megatron", mt), ("frontier_vs_perseus", fr_)):
+                for col in [c for c in row if c.startswith(f"{name} ") and row[c] is None]:
+                    notes[(label, col)] = na_reason(s, block, name)
         mt_rows.append(mt)
         fr_rows.append(fr_)
-    return pd.DataFrame(mt_rows), pd.DataFrame(fr_rows)
+    return pd.DataFrame(mt_rows), pd.DataFrame(fr_rows), notes
 
 
-def format_pct_table(df: pd.DataFrame) -> str:
-    """Markdown with signed one-decimal percentages and n/a for missing values."""
+def format_pct_table(df: pd.DataFrame, notes: Mapping[tuple[str, str], str] | None = None) -> str:
+    """Markdown with signed one-decimal percentages; a missing value shows its reason from
+    ``notes`` (keyed by first-column value and column), else n/a."""
     shown = df.copy()
+    notes = notes or {}
     for col in shown.columns[1:]:
         if all(isinstance(v, str) for v in shown[col]):
             continue  # a text column (e.g. yes/no)
-        shown[col] = [_pct(None if (v is None or v != v) else float(v)) for v in shown[col]]
+        shown[col] = [_pct(float(v)) if v is not None and v == v
+                      else notes.get((row, col), "n/a")
+                      for row, v in zip(df.iloc[:, 0], shown[col])]
     return shown.to_markdown(index=False, disable_numparse=True)
 
 
