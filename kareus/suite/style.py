@@ -45,7 +45,7 @@ STYLES: dict[str, MethodStyle] = {
 }
 
 #: Colours and markers for third-party optimizers (none used by a built-in).
-EXTRA_COLORS = ("#7F3C8D", "#8C564B", "#999933", "#882255", "#44AA99", "#666666")
+EXTRA_COLORS = ("#7F3C8D", "#8C564B", "#999933", "#882255", "#332288", "#888888")
 EXTRA_MARKERS = ("X", "h", "<", ">", "p", "8")
 
 #: Font sizes (pt) of figures printed at their own size (no scaling in the paper).
