@@ -115,3 +115,59 @@ def test_a_subset_run_adds_to_the_folder_and_says_why_a_metric_is_missing(tmp_pa
     text = capsys.readouterr().out
     assert "Perseus not run" in text and "Megatron-LM not run" in text
     assert "not attainable" not in text.split("Frontier vs Perseus")[1].split("\n", 1)[1]
+
+
+def test_kareus_reproduce_is_the_reproduce_py_command(tmp_path, capsys):
+    from kareus import reproduction
+    from kareus.cli import cli, main
+
+    assert cli.commands["reproduce"] is reproduction.command
+    assert reproduce.main is reproduction.main
+    assert main(["reproduce", "--workload", "gpt9", "--out", str(tmp_path / "x")]) == 2
+    assert "choose one of" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_figures_give_every_method_one_style_and_print_nothing(tmp_path, capsys):
+    """Every figure draws a method in its one style, and no library warning is raised."""
+    import warnings
+
+    import pandas as pd
+
+    from kareus.suite import report
+    from kareus.suite.style import STYLES, method_style
+
+    assert len({(s.color, s.marker) for s in STYLES.values()}) == len(STYLES)
+    assert method_style("my-plugin") == method_style("my-plugin")
+    assert method_style("my-plugin").color not in {s.color for s in STYLES.values()}
+    out = tmp_path / "res"
+    assert reproduce.main([*SMALL, "--optimizers", "megatron,perseus,zeus-power-limit",
+                           "--out", str(out)]) == 0
+    capsys.readouterr()
+    frame = pd.read_csv(out / "frontiers.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report.plot_frontiers(frame, tmp_path / "f.png", "t")
+        report.plot_breakdown(summary, tmp_path / "b.png", "t")
+        report.plot_suite_frontiers({"a": frame, "b": frame}, tmp_path / "g.png", "t")
+        report.plot_suite_breakdown({"a": summary}, tmp_path / "sb.png", "t",
+                                    optimizers=("perseus", "zeus-power-limit"))
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    for name in ("f.png", "b.png", "g.png", "sb.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_breakdown_is_relative_to_megatron():
+    from kareus.suite.report import _breakdown_rows
+
+    def plan(t, dyn, sta):
+        return {"max_throughput": {"time_s": t, "energy_j": dyn + sta, "dynamic_energy_j": dyn,
+                                   "static_energy_j": sta}}
+
+    summary = {"optimizers": {"megatron": plan(1.0, 60.0, 40.0), "kareus": plan(0.95, 57.0, 38.0)}}
+    ref, rows = _breakdown_rows(summary)
+    k = rows[1]
+    assert ref == "megatron" and rows[0]["energy_pct"] == 0.0
+    assert k["time_pct"] == pytest.approx(-5.0) and k["energy_pct"] == pytest.approx(-5.0)
+    assert k["dynamic_pct"] == pytest.approx(-3.0) and k["static_pct"] == pytest.approx(-2.0)

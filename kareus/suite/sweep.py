@@ -248,6 +248,8 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
     import pandas as pd
 
     frames = {label: pd.read_csv(out / label / "frontiers.csv") for label in summaries}
+    # what the folder now shows: the optimizers run, and those already there (run_configs)
+    names = list(dict.fromkeys(n for sm in summaries.values() for n in sm["optimizers"]))
     mt, fr_, notes = report.suite_tables(summaries)
     title = f"suite {suite}, {gpu} ({backend})"
     report.atomic_write_text(out / "max_throughput.csv", mt.to_csv(index=False))
