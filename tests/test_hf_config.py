@@ -283,7 +283,9 @@ def test_reproduce_bad_config_exits_2_and_writes_nothing(hf, tmp_path, capsys, p
 def test_reproduce_writes_results_under_the_model_name(hf, tmp_path, capsys, monkeypatch):
     """A relative path is stored absolute in every cell (and with the model's fields); a rerun
     from elsewhere rebuilds the workload from it and reuses the cells."""
-    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    from kareus import reproduction
+
+    monkeypatch.setattr(reproduction, "default_results_root", lambda: tmp_path / "results")
     monkeypatch.chdir(FIXTURES)
     args = ["-w", "./gpt2", "--optimizers", "megatron,perseus", "--microbatches", "4"]
     assert reproduce.main(args) == 0
