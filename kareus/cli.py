@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
 from kareus.suite.options import JOB_SHAPE_OPTIONS
 
@@ -699,6 +700,10 @@ def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | N
                                 measure=MeasureConfig(window_s=5, cooldown_s=5))
     return gpu_measure(backend, w, out_dir, clocks_mhz=clock_list, nanobatched=False, ops=True,
                        partitions=partitions)
+
+
+# `kareus reproduce` is `python reproduce.py`: the same click command (kareus.reproduction).
+cli.add_command(reproduction.command, "reproduce")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """The outside contract's exit statuses, applied to a click command: 0 success; 2 bad input (one
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
 traceback; 1 also when every optimizer of a run failed: ``error: every optimizer failed``);
-130 / 143 interrupted by SIGINT / SIGTERM. A :class:`~kareus.errors.KareusError`
-chooses its status by class (``exit_status``)."""
+130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A
+:class:`~kareus.errors.KareusError` chooses its status by class (``exit_status``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
     status (default: print "aborted", 130).
     """
     try:
-        command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+        # click returns the status of a ``click.exceptions.Exit`` (``ctx.exit(n)``) when not
+        # standalone; callbacks themselves return None
+        status = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt) as e:
         cause = e if isinstance(e, KeyboardInterrupt) else e.__cause__
         if interrupted is not None:
@@ -43,4 +45,4 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
             raise
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
         return 1
-    return 0
+    return status if type(status) is int else 0

@@ -283,7 +283,9 @@ def test_reproduce_bad_config_exits_2_and_writes_nothing(hf, tmp_path, capsys, p
 def test_reproduce_writes_results_under_the_model_name(hf, tmp_path, capsys, monkeypatch):
     """A relative path is stored absolute in every cell (and with the model's fields); a rerun
     from elsewhere rebuilds the workload from it and reuses the cells."""
-    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    from kareus import reproduction
+
+    monkeypatch.setattr(reproduction, "default_results_root", lambda: tmp_path / "results")
     monkeypatch.chdir(FIXTURES)
     args = ["-w", "./gpt2", "--optimizers", "megatron,perseus", "--microbatches", "4"]
     assert reproduce.main(args) == 0
@@ -297,7 +299,8 @@ def test_reproduce_writes_results_under_the_model_name(hf, tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     assert reproduce.main(["-w", str(FIXTURES / "gpt2" / "config.json"),
                            *args[2:]]) == 0
-    assert "reusing 2 finished cell(s); computing 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "reusing 2 cell(s) made by kareus-suite" in err and "computing" not in err
     assert json.loads((out / "summary.json").read_text()) == summary
 
 

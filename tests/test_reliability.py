@@ -67,8 +67,8 @@ def test_sigterm_halfway_then_resume(tmp_path, reference):
 
     rerun = subprocess.run(_cmd(out), env=_env(), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert f"reusing {len(finished)} finished cell(s); computing {total - len(finished)}" \
-        in rerun.stderr
+    assert f"reusing {len(finished)} cell(s) made by kareus-suite" in rerun.stderr
+    assert f"computing {total - len(finished)} cell(s): not run before" in rerun.stderr
     assert _summaries(out) == _summaries(reference)
 
 

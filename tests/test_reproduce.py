@@ -77,6 +77,7 @@ class _Fails:
 
 class _EntryPoint:
     name, value = "always-fails", "tests.test_reproduce:_Fails"
+    module = "tests.test_reproduce"
 
     def load(self):
         return _Fails

@@ -28,6 +28,7 @@ class CellTask:
     seed: int
     key: dict
     store_root: str
+    made_by: dict | None = None
     overrides: dict = field(default_factory=dict)
     gpu_overrides: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
@@ -47,7 +48,7 @@ def run_task(task: CellTask) -> dict:
                            **{k: (tuple(v) if isinstance(v, list) else v)
                               for k, v in task.overrides.items() if v is not None})
     run = load_and_run(task.optimizer, problem)
-    record = run_to_record(run, task.key)
+    record = run_to_record(run, task.key, task.made_by)
     ResultsStore(task.store_root).save(task.config, task.optimizer, record)
     return record
 

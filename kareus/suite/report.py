@@ -29,16 +29,19 @@ from kareus.suite.records import frontier_object
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
-                   comparison: Mapping[str, object], **meta: object) -> dict:
-    """The ``summary.json`` object."""
+                   comparison: Mapping[str, object],
+                   made_by: Mapping[str, Mapping] | None = None, **meta: object) -> dict:
+    """The ``summary.json`` object. ``made_by``: per optimizer, who computed its cell (suite
+    version, git commit, code hashes), recorded in its object when given."""
     w, g = problem.workload, problem.graph
     optimizers = {}
     for name, run in runs.items():
+        extra = {"made_by": dict(made_by[name])} if made_by and name in made_by else {}
         optimizers[name] = frontier_object(
             workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
             num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
             status=run.status, error=run.error, evaluated_plans=len(run.points),
-            spread_plan_ids=run.spread, choice=run.choice,
+            spread_plan_ids=run.spread, choice=run.choice, **extra,
         )
     p = w.parallel
     return {
@@ -77,10 +80,40 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.1f}"
 
 
+#: Each comparison block of ``summary.json`` and the optimizer it compares against.
+REFERENCES = {"max_throughput_vs_megatron": "megatron", "frontier_vs_perseus": "perseus"}
+
+
+def na_reason(summary: Mapping, block: str, name: str) -> str:
+    """Why ``name`` has no value in comparison ``block``: the method did not run or failed, its
+    reference (Megatron-LM, Perseus) did not run or failed, or no point of the method reaches
+    the reference's time or energy ("not attainable")."""
+    from kareus.suite.style import method_style
+
+    def state(n: str) -> str | None:
+        obj = summary["optimizers"].get(n)
+        return "not run" if obj is None or obj["status"] == "missing" else \
+            "failed" if obj["status"] != "ok" else None
+
+    ref = REFERENCES[block]
+    if state(name):
+        return str(state(name))
+    if state(ref):
+        return f"{method_style(ref).label} {state(ref)}"
+    return "not attainable"
+
+
+def _metric(summary: Mapping, block: str, name: str, field: str) -> str:
+    """A comparison metric as a signed percentage, or the reason it is missing."""
+    m = summary["comparison"][block].get(name)
+    value = m.get(field) if m else None
+    return _pct(value) if value is not None else na_reason(summary, block, name)
+
+
 def max_throughput_table(summary: Mapping) -> pd.DataFrame:
     """Fastest plan of every optimizer vs Megatron-LM (ΔT %, ΔE %: positive = reduction)."""
     rows = []
-    cmp_ = summary["comparison"]["max_throughput_vs_megatron"]
+    block = "max_throughput_vs_megatron"
     for name, obj in summary["optimizers"].items():
         mt = obj["max_throughput"]
         row = {"optimizer": name, "status": obj["status"]}
@@ -88,25 +121,26 @@ def max_throughput_table(summary: Mapping) -> pd.DataFrame:
             row.update({"time s": round(mt["time_s"], 4), "E kJ": round(mt["energy_j"] / 1e3, 3),
                         "dyn kJ": round(mt["dynamic_energy_j"] / 1e3, 3),
                         "static kJ": round(mt["static_energy_j"] / 1e3, 3)})
-        m = cmp_.get(name)
-        row["ΔT %"] = _pct(m["time_reduction_pct"]) if m else "n/a"
-        row["ΔE %"] = _pct(m["energy_reduction_pct"]) if m else "n/a"
+        row["ΔT %"] = _metric(summary, block, name, "time_reduction_pct")
+        row["ΔE %"] = _metric(summary, block, name, "energy_reduction_pct")
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def frontier_table(summary: Mapping) -> pd.DataFrame:
     """Iso-time energy reduction and iso-energy time reduction vs the Perseus frontier (%)."""
-    rows = []
-    cmp_ = summary["comparison"]["frontier_vs_perseus"]
-    for name, obj in summary["optimizers"].items():
-        m = cmp_.get(name)
-        rows.append({
-            "optimizer": name, "frontier points": len(obj["points"]),
-            "iso-time ΔE %": _pct(m["iso_time_energy_reduction_pct"]) if m else "n/a",
-            "iso-energy ΔT %": _pct(m["iso_energy_time_reduction_pct"]) if m else "n/a",
-        })
-    return pd.DataFrame(rows)
+    block = "frontier_vs_perseus"
+    return pd.DataFrame([{
+        "optimizer": name, "frontier points": len(obj["points"]),
+        "iso-time ΔE %": _metric(summary, block, name, "iso_time_energy_reduction_pct"),
+        "iso-energy ΔT %": _metric(summary, block, name, "iso_energy_time_reduction_pct"),
+    } for name, obj in summary["optimizers"].items()])
+
+
+#: What the frontier table's missing values mean (printed with it).
+NA_NOTE = ("not attainable: no point of the method is as fast as Perseus's fastest (iso-time) "
+           "or as frugal as its most frugal (iso-energy); 'Perseus not run': the reference is "
+           "not in this folder")
 
 
 def comparison_markdown(summary: Mapping) -> str:
@@ -123,12 +157,19 @@ def comparison_markdown(summary: Mapping) -> str:
         "## Frontier vs Perseus", "",
         "Iso-time: at Perseus's fastest point, the least energy of the method's points that are "
         "at least as fast. Iso-energy: at Perseus's lowest-energy point, the least time of the "
-        "method's points using no more energy. n/a = not attainable.", "",
+        "method's points using no more energy. " + NA_NOTE + ".", "",
         frontier_table(summary).to_markdown(index=False, disable_numparse=True), "",
     ]
     failed = {n: o["error"] for n, o in summary["optimizers"].items() if o["status"] != "ok"}
     if failed:
         lines += ["## Failed optimizers", ""] + [f"- `{n}`: {e}" for n, e in failed.items()] + [""]
+    made = sorted({(o["made_by"].get("suite"), o["made_by"].get("git_commit"))
+                   for o in summary["optimizers"].values() if o.get("made_by")},
+                  key=lambda m: (str(m[0]), str(m[1])))
+    if made:
+        lines += ["Computed by " + "; ".join(
+            f"{suite} at git {commit[:10] if commit else 'unknown'}" for suite, commit in made)
+            + " (code hashes of each optimizer in summary.json, `made_by`).", ""]
     choices = {n: o["choice"] for n, o in summary["optimizers"].items() if o.get("choice")}
     for n, c in choices.items():
         lines += [f"{n} picks *{c['label']}*: {c['time_s']:.4f} s, {c['energy_j'] / 1e3:.3f} kJ.",
@@ -136,76 +177,190 @@ def comparison_markdown(summary: Mapping) -> str:
     return "\n".join(lines)
 
 
+def _frame_limits(ax, t: pd.Series, e: pd.Series) -> None:  # noqa: ANN001
+    """Frame the axes on the frontiers (times ``t`` s, energies ``e`` kJ) with a small margin;
+    dominated points far away (e.g. very low power limits) are cut."""
+    t_lo, t_hi, e_lo, e_hi = t.min(), t.max(), e.min(), e.max()
+    pad_t, pad_e = 0.06 * (t_hi - t_lo) + 2e-3 * t_hi, 0.08 * (e_hi - e_lo) + 2e-3 * e_hi
+    ax.set_xlim(t_lo - pad_t, t_hi + pad_t)
+    ax.set_ylim(e_lo - pad_e, e_hi + pad_e)
+
+
+def _draw_frontiers(ax, frame: pd.DataFrame, dominated: bool, scale: float = 1.0) -> list[str]:  # noqa: ANN001
+    """Draw every method of ``frame`` (``frontiers.csv`` rows) on ``ax``: dominated points faint
+    and unjoined (if ``dominated``), the Pareto frontier as a line marked every few points, the
+    fastest plan as a large outlined marker (the larger ones below, so coinciding methods stay
+    visible). ``scale`` multiplies marker sizes. Returns the methods drawn, in order."""
+    from matplotlib.colors import to_rgb
+
+    from kareus.suite.style import method_style
+
+    df = frame.assign(energy_kj=frame.energy_j / 1e3)
+    names = list(dict.fromkeys(df.optimizer))
+    fastest = []
+    for name in names:
+        st = method_style(name)
+        d = df[df.optimizer == name]
+        front = d[d.on_frontier].sort_values("time_s")
+        if dominated:
+            rest = d[~d.on_frontier]
+            ax.scatter(rest.time_s, rest.energy_kj, s=7 * scale, marker=st.marker,
+                       color=st.color, alpha=0.16, linewidths=0, zorder=1, rasterized=True)
+        if not front.empty:
+            ax.plot(front.time_s, front.energy_kj, "-", color=st.color, alpha=0.9, zorder=3,
+                    marker=st.marker, ms=3.2 * scale ** 0.5, markevery=max(1, len(front) // 6),
+                    mec="none")
+            fastest.append((st, front.time_s.iloc[0], front.energy_kj.iloc[0]))
+    for st, t, e in sorted(fastest, key=lambda f: -f[0].size):  # larger first, smaller on top
+        ax.scatter([t], [e], s=st.size * scale, marker=st.marker, facecolors=(*to_rgb(st.color),
+                   0.22), edgecolors=st.color, linewidths=1.3 * scale ** 0.5,
+                   zorder=10 + 100 / st.size)
+    front_all = df[df.on_frontier]
+    if not front_all.empty:
+        _frame_limits(ax, front_all.time_s, front_all.energy_kj)
+    return names
+
+
+def _method_handles(names: list[str], explain: bool = True) -> list:
+    """Legend handles: one per method (its colour, marker and line), then what the marks mean."""
+    from matplotlib.lines import Line2D
+
+    from kareus.suite.style import method_style
+
+    handles = [Line2D([], [], color=method_style(n).color, marker=method_style(n).marker,
+                      ms=4.5, lw=1.1, label=method_style(n).label) for n in names]
+    if explain:
+        handles += [Line2D([], [], color="0.45", marker="o", ms=7, mfc=(0.45, 0.45, 0.45, 0.22),
+                           mew=1.3, lw=0, label="fastest plan (max throughput)"),
+                    Line2D([], [], color="0.45", marker="o", ms=3, lw=0, alpha=0.35,
+                           label="dominated plan")]
+    return handles
+
+
 def plot_frontiers(frame: pd.DataFrame, path: Path, title: str) -> None:
-    """Time–energy frontiers of all methods on one plot (all points faint, frontiers as lines,
-    the max-throughput point of each method as a large marker)."""
-    import matplotlib
+    """Time–energy frontiers of all methods, sized for a paper's column: each method in its own
+    colour and marker (:mod:`kareus.suite.style`), Pareto frontiers as lines, dominated plans
+    faint and unjoined, the fastest plan of each as a large outlined marker."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    from kareus.suite.style import COLUMN_IN, figure_style
 
-    sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(9, 6))
-    if not frame.empty:
-        df = frame.assign(energy_kj=frame.energy_j / 1e3)
-        order = list(dict.fromkeys(df.optimizer))
-        palette = dict(zip(order, sns.color_palette("tab10", len(order))))
-        sns.scatterplot(data=df[~df.on_frontier], x="time_s", y="energy_kj", hue="optimizer",
-                        hue_order=order, palette=palette, alpha=0.12, s=10, ax=ax, legend=False)
-        front = df[df.on_frontier].sort_values("time_s")
-        sns.lineplot(data=front, x="time_s", y="energy_kj", hue="optimizer", hue_order=order,
-                     palette=palette, marker="o", markersize=4, ax=ax, sort=False,
-                     estimator=None)
-        fastest = front.loc[front.groupby("optimizer").time_s.idxmin()]
-        sns.scatterplot(data=fastest, x="time_s", y="energy_kj", hue="optimizer",
-                        hue_order=order, palette=palette, s=140, marker="*", ax=ax, legend=False,
-                        edgecolor="black", linewidth=0.6)
-        # frame the frontiers; dominated points far away (e.g. very low power limits) are cut
-        t_lo, t_hi = front.time_s.min(), front.time_s.max()
-        e_lo, e_hi = front.energy_kj.min(), front.energy_kj.max()
-        pad_t, pad_e = 0.05 * (t_hi - t_lo) + 1e-3 * t_hi, 0.08 * (e_hi - e_lo) + 1e-3 * e_hi
-        ax.set_xlim(t_lo - pad_t, t_hi + pad_t)
-        ax.set_ylim(e_lo - pad_e, e_hi + pad_e)
-    ax.set_xlabel("iteration time (s)")
-    ax.set_ylabel("energy per iteration, whole cluster (kJ)")
-    ax.set_title(title + "\nlines: Pareto frontiers; stars: max-throughput plans; faint dots: dominated plans",
-                 fontsize=10)
-    fig.tight_layout()
-    _savefig(fig, path)
-    plt.close(fig)
+    with figure_style():
+        names = list(dict.fromkeys(frame.optimizer))
+        rows = (len(names) + 2 + 1) // 2
+        fig = Figure(figsize=(COLUMN_IN, 2.5 + 0.16 * rows), layout="constrained")
+        ax = fig.add_subplot()
+        if not frame.empty:
+            _draw_frontiers(ax, frame, dominated=True)
+        ax.set_xlabel("iteration time (s)")
+        ax.set_ylabel("energy per iteration (kJ)")
+        ax.set_title(title)
+        fig.legend(handles=_method_handles(names), loc="outside lower center", ncol=2,
+                   frameon=False, handlelength=1.8, columnspacing=1.0)
+        _savefig(fig, path)
+
+
+def _breakdown_rows(summary: Mapping, names: list[str] | None = None
+                    ) -> tuple[str | None, list[dict]]:
+    """Per method with a max-throughput plan: its time and its dynamic and static energy as
+    changes relative to the reference's plan (% of the reference's time and total energy). The
+    reference is Megatron-LM, or the first method when Megatron-LM has no plan."""
+    plans = {n: o["max_throughput"] for n, o in summary["optimizers"].items()
+             if o["max_throughput"] is not None and (names is None or n in names
+                                                    or n == "megatron")}
+    if not plans:
+        return None, []
+    ref = "megatron" if "megatron" in plans else next(iter(plans))
+    r = plans[ref]
+    rows = []
+    for name, mt in plans.items():
+        if names is not None and name not in names:
+            continue
+        rows.append({
+            "optimizer": name,
+            "time_pct": 100 * (mt["time_s"] / r["time_s"] - 1),
+            "dynamic_pct": 100 * (mt["dynamic_energy_j"] - r["dynamic_energy_j"]) / r["energy_j"],
+            "static_pct": 100 * (mt["static_energy_j"] - r["static_energy_j"]) / r["energy_j"],
+            "energy_pct": 100 * (mt["energy_j"] / r["energy_j"] - 1)})
+    return ref, rows
+
+
+def _extent(rows: list[dict], key: str) -> tuple[float, float]:
+    """Lowest and highest bar end of ``rows`` for ``key`` (0 included); for the energy, the
+    dynamic and static parts stacked on their sides."""
+    if key != "energy_pct":
+        vals = [r[key] for r in rows]
+    else:
+        vals = [sum(min(r[k], 0.0) for k in ("dynamic_pct", "static_pct")) for r in rows] + \
+            [sum(max(r[k], 0.0) for k in ("dynamic_pct", "static_pct")) for r in rows]
+    return min([0.0, *vals]), max([0.0, *vals])
+
+
+def _diverging(ax, pos: list[float], rows: list[dict], colors: list[str], thick: float,  # noqa: ANN001
+               horizontal: bool) -> None:
+    """Energy change bars: dynamic (solid) and static (hatched) parts stacked away from zero on
+    their own sides, and the net change as a black tick with its value."""
+    bar = ax.barh if horizontal else ax.bar
+    for p, row, c in zip(pos, rows, colors):
+        neg = pos_ = 0.0
+        for part, hatch, alpha in (("dynamic_pct", None, 0.9), ("static_pct", "/////", 0.45)):
+            v = row[part]
+            base = pos_ if v >= 0 else neg
+            kw = {"left": base} if horizontal else {"bottom": base}
+            bar(p, v, thick, color=c, alpha=alpha, hatch=hatch, edgecolor=c if hatch else "none",
+                linewidth=0, **kw)
+            if v >= 0:
+                pos_ += v
+            else:
+                neg += v
+        net = row["energy_pct"]
+        (ax.plot([net, net], [p - thick / 2, p + thick / 2], color="black", lw=1.3, zorder=5)
+         if horizontal else
+         ax.plot([p - thick / 2, p + thick / 2], [net, net], color="black", lw=1.3, zorder=5))
 
 
 def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
-    """Stacked dynamic / static energy of each method's max-throughput plan."""
-    import matplotlib
+    """Each method's max-throughput plan against Megatron-LM's, sized for a paper's column:
+    time change (%) and energy change (% of Megatron-LM's energy) split into dynamic (solid) and
+    static (hatched) parts, the net change marked and printed."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    from kareus.suite.style import COLUMN_IN, figure_style, method_style
 
-    sns.set_theme(style="whitegrid")
-    names, dyn, sta = [], [], []
-    for name, obj in summary["optimizers"].items():
-        mt = obj["max_throughput"]
-        if mt is None:
-            continue
-        names.append(name)
-        dyn.append(mt["dynamic_energy_j"] / 1e3)
-        sta.append(mt["static_energy_j"] / 1e3)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names) + 2), 5))
-    colors = sns.color_palette("deep", 2)
-    ax.bar(names, dyn, label="dynamic", color=colors[0])
-    ax.bar(names, sta, bottom=dyn, label="static", color=colors[1])
-    for i, (d, s) in enumerate(zip(dyn, sta)):
-        ax.text(i, d + s, f"{d + s:.2f}", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("energy per iteration at the max-throughput plan (kJ)")
-    ax.set_title(title, fontsize=10)
-    ax.legend()
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
-    _savefig(fig, path)
-    plt.close(fig)
+    ref, rows = _breakdown_rows(summary)
+    with figure_style():
+        fig = Figure(figsize=(COLUMN_IN, 1.25 + 0.24 * max(len(rows), 1)), layout="constrained")
+        ax_t, ax_e = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1.5))
+        y = list(range(len(rows)))[::-1]
+        colors = [method_style(r["optimizer"]).color for r in rows]
+        ax_t.barh(y, [r["time_pct"] for r in rows], 0.7, color=colors, alpha=0.9)
+        _diverging(ax_e, y, rows, colors, 0.7, horizontal=True)
+        for ax, key in ((ax_t, "time_pct"), (ax_e, "energy_pct")):
+            ax.axvline(0, color="0.3", lw=0.7)
+            lo, hi = _extent(rows, key)
+            span = max(hi - lo, 1.0)
+            ax.set_xlim(lo - (0.5 if lo < 0 else 0.08) * span, hi + 0.5 * span)
+            for yy, r in zip(y, rows):
+                v = r[key]
+                end = _extent([r], key)[1 if v >= 0 else 0]  # beyond the bar on the value's side
+                ax.text(end + (0.04 if v >= 0 else -0.04) * span, yy, f"{v:+.1f}",
+                        va="center", ha="left" if v >= 0 else "right", fontsize=6.2)
+            ax.grid(axis="y", visible=False)
+        ax_t.set_yticks(y, [method_style(r["optimizer"]).label for r in rows])
+        ax_t.set_xlabel("Δ time (%)")
+        ax_e.set_xlabel("Δ energy (%)")
+        if ref:
+            r = summary["optimizers"][ref]["max_throughput"]
+            fig.suptitle(f"{title}\nmax-throughput plans vs {method_style(ref).label}'s "
+                         f"({r['time_s']:.3g} s, {r['energy_j'] / 1e3:.3g} kJ)")
+        fig.legend(handles=[Patch(color="0.35", alpha=0.9, label="dynamic"),
+                            Patch(facecolor="0.35", alpha=0.45, hatch="/////", label="static"),
+                            Line2D([], [], color="black", marker="|", lw=0, ms=7, mew=1.3,
+                                   label="net energy")],
+                   loc="outside lower center", ncol=3, frameon=False)
+        _savefig(fig, path)
 
 
 def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
@@ -259,9 +414,12 @@ def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
 
 
 def _savefig(fig, path: Path) -> None:  # noqa: ANN001
-    """Save ``fig`` to ``path`` atomically (the format from its suffix)."""
+    """Save ``fig`` to ``path`` atomically (the format from its suffix,
+    :data:`~kareus.suite.style.DPI` dots per inch)."""
+    from kareus.suite.style import DPI
+
     with atomic_path(path, suffix=path.suffix) as tmp:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=DPI)
 
 
 def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun],
@@ -289,10 +447,13 @@ def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerR
 # Suites: tables and figures across configurations
 
 
-def suite_tables(summaries: Mapping[str, Mapping]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def suite_tables(summaries: Mapping[str, Mapping]
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, str], str]]:
     """Max-throughput (ΔT %, ΔE % vs Megatron-LM) and frontier (iso-time ΔE %, iso-energy ΔT %
-    vs Perseus) tables, one row per configuration and a column pair per optimizer."""
+    vs Perseus) tables, one row per configuration and a column pair per optimizer, and for each
+    missing value ``(config, column)`` the reason (:func:`na_reason`)."""
     mt_rows, fr_rows = [], []
+    notes: dict[tuple[str, str], str] = {}
     for label, s in summaries.items():
         mt = {"config": label}
         fr_ = {"config": label}
@@ -307,93 +468,97 @@ def suite_tables(summaries: Mapping[str, Mapping]) -> tuple[pd.DataFrame, pd.Dat
                 fr_[f"{name} iso-energy ΔT %"] = f["iso_energy_time_reduction_pct"] if f else None
             if obj["status"] != "ok":
                 mt[f"{name} ΔT %"] = mt[f"{name} ΔE %"] = None
+            for block, row in (("max_throughput_vs_megatron", mt), ("frontier_vs_perseus", fr_)):
+                for col in [c for c in row if c.startswith(f"{name} ") and row[c] is None]:
+                    notes[(label, col)] = na_reason(s, block, name)
         mt_rows.append(mt)
         fr_rows.append(fr_)
-    return pd.DataFrame(mt_rows), pd.DataFrame(fr_rows)
+    return pd.DataFrame(mt_rows), pd.DataFrame(fr_rows), notes
 
 
-def format_pct_table(df: pd.DataFrame) -> str:
-    """Markdown with signed one-decimal percentages and n/a for missing values."""
+def format_pct_table(df: pd.DataFrame, notes: Mapping[tuple[str, str], str] | None = None) -> str:
+    """Markdown with signed one-decimal percentages; a missing value shows its reason from
+    ``notes`` (keyed by first-column value and column), else n/a."""
     shown = df.copy()
+    notes = notes or {}
     for col in shown.columns[1:]:
         if all(isinstance(v, str) for v in shown[col]):
             continue  # a text column (e.g. yes/no)
-        shown[col] = [_pct(None if (v is None or v != v) else float(v)) for v in shown[col]]
+        shown[col] = [_pct(float(v)) if v is not None and v == v
+                      else notes.get((row, col), "n/a")
+                      for row, v in zip(df.iloc[:, 0], shown[col])]
     return shown.to_markdown(index=False, disable_numparse=True)
 
 
 def plot_suite_frontiers(frames: Mapping[str, pd.DataFrame], path: Path, title: str) -> None:
-    """A grid of per-configuration frontier plots (Pareto frontiers, max-throughput stars)."""
-    import matplotlib
+    """A grid of per-configuration frontier plots at a page's width (three per row): Pareto
+    frontiers as lines in each method's style, the fastest plans as outlined markers."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    from kareus.suite.style import PAGE_IN, figure_style
 
-    sns.set_theme(style="whitegrid")
     n = len(frames)
-    cols = min(3, n)
+    cols = min(3, max(n, 1))
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.0 * rows), squeeze=False)
     order = list(dict.fromkeys(o for f in frames.values() for o in f.optimizer))
-    palette = dict(zip(order, sns.color_palette("tab10", len(order))))
-    for ax, (label, frame) in zip(axes.ravel(), frames.items()):
-        front = frame[frame.on_frontier].sort_values("time_s")
-        front = front.assign(energy_kj=front.energy_j / 1e3)
-        for name, g in front.groupby("optimizer", sort=False):
-            ax.plot(g.time_s, g.energy_kj, "-", color=palette[name], lw=1.6, label=name)
-            ax.plot(g.time_s.iloc[0], g.energy_kj.iloc[0], "*", ms=11, color=palette[name],
-                    mec="black", mew=0.5)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("iteration time (s)", fontsize=8)
-        ax.set_ylabel("energy / iteration (kJ)", fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in axes.ravel()[n:]:
-        ax.axis("off")
-    handles = [plt.Line2D([], [], color=palette[o], lw=2) for o in order]
-    fig.legend(handles, order, loc="lower center", ncol=min(len(order), 7), fontsize=9,
-               frameon=False)
-    fig.suptitle(title + " — Pareto frontiers, stars = max-throughput plans", fontsize=11)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
-    _savefig(fig, path)
-    plt.close(fig)
+    with figure_style():
+        fig = Figure(figsize=(PAGE_IN, 0.75 + 1.95 * rows), layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False)
+        for k, (ax, (label, frame)) in enumerate(zip(axes.ravel(), frames.items())):
+            _draw_frontiers(ax, frame[frame.on_frontier], dominated=False, scale=0.75)
+            ax.set_title(label)
+            if k // cols == rows - 1 or k + cols >= n:
+                ax.set_xlabel("iteration time (s)")
+            if k % cols == 0:
+                ax.set_ylabel("energy / iteration (kJ)")
+        for ax in axes.ravel()[n:]:
+            ax.axis("off")
+        fig.legend(handles=_method_handles(order, explain=False), loc="outside lower center",
+                   ncol=min(len(order), 4), frameon=False)
+        fig.suptitle(title + ": Pareto frontiers; outlined markers: fastest plans")
+        _savefig(fig, path)
 
 
 def plot_suite_breakdown(summaries: Mapping[str, Mapping], path: Path, title: str,
-                         optimizers: tuple[str, ...] = ("megatron", "perseus", "nanobatch-perseus",
+                         optimizers: tuple[str, ...] = ("perseus", "nanobatch-perseus",
                                                          "kareus")) -> None:
-    """Dynamic and static energy of the max-throughput plans, relative to Megatron-LM's total,
-    per configuration and method (stacked bars)."""
-    import matplotlib
+    """Per configuration, each method's max-throughput plan against Megatron-LM's, at a page's
+    width: time change (%, top) and energy change (% of Megatron-LM's energy, bottom) split into
+    dynamic (solid) and static (hatched) parts, the net change marked."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    from kareus.suite.style import PAGE_IN, figure_style, method_style
 
-    sns.set_theme(style="whitegrid")
     labels = list(summaries)
-    present = [o for o in optimizers if any(
-        o in s["optimizers"] and s["optimizers"][o]["max_throughput"] for s in summaries.values())]
+    per = {label: dict((r["optimizer"], r) for r in _breakdown_rows(s, list(optimizers))[1])
+           for label, s in summaries.items()}
+    present = [o for o in optimizers if any(o in rows for rows in per.values())]
     width = 0.8 / max(len(present), 1)
-    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels) + 2), 5.5))
-    colors = sns.color_palette("tab10", len(present))
-    for j, name in enumerate(present):
-        dyn, sta = [], []
-        for label in labels:
-            s = summaries[label]
-            base = s["optimizers"]["megatron"]["max_throughput"]["energy_j"]
-            mt = s["optimizers"].get(name, {}).get("max_throughput")
-            dyn.append(mt["dynamic_energy_j"] / base if mt else 0)
-            sta.append(mt["static_energy_j"] / base if mt else 0)
-        x = [i + (j - (len(present) - 1) / 2) * width for i in range(len(labels))]
-        ax.bar(x, dyn, width, color=colors[j], label=f"{name} dynamic")
-        ax.bar(x, sta, width, bottom=dyn, color=colors[j], alpha=0.45, hatch="//",
-               label=f"{name} static")
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("energy at the max-throughput plan / Megatron-LM's")
-    ax.set_title(title + " — solid: dynamic, hatched: static", fontsize=10)
-    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    _savefig(fig, path)
-    plt.close(fig)
+    with figure_style():
+        fig = Figure(figsize=(PAGE_IN, 4.4), layout="constrained")
+        ax_t, ax_e = fig.subplots(2, 1, sharex=True)
+        for j, name in enumerate(present):
+            st = method_style(name)
+            idx = [i for i, label in enumerate(labels) if name in per[label]]
+            x = [i + (j - (len(present) - 1) / 2) * width for i in idx]
+            rows = [per[labels[i]][name] for i in idx]
+            ax_t.bar(x, [r["time_pct"] for r in rows], width * 0.92, color=st.color, alpha=0.9)
+            _diverging(ax_e, x, rows, [st.color] * len(rows), width * 0.92, horizontal=False)
+        for ax in (ax_t, ax_e):
+            ax.axhline(0, color="0.3", lw=0.7)
+            ax.grid(axis="x", visible=False)
+        ax_t.set_ylabel("time vs Megatron-LM (%)")
+        ax_e.set_ylabel("energy vs Megatron-LM (%)")
+        ax_e.set_xticks(range(len(labels)), labels, rotation=25, ha="right")
+        handles = [Patch(color=method_style(o).color, label=method_style(o).label)
+                   for o in present]
+        handles += [Patch(color="0.35", alpha=0.9, label="dynamic"),
+                    Patch(facecolor="0.35", alpha=0.45, hatch="/////", label="static"),
+                    Line2D([], [], color="black", marker="_", lw=0, ms=7, mew=1.3,
+                           label="net energy")]
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles),
+                   frameon=False)
+        fig.suptitle(title + ": max-throughput plans against Megatron-LM's")
+        _savefig(fig, path)

@@ -1,7 +1,9 @@
 """The results store: one file per finished (configuration, optimizer) cell.
 
 A cell is keyed by everything that determines its result: workload, parallelism, GPU (and any
-preset overrides), backend, optimizer, optimizer settings, seed and suite version. It is written
+preset overrides, hashed), backend, optimizer, optimizer settings, seed, suite version and the
+content hashes of the code that computed it (:mod:`kareus.suite.provenance`); beside the key it
+records who made it (suite version, git commit). It is written
 atomically (temporary file + rename) as soon as the optimizer finishes, so an interrupted sweep
 (SIGINT, SIGTERM, a crash inside a plugin) keeps every finished cell; a rerun reuses the cells
 whose key matches and computes only the missing ones. Two runs writing the same folder never see a
@@ -21,10 +23,11 @@ from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import Point
 
 
-def run_to_record(run: OptimizerRun, key: dict) -> dict:
-    """A finished run as JSON: its key, status, every measured point, frontier and choice."""
+def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> dict:
+    """A finished run as JSON: its key, who made it (:func:`kareus.suite.provenance.made_by`),
+    status, every measured point, frontier and choice."""
     return {
-        "key": key, "name": run.name, "status": run.status, "error": run.error,
+        "key": key, "made_by": made_by, "name": run.name, "status": run.status, "error": run.error,
         "points": [{**p.to_dict(), "plan_id": p.plan_id} for p in run.points],
         "frontier": [p.plan_id for p in run.frontier], "spread": run.spread, "choice": run.choice,
         "wall_s": round(run.wall_s, 3), "optimize_s": round(run.optimize_s, 3),
@@ -52,16 +55,29 @@ class ResultsStore:
     def cell_path(self, config: str, optimizer: str) -> Path:
         return self.root / config / "cells" / f"{optimizer}.json"
 
-    def load(self, config: str, optimizer: str, key: dict) -> dict | None:
-        """The cell's record if it finished successfully under the same key, else ``None``."""
-        path = self.cell_path(config, optimizer)
+    def exists(self, config: str, optimizer: str) -> bool:
+        """Whether a cell file exists (readable or not)."""
+        return self.cell_path(config, optimizer).is_file()
+
+    def read(self, config: str, optimizer: str) -> dict | None:
+        """The cell's stored record, whatever its key and status; ``None`` when missing or
+        unreadable."""
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(self.cell_path(config, optimizer).read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        if record.get("key") != key or record.get("status") != "ok":
+        return record if isinstance(record, dict) else None
+
+    def load(self, config: str, optimizer: str, key: dict) -> dict | None:
+        """The cell's record if it finished successfully under the same key, else ``None``."""
+        record = self.read(config, optimizer)
+        if record is None or record.get("key") != key or record.get("status") != "ok":
             return None
         return record
+
+    def optimizers(self, config: str) -> list[str]:
+        """Names of the optimizers with a cell file under ``config``, sorted."""
+        return sorted(p.stem for p in (self.root / config / "cells").glob("*.json"))
 
     def save(self, config: str, optimizer: str, record: dict) -> None:
         atomic_write_text(self.cell_path(config, optimizer), json.dumps(record, indent=1) + "\n")

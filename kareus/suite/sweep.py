@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-#: The repository (the git commit recorded in a suite's metadata).
-REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from kareus.suite.provenance import CodeHasher
 
 
 def make_console(stderr: bool = False):  # noqa: ANN201
@@ -24,14 +26,19 @@ def make_console(stderr: bool = False):  # noqa: ANN201
 
 def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
              overrides: dict, gpu_overrides: dict, options: dict | None = None,
-             model: dict | None = None) -> dict:
+             model: dict | None = None, hasher: "CodeHasher | None" = None) -> dict:
     """Everything that determines one cell's result. ``model``: the fields of a model read from a
     config file (``workload`` is then its path), so that editing the file invalidates the cell;
     built-in models leave it out (their name determines them). ``preset``: a hash of the GPU
-    preset's parameters, so that a recalibrated preset invalidates the cells it computed."""
+    preset's parameters, so that a recalibrated preset invalidates the cells it computed.
+    ``code``: content hashes of the optimizer's, the backend's and the harness's code
+    (:mod:`kareus.suite.provenance`; ``hasher`` caches them across the cells of a run)."""
     from kareus import __version__
+    from kareus.suite.provenance import CodeHasher, code_fields
 
-    key = {"suite_version": __version__, "preset": preset_digest(gpu),
+    key = {"suite_version": __version__,
+           "code": code_fields(hasher or CodeHasher(), optimizer, backend),
+           "preset": preset_digest(gpu),
            "workload": workload, "gpu": gpu, "backend": backend,
            "optimizer": optimizer, "options": dict(sorted((options or {}).items())),
            "seed": seed,
@@ -46,14 +53,14 @@ def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
 def preset_digest(gpu: str) -> str:
     """First 16 hex digits of the SHA-256 of ``gpu``'s preset parameters (their sources left out:
     a reworded source changes no result)."""
-    import hashlib
     from dataclasses import fields
 
     from kareus.hardware.presets import get_preset
+    from kareus.suite.provenance import json_digest
 
     preset = get_preset(gpu)
-    values = {f.name: getattr(preset, f.name) for f in fields(preset) if f.name != "sources"}
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return json_digest({f.name: getattr(preset, f.name) for f in fields(preset)
+                        if f.name != "sources"})
 
 
 def model_fields(workload: str) -> dict | None:
@@ -69,38 +76,75 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
                 *, force: bool = False, jobs: int = 1, executor: str = "local",
                 backend_options: dict | None = None) -> dict[str, dict]:
     """Run (or reuse) every (configuration, optimizer) cell, then write each configuration's
-    results; returns the summaries by configuration label. Interrupted runs (SIGINT/SIGTERM)
-    write summaries of what finished, marking the rest, and re-raise."""
+    results; returns the summaries by configuration label.
+
+    A stored cell is reused only when its key (:func:`cell_key`, code hashes included) matches;
+    the run says how many it reuses, who made them, and why the others are computed. The
+    summary of a configuration covers ``names`` and every other optimizer with a current cell in
+    its folder, so a run of a few optimizers adds to an earlier full run rather than replacing
+    it; cells whose code changed since are left out of the summary (their files stay) and named.
+    Interrupted runs (SIGINT/SIGTERM) write summaries of what finished, marking the rest, and
+    re-raise."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kareus.errors import InputError
+    from kareus.plugins import optimizer_names
     from kareus.suite.executors import CellTask, execute
     from kareus.suite.progress import on_terminal
+    from kareus.suite.provenance import CodeHasher, made_by, stale_reasons
     from kareus.suite.store import ResultsStore
 
     store = ResultsStore(root)
+    hasher = CodeHasher()
+    maker = made_by()
+    registered = optimizer_names()
     records: dict[tuple[str, str], dict] = {}
+    reused: list[dict] = []
+    why_computed: dict[str, list[str]] = {}  # reason -> optimizer per cell
+    left_out: dict[str, list[str]] = {}  # reason -> "config: optimizer"
+    shown: dict[str, list[str]] = {}
     tasks: list[CellTask] = []
     for cfg in configs:
         model = model_fields(cfg.workload)
-        for name in names:
-            key = cell_key(cfg.workload, cfg.gpu or gpu, backend, name, seed, cfg.overrides,
-                           cfg.gpu_overrides, model=model)
-            old = None if force else store.load(cfg.label, name, key)
-            if old is not None:
+        others = [n for n in store.optimizers(cfg.label) if n not in names]
+        for name in [*names, *others]:
+            try:
+                key = cell_key(cfg.workload, cfg.gpu or gpu, backend, name, seed, cfg.overrides,
+                               cfg.gpu_overrides, model=model, hasher=hasher)
+            except (InputError, ModuleNotFoundError):  # a plugin no longer installed
+                left_out.setdefault("optimizer not installed", []).append(f"{cfg.label}: {name}")
+                continue
+            old = store.read(cfg.label, name)
+            ok = old is not None and old.get("status") == "ok"
+            reasons = (["unreadable cell"] if old is None and store.exists(cfg.label, name)
+                       else ["not run before"] if old is None
+                       else stale_reasons(old.get("key"), key) or ([] if ok else ["failed before"]))
+            if name not in names:
+                if reasons:
+                    left_out.setdefault(", ".join(reasons), []).append(f"{cfg.label}: {name}")
+                else:
+                    records[(cfg.label, name)] = old
+                continue
+            if force:
+                reasons = ["--force"]
+            if not reasons:
                 records[(cfg.label, name)] = old
-            else:
-                tasks.append(CellTask(config=cfg.label, workload=cfg.workload, optimizer=name,
-                                      gpu=cfg.gpu or gpu, backend=backend, seed=seed,
-                                      key=key,
-                                      store_root=str(root),
-                                      overrides={k: (list(v) if isinstance(v, tuple) else v)
-                                                 for k, v in cfg.overrides.items()},
-                                      gpu_overrides=dict(cfg.gpu_overrides),
-                                      backend_options=dict(backend_options or {})))
+                reused.append(old)
+                continue
+            why_computed.setdefault(", ".join(reasons), []).append(name)
+            tasks.append(CellTask(config=cfg.label, workload=cfg.workload, optimizer=name,
+                                  gpu=cfg.gpu or gpu, backend=backend, seed=seed,
+                                  key=key, made_by=maker,
+                                  store_root=str(root),
+                                  overrides={k: (list(v) if isinstance(v, tuple) else v)
+                                             for k, v in cfg.overrides.items()},
+                                  gpu_overrides=dict(cfg.gpu_overrides),
+                                  backend_options=dict(backend_options or {})))
+        shown[cfg.label] = [n for n in registered if n in names or (cfg.label, n) in records]
     console = make_console(stderr=True)
-    reused = len(records)
-    if reused:
-        console.print(f"reusing {reused} finished cell(s); computing {len(tasks)}")
+    for line in reuse_lines(reused, why_computed, left_out,
+                            sum(1 for k in records if k[1] not in names)):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     interrupted: BaseException | None = None
     with Progress(TextColumn("{task.description:<58}"), BarColumn(bar_width=24),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -119,11 +163,47 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
             interrupted = e
     summaries = {}
     for cfg in configs:
-        summaries[cfg.label] = _write_config(cfg, root / cfg.label, gpu, backend, names, seed,
-                                             records, store)
+        summaries[cfg.label] = _write_config(cfg, root / cfg.label, gpu, backend,
+                                             shown[cfg.label], seed, records, store)
     if interrupted is not None:
         raise interrupted
     return summaries
+
+
+def reuse_lines(reused: list[dict], why_computed: dict[str, list[str]],
+                left_out: dict[str, list[str]], merged: int) -> list[str]:
+    """What a run says about its cells, one line each: the cells it reuses, grouped by who made
+    them (suite version, code hash of the group, git commit); the cells it computes and why; the
+    finished cells of optimizers not asked for that it shows too; and those it leaves out."""
+    from kareus.suite.provenance import json_digest
+
+    lines = []
+    groups: dict[tuple[str, str | None], list[dict]] = {}
+    for rec in reused:
+        by = rec.get("made_by") or {}
+        groups.setdefault((by.get("suite", "an unknown version"), by.get("git_commit")),
+                          []).append(rec)
+    for (suite, commit), recs in groups.items():
+        code = json_digest(sorted(json.dumps(r["key"]["code"], sort_keys=True) for r in recs))
+        at = f" (git {commit[:10]})" if commit else ""
+        lines.append(f"reusing {len(recs)} cell(s) made by {suite} at code {code}{at}; "
+                     "code, preset and settings unchanged")
+    computing = sum(len(v) for v in why_computed.values())
+    if computing:
+        parts = [f"{reason} ({_counted(opts)})" for reason, opts in why_computed.items()]
+        lines.append(f"computing {computing} cell(s): {'; '.join(parts)}")
+    if merged:
+        lines.append(f"also showing {merged} current cell(s) of other optimizers already in the "
+                     "folder")
+    for reason, cells in left_out.items():
+        lines.append(f"leaving out {len(cells)} cell(s) of optimizers not asked for ({reason}): "
+                     f"{', '.join(cells)}; name them in --optimizers to recompute")
+    return lines
+
+
+def _counted(names: list[str]) -> str:
+    """``["a", "a", "b"]`` as ``"a x2, b"``."""
+    return ", ".join(n if k == 1 else f"{n} x{k}" for n, k in Counter(names).items())
 
 
 def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], seed: int,  # noqa: ANN001
@@ -137,13 +217,15 @@ def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], 
     problem = make_problem(cfg.workload, gpu=cfg.gpu or gpu, backend=backend, seed=seed,
                            gpu_overrides=cfg.gpu_overrides,
                            **{k: v for k, v in cfg.overrides.items() if v is not None})
-    runs = {}
+    runs, made = {}, {}
     for name in names:
         rec = records.get((cfg.label, name))
         runs[name] = record_to_run(rec) if rec is not None else harness.OptimizerRun(
             name=name, status="missing", error="not run (the sweep was interrupted)")
+        if rec is not None:
+            made[name] = {**(rec.get("made_by") or {}), "code": rec["key"].get("code")}
     complete = all(r.status != "missing" for r in runs.values())
-    summary = report.summary_object(problem, runs, harness.compare(runs),
+    summary = report.summary_object(problem, runs, harness.compare(runs), made_by=made,
                                     suite_version=__version__, complete=complete)
     with store.lock(cfg.label):
         report.write_results(out_dir, summary, runs, report.timings_object(
@@ -166,7 +248,9 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
     import pandas as pd
 
     frames = {label: pd.read_csv(out / label / "frontiers.csv") for label in summaries}
-    mt, fr_ = report.suite_tables(summaries)
+    # what the folder now shows: the optimizers run, and those already there (run_configs)
+    names = list(dict.fromkeys(n for sm in summaries.values() for n in sm["optimizers"]))
+    mt, fr_, notes = report.suite_tables(summaries)
     title = f"suite {suite}, {gpu} ({backend})"
     report.atomic_write_text(out / "max_throughput.csv", mt.to_csv(index=False))
     report.atomic_write_text(out / "frontier.csv", fr_.to_csv(index=False))
@@ -189,9 +273,10 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
              "Every optimizer's numbers are in max_throughput.csv and frontier.csv; the tables "
              "below show the methods the paper compares.", "",
              "## Max-throughput plan vs Megatron-LM (ΔT %, ΔE %; positive = reduction)", "",
-             report.format_pct_table(mt[mt_cols]), "",
-             "## Frontier vs Perseus (iso-time ΔE %, iso-energy ΔT %; n/a = not attainable)", "",
-             report.format_pct_table(fr_show), ""]
+             report.format_pct_table(mt[mt_cols], notes), "",
+             "## Frontier vs Perseus (iso-time ΔE %, iso-energy ΔT %)", "",
+             report.NA_NOTE[0].upper() + report.NA_NOTE[1:] + ".", "",
+             report.format_pct_table(fr_show, notes), ""]
     if suite == "paper" and "kareus" in names:
         k_time = [v for v in fr_.get("kareus iso-time ΔE %", []) if v == v and v is not None]
         k_energy = [v for v in fr_.get("kareus iso-energy ΔT %", []) if v == v and v is not None]
@@ -226,16 +311,12 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
 
 def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: float) -> dict:
     import platform
-    import subprocess
     from importlib.metadata import PackageNotFoundError, version
 
     from kareus import __version__
+    from kareus.suite.provenance import git_commit
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    commit = git_commit()
     packages = {}
     for pkg in ("numpy", "pandas", "scipy", "lowtime", "pymoo", "scikit-learn", "torch"):
         try:
