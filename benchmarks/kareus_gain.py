@@ -1,0 +1,172 @@
+"""Kareus's gain at maximum throughput, from the partition up (issue 30, item 4).
+
+    python benchmarks/kareus_gain.py [--workload llama3.2-3b] [--tp 8] [--no-iteration]
+
+Three tables:
+
+- **the shared partition sweep**: the measured best configuration, window (2, 6) with 9 SMs, and
+  the overlap launched at the partition's start with 20 SMs, window (0, 6) (1024 threads), and
+  each window's time along its SM counts, measured (mean of the sweep's 3 repeats) against the
+  simulator (the preset's partition law and the per-op factors of the fit it came from);
+- **the workload's partitions at the top clock**: each distinct partition's time sequential,
+  as Nanobatching + Perseus runs it (the collective library's kernel, NCCL's default channels,
+  launched at the partition's start), at Kareus's best (clock fixed, over its knob space of
+  tuned-kernel SMs, the library's kernel and every launch/wait window), and at the best tuned
+  kernel; plus the collective alone on the library's kernel and on 30 tuned SMs;
+- **the iteration**: Megatron-LM's, Nanobatching + Perseus's and Kareus's fastest plans, their time
+  and energy reductions against Megatron-LM, and which collective kernel and SM count each
+  fastest plan's partitions use.
+
+Units: ms, %, GB/s. Needs ``../shared/kareus_artifact`` for the first table (skipped without).
+"""
+
+from __future__ import annotations
+
+import collections
+import click
+import numpy as np
+
+from kareus.hardware.presets import DEFAULT_GPU, get_preset, partition_op_factors
+
+#: The two configurations of the comparison: (start, end, SMs), 1024 threads per block.
+BEST, AT_START = (2, 6, 9), (0, 6, 20)
+
+
+def partition_comparison(gpu_name: str = DEFAULT_GPU) -> dict[str, object] | None:
+    """Measured and simulated time (ms) of the sweep's configurations with 1024-thread blocks,
+    by window and SM count; ``None`` without the shared sweep."""
+    from kareus.backends.partition_calibration import predict
+    from kareus.hardware.partition_sweep import load_sweep
+    from kareus.suite.datasets import kareus_artifact
+    from workloads.partition_spec import PartitionSpec
+
+    csv = kareus_artifact("attention_partition/default_clock.csv")
+    spec_path = kareus_artifact("attention_partition/spec.json")
+    if csv is None or spec_path is None:
+        return None
+    spec = PartitionSpec.load(spec_path)
+    part = spec.partition()
+    gpu = get_preset(gpu_name)
+    own = partition_op_factors(gpu.name, spec.sha256)
+    work = None if own is None else np.array(own.op_work)
+    host = None if own is None else np.array(own.op_host)
+    sweep = load_sweep(csv, len(part.compute), gpu.comm_max_sms)
+    t, _ = predict(part, sweep.configs, gpu, None, work, host)
+    c = sweep.configs
+    table: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for i in np.flatnonzero(c.threads == 1024):
+        table[(int(c.start[i]), int(c.end[i]), int(c.sms[i]))] = (1e3 * float(sweep.time_s[i]),
+                                                                 1e3 * float(t[i]))
+    return {"table": table, "best": table[BEST], "at_start": table[AT_START]}
+
+
+def partition_table(problem: object) -> list[dict[str, object]]:
+    """Per distinct partition type of ``problem`` at the top clock: sequential, Nanobatching +
+    Perseus's schedule, Kareus's best and the best tuned kernel (µs), and the collective alone."""
+    from kareus.optimizer.kareus import partition_space
+    from kareus.plan import LIBRARY_DEFAULT
+
+    sim = problem.backend  # type: ignore[attr-defined]
+    g = sim.gpu
+    rows, seen = [], set()
+    for key in sorted(problem.graph.instruction_graphs):  # type: ignore[attr-defined]
+        for part in problem.graph.instruction_graphs[key].partitions:  # type: ignore[attr-defined]
+            name = part.key.split("/")[0]
+            if name in seen or part.comm is None:
+                continue
+            seen.add(name)
+            sp = partition_space(part, problem.knobs)  # type: ignore[attr-defined]
+            grid = sim.evaluate_partition(part, np.array([g.clock_max_mhz]), sp.comm_sms,
+                                          sp.windows)
+            t = 1e6 * grid.time_s[0]
+            wins = [tuple(int(x) for x in w) for w in sp.windows]
+            ks = [int(k) for k in sp.comm_sms]
+            lib = ks.index(LIBRARY_DEFAULT)
+            i, j = np.unravel_index(np.argmin(t), t.shape)
+            tuned = np.array([k != LIBRARY_DEFAULT for k in ks])
+            ti, tj = np.unravel_index(np.argmin(np.where(tuned[:, None], t, np.inf)), t.shape)
+            rows.append({
+                "partition": name, "bus_MB": part.comm.bus_bytes / 1e6,
+                "sequential": float(t[lib, wins.index((-1, -1))]),
+                "nb_perseus": float(t[lib, wins.index((0, len(part.compute) - 1))]),
+                "kareus": float(t[i, j]), "kareus_sms": ks[i] or f"library ({g.comm_default_sms})",
+                "kareus_window": wins[j],
+                "tuned": float(t[ti, tj]), "tuned_sms": ks[ti], "tuned_window": wins[tj],
+                "library_alone": 1e6 * sim.collective_time(part.comm, g.clock_max_mhz, None),
+                "tuned30_alone": 1e6 * sim.collective_time(part.comm, g.clock_max_mhz, 30)})
+    return rows
+
+
+def fastest_plans(problem: object) -> dict[str, dict[str, object]]:
+    """Each optimizer's fastest plan: time (s), energy (J) and the collective schedules used."""
+    from kareus.plan import PartitionSchedule
+    from kareus.plugins import load_optimizer
+
+    g = problem.gpu  # type: ignore[attr-defined]
+    out = {}
+    for name in ("megatron", "nanobatch-perseus", "kareus"):
+        plans = load_optimizer(name).optimize(problem)
+        res = [(problem.backend.evaluate_plan(problem.graph, p), p)  # type: ignore[attr-defined]
+               for p in plans]
+        r, p = min(res, key=lambda x: (x[0].time_s, x[0].energy.total_j))
+        used: collections.Counter = collections.Counter()
+        for ins, ip in p.instructions.items():
+            parts = problem.graph.instruction_graphs[ins.type_key].partitions  # type: ignore
+            if not ip.nanobatched or not parts:
+                used["sequential: library kernel after the compute"] += 1
+                continue
+            scheds = ip.schedule_map()
+            for part in parts:
+                s = scheds.get(part.key, PartitionSchedule())
+                kernel = (f"library kernel ({g.comm_default_sms} channels)" if s.comm_sms is None
+                          else f"tuned kernel, {s.comm_sms} SMs")
+                wait = "end" if s.wait_after is None else s.wait_after
+                used[f"{kernel}, window ({s.launch_slot}, {wait})"] += 1
+        out[name] = {"time_s": r.time_s, "energy_j": r.energy.total_j, "schedules": used}
+    return out
+
+
+@click.command()
+@click.option("--workload", default="llama3.2-3b", show_default=True)
+@click.option("--tp", default=8, show_default=True, type=int)
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True)
+@click.option("--iteration/--no-iteration", default=True, help="Also run the three optimizers.")
+def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
+    from kareus.suite.problem import make_problem
+
+    cmp_ = partition_comparison(gpu)
+    if cmp_ is None:
+        click.echo("partition sweep: ../shared/kareus_artifact absent, skipped")
+    else:
+        (mb, sb), (ms, ss) = cmp_["best"], cmp_["at_start"]  # type: ignore[misc]
+        click.echo("partition sweep, 1024 threads (ms, measured / simulated):")
+        click.echo(f"  (2, 6) 9 SMs  {mb:.3f} / {sb:.3f}")
+        click.echo(f"  (0, 6) 20 SMs {ms:.3f} / {ss:.3f}   gap: measured {100 * (ms / mb - 1):+.2f} %,"
+                   f" simulated {100 * (ss / sb - 1):+.2f} %")
+        table = cmp_["table"]
+        for s, e in ((0, 6), (2, 6), (6, 6)):
+            click.echo(f"  ({s}, {e}) by SMs: " + "  ".join(
+                f"{k}: {table[(s, e, k)][0]:.3f}/{table[(s, e, k)][1]:.3f}"  # type: ignore[index]
+                for k in (4, 6, 9, 12, 15, 20)))
+    problem = make_problem(workload, gpu=gpu, tp=tp)
+    click.echo(f"\n{workload} TP{tp}: partitions at {problem.gpu.clock_max_mhz:.0f} MHz (µs)")
+    for r in partition_table(problem):
+        click.echo(f"  {r['partition']:14s} all-reduce {r['bus_MB']:.0f} MB bus: sequential "
+                   f"{r['sequential']:.0f}, NB+Perseus {r['nb_perseus']:.0f}, Kareus "
+                   f"{r['kareus']:.0f} ({r['kareus_sms']}, window {r['kareus_window']}), best "
+                   f"tuned {r['tuned']:.0f} ({r['tuned_sms']} SMs); collective alone: library "
+                   f"{r['library_alone']:.0f}, tuned 30 SMs {r['tuned30_alone']:.0f}")
+    if not iteration:
+        return
+    plans = fastest_plans(problem)
+    base = plans["megatron"]
+    click.echo("\nfastest plans against Megatron-LM:")
+    for name, p in plans.items():
+        click.echo(f"  {name:18s} {p['time_s']:.4f} s  time -{100 * (1 - p['time_s'] / base['time_s']):.1f} %"
+                   f"  energy -{100 * (1 - p['energy_j'] / base['energy_j']):.1f} %")
+        for what, n in p["schedules"].most_common(4):  # type: ignore[attr-defined]
+            click.echo(f"      {n:4d} x {what}")
+
+
+if __name__ == "__main__":
+    main()
