@@ -128,9 +128,11 @@ def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[st
 
 def _megatron_section(title: str, runs, preset) -> None:
     from kareus.suite.megatron_runs import accuracy, run_errors, simulate_runs, worst
+    from kareus.suite.progress import terminal_progress
 
     t0 = time.perf_counter()
-    errors = run_errors(runs, simulate_runs(runs, preset))
+    with terminal_progress() as progress:
+        errors = run_errors(runs, simulate_runs(runs, preset, progress))
     a = accuracy(errors)
     click.echo(f"\n== {title} ({int(a['runs'])} runs, every one simulated, "
                f"{time.perf_counter() - t0:.1f} s)")

@@ -25,6 +25,7 @@ def dry_run(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow
 def test_dry_run_writes_every_phase_and_passes(dry_run):
     out, proc = dry_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -50,6 +51,7 @@ def test_dry_run_writes_every_phase_and_passes(dry_run):
     assert pyt["exit_status"] == 0 and pyt["counts"].get("skipped", 0) >= 1
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_phases_and_only_reruns(dry_run, tmp_path):
     out, _ = dry_run
     for p in out.iterdir():
@@ -64,6 +66,7 @@ def test_rerun_skips_finished_phases_and_only_reruns(dry_run, tmp_path):
     assert json.loads((tmp_path / "power.json").read_text())["ok"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_keeps_finished_phases(tmp_path):
     """The driver writes each phase's record as it ends: a run stopped after `env` keeps it."""
     proc = subprocess.Popen([sys.executable, "-m", "kareus.backends.gpu.device_check", "--out",

@@ -29,6 +29,7 @@ def test_offline_install_rejects_a_missing_folder(tmp_path):
     assert proc.returncode == 2 and "usage:" in proc.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_without_a_gpu_exits_2_and_says_why(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

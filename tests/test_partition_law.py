@@ -162,6 +162,7 @@ def test_bad_sweeps_are_refused(tmp_path, spec, a100_40, mutate, fragment):
         load_sweep(bad, 7, a100_40.comm_max_sms)
 
 
+@pytest.mark.slow
 def test_fit_recovers_a_law_it_can_express(tmp_path, spec, a100_40):
     """Measurements made by the law itself (times 8 % slower): the fit matches them closely and
     carries to another clock without refitting."""
@@ -274,6 +275,7 @@ def test_partition_command_bad_input(tmp_path, spec_file, capsys, args, fragment
     assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_calibrate_command_writes_the_fit_atomically(tmp_path, spec, spec_file, a100_40, capsys,
                                                     monkeypatch):
     # The sweep is the preset's own law, so the fit starts at its optimum: a short budget per
@@ -389,6 +391,7 @@ def test_floor_slope_splits_the_rise_by_block_size():
     assert out["by_block"]["512"]["predicted_us_per_sm"] == pytest.approx(4.0)
 
 
+@pytest.mark.slow
 def test_a_refit_does_not_start_from_the_previous_fit(tmp_path, spec, a100_40):
     """The fit chooses its parameters from fixed starting points, so refitting from a preset that
     already carries a fit (``cal.apply``) lands exactly where the first fit did."""

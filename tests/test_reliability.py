@@ -41,6 +41,7 @@ def reference(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_sigterm_halfway_then_resume(tmp_path, reference):
     out = tmp_path / "sweep"
     proc = subprocess.Popen(_cmd(out), env=_env(), stdout=subprocess.PIPE,
@@ -72,6 +73,7 @@ def test_sigterm_halfway_then_resume(tmp_path, reference):
     assert _summaries(out) == _summaries(reference)
 
 
+@pytest.mark.slow
 def test_parallel_jobs_give_the_serial_summaries(tmp_path, reference):
     out = tmp_path / "jobs2"
     proc = subprocess.run(_cmd(out, "--jobs", "2"), env=_env(), capture_output=True, text=True,
@@ -87,6 +89,7 @@ def _ray_or_skip():
         pytest.skip(f"ray unavailable: {type(e).__name__}: {e}".splitlines()[0])
 
 
+@pytest.mark.slow
 def test_ray_executor_gives_the_serial_summaries(tmp_path, reference):
     _ray_or_skip()
     out = tmp_path / "ray"

@@ -55,6 +55,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, fragment):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_summary_is_byte_identical_across_runs(tmp_path, capsys):
     args = ["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron,perseus,kareus"]
     assert reproduce.main([*args, "--out", str(tmp_path / "a")]) == 0
