@@ -209,7 +209,26 @@ def render_fidelity(root: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_parameters(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
+    """Every parameter of the paper testbed's preset with its source (``kareus gpus --json``)."""
+    from dataclasses import fields
+
+    from kareus.hardware.presets import get_preset
+
+    p = get_preset(gpu)
+    rows = ["| parameter | value | source |", "|---|---|---|"]
+    for f in fields(p):
+        if f.name in ("name", "sources"):
+            continue
+        v = getattr(p, f.name)
+        val = f"{v:.4g}" if isinstance(v, float) else str(v)
+        src = str(p.sources.get(f.name, "")).replace("|", "/")
+        rows.append(f"| `{f.name}` | {val} | {src} |")
+    return "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "parameters": render_parameters,
     "headline": render_headline,
     "paper-run": render_paper_run,
     "paper-summary": render_paper_summary,
