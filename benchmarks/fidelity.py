@@ -126,7 +126,7 @@ def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[st
                           tol=1e-6)
 
 
-def _megatron_section(title: str, runs, preset) -> None:
+def _megatron_section(section: str, title: str, runs, preset) -> None:
     from kareus.suite.megatron_runs import accuracy, run_errors, simulate_runs, worst
     from kareus.suite.progress import terminal_progress
 
@@ -136,6 +136,7 @@ def _megatron_section(title: str, runs, preset) -> None:
     a = accuracy(errors)
     click.echo(f"\n== {title} ({int(a['runs'])} runs, every one simulated, "
                f"{time.perf_counter() - t0:.1f} s)")
+    RECORD[section] = {k: round(float(v), 4) for k, v in a.items()}
     click.echo(f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed mean "
                f"{a['signed_mean_pct']:+.2f} %; Spearman of each model's layouts: mean "
                f"{a['spearman_mean']:.3f}, min {a['spearman_min']:.3f}")
@@ -155,6 +156,8 @@ def _megatron(sections: set[str], do_fit: bool) -> None:
         simulate_runs,
     )
 
+    if not do_fit and not sections & {"vtrain-single", "vtrain-multi"}:
+        return
     single, multi = vtrain_runs("single_node.csv"), vtrain_runs("multi_node_3.6b.csv")
     if single is None or multi is None:
         click.echo("\n(shared/vtrain_megatron not found; vTrain sections skipped)")
@@ -178,9 +181,9 @@ def _megatron(sections: set[str], do_fit: bool) -> None:
             click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} % "
                        "(fitted " + ", ".join(f"{k}={v:.4g}" for k, v in small.items()) + ")")
     if "vtrain-single" in sections:
-        _megatron_section("vTrain: Megatron-LM on one node of A100s", sn, preset)
+        _megatron_section("vtrain-single", "vTrain: Megatron-LM on one node of A100s", sn, preset)
     if "vtrain-multi" in sections:
-        _megatron_section("vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
+        _megatron_section("vtrain-multi", "vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
 
 
 def _perseus_measured() -> None:
@@ -195,6 +198,9 @@ def _perseus_measured() -> None:
     df = perseus_xl_comparison(path)
     click.echo(f"\n== Perseus's measured GPT-3 XL job (4 x A100 PCIe, tf32, stages 6,6,7,5; "
                f"{time.perf_counter() - t0:.0f} s): energy saved against the default plan (%)")
+    RECORD["perseus-measured"] = {"rows": [
+        {k: (round(float(v), 4) if isinstance(v, (int, float)) else v) for k, v in row.items()}
+        for row in df.to_dict("records")]}
     r = df.iloc[0]
     click.echo(f"default plan: measured {r.measured_default_time_s:.2f} s / "
                f"{r.measured_default_energy_j / 1e3:.1f} kJ, simulated "
@@ -210,6 +216,29 @@ def _perseus_measured() -> None:
 
 
 SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")
+
+#: What each section measured, for ``--write`` (the docs render their accuracy from it).
+RECORD: dict[str, dict] = {}
+
+
+def _write_record(path: str, gpu: str) -> None:
+    """Merge :data:`RECORD` into the JSON file ``path``: each section that ran replaces its own
+    entry (with the date and the command), the others are kept."""
+    import datetime
+    import json
+    from pathlib import Path
+
+    from kareus.atomic import atomic_write_json
+
+    p = Path(path)
+    data = json.loads(p.read_text()) if p.is_file() else {}
+    today = datetime.date.today().isoformat()
+    for name, entry in RECORD.items():
+        data[name] = {"date": today, "gpu": gpu,
+                      "command": f"python benchmarks/fidelity.py --only {name} --write {path}",
+                      **entry}
+    atomic_write_json(p, dict(sorted(data.items())))
+    click.echo(f"\n(wrote {', '.join(sorted(RECORD))} to {path})")
 
 
 def problems(configs: list[FrontierConfig], gpu: str, overrides: dict[str, float]) -> dict:
@@ -381,8 +410,11 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
               help="Refit the Megatron-LM host and kernel parameters on vTrain's runs.")
 @click.option("--only", default=",".join(SECTIONS), show_default=True,
               help="Comma-separated sections to run.")
+@click.option("--write", "write_json", default=None, type=click.Path(dir_okay=False),
+              help="Merge the sections' accuracy into this JSON file (results/fidelity/"
+                   "summary.json, which the docs render).")
 def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None,
-         do_fit_megatron: bool, only: str) -> None:
+         do_fit_megatron: bool, only: str, write_json: str | None) -> None:
     sections = {x.strip() for x in only.split(",") if x.strip()}
     unknown = sections - set(SECTIONS)
     if unknown:
@@ -397,6 +429,8 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
         _artifact(gpu, do_fit, predictions_csv)
     if "partition" in sections:
         _partition(gpu)
+    if write_json is not None and RECORD:
+        _write_record(write_json, gpu)
 
 
 def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None) -> None:
@@ -436,8 +470,15 @@ def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None) -> None:
     click.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     click.echo(f"endpoint MAPE {df.error_pct.abs().mean():.2f} % over {len(df)} numbers, "
                f"max {df.error_pct.abs().max():.2f} %")
+    ratios = nanobatching_ratios(df)
+    RECORD["artifact"] = {
+        "endpoints": len(df), "endpoint_mape_pct": round(float(df.error_pct.abs().mean()), 2),
+        "endpoint_max_pct": round(float(df.error_pct.abs().max()), 2),
+        "nanobatching_ratio": {str(k): {"simulated": round(float(r.simulated), 3),
+                                        "measured": round(float(r.measured), 3)}
+                               for k, r in ratios.iterrows()}}
     click.echo("\n== Nanobatching + Perseus fastest time / Perseus fastest time")
-    for label, r in nanobatching_ratios(df).iterrows():
+    for label, r in ratios.iterrows():
         click.echo(f"{label:34s} simulated {r.simulated:.3f}   measured {r.measured:.3f}")
 
     click.echo("\n== Nanobatching + Perseus against Perseus: iso-time energy and iso-energy time "
@@ -462,6 +503,8 @@ def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None) -> None:
         sim = float(df[(df.config == cfg.label) & (df.method == "perseus")
                        & (df.endpoint == "T_min")].simulated.iloc[0])
         roof = roofline_fastest(cfg, gpu)
+        RECORD["artifact"].setdefault("fastest_time_s", {})[cfg.label] = {
+            "measured": round(meas, 3), "simulated": round(sim, 3), "roofline": round(roof, 3)}
         click.echo(f"{cfg.label:34s} measured {meas:.3f}  simulator {sim:.3f} "
                    f"({100 * (sim / meas - 1):+.1f} %)  roofline {roof:.3f} "
                    f"({100 * (roof / meas - 1):+.1f} %)")
@@ -515,6 +558,16 @@ def _partition(gpu: str) -> None:
                f"({pb['measured_excess_pct']:+.1f} % over the fastest)")
     click.echo(floor_slope_text(f["floor_slope"]))
     alone = collective_alone_holdout(part, sweep, preset)
+    RECORD["partition"] = {
+        "rows": int(f["rows"]), "time_mape_pct": round(f["time_mape_pct"], 2),
+        "time_max_ape_pct": round(f["time_max_ape_pct"], 2),
+        "energy_mape_pct": round(f["energy_mape_pct"], 2),
+        "holdout_time_mape_pct": round(h["time_mape_pct"], 2),
+        "holdout_energy_mape_pct": round(h["energy_mape_pct"], 2),
+        "measured_best_predicted_rank": int(f["measured_best_predicted_rank"]),
+        "collective_alone": {k: {"time_mape_pct": round(v["time_mape_pct"], 2),
+                                 "time_max_ape_pct": round(v["time_max_ape_pct"], 2)}
+                             for k, v in alone.items()}}
     click.echo("the collective alone (window (-1, -1)), fitted on 1-10 SMs, predicting 11-20: "
                + "; ".join(f"{k} law {v['time_mape_pct']:.2f} % (max {v['time_max_ape_pct']:.2f} %"
                            f", p = {v['tuned_pipelining']:.2f})" for k, v in alone.items()))

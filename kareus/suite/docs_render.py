@@ -1,0 +1,289 @@
+"""Fill the generated blocks of README.md and docs/*.md from the files the project writes.
+
+A block is written in the markdown as::
+
+    <!-- generated: NAME -->
+    ...rendered text...
+    <!-- end generated -->
+
+and NAME is one of :data:`RENDERERS`. Every number a block shows is read from a committed output
+(``results/paper/tables.md``, ``results/paper/*.csv``, ``results/paper/metadata.json``,
+``results/fidelity/summary.json``), so that a rerun after new results needs no manual edit::
+
+    python -m kareus.suite.docs_render          # rewrite the blocks
+    python -m kareus.suite.docs_render --check  # exit 1 and name the blocks that differ
+
+``tests/test_docs.py`` runs the check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[2]
+
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
+                   re.DOTALL)
+
+#: The markdown files that may hold generated blocks, relative to the repository root.
+DOC_GLOBS = ("README.md", "docs/*.md")
+
+
+# --- reading the outputs -------------------------------------------------------------------------
+
+def _sections(markdown: str) -> dict[str, str]:
+    """``## heading`` -> the text under it (stripped), of a markdown file."""
+    out: dict[str, str] = {}
+    for part in re.split(r"^## ", markdown, flags=re.MULTILINE)[1:]:
+        head, _, body = part.partition("\n")
+        out[head.strip()] = body.strip()
+    return out
+
+
+def _table_rows(table: str) -> list[list[str]]:
+    """The cells of a markdown table's data rows."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in table.splitlines() if line.strip().startswith("|")]
+    return rows[2:]
+
+
+def _paper(root: Path) -> Path:
+    return root / "results" / "paper"
+
+
+def _read(path: Path) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run the command that writes it")
+    return path.read_text()
+
+
+def _pct_range(values: list[float], digits: int = 1) -> str:
+    lo, hi = min(values), max(values)
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(lo)} %" if f.format(lo) == f.format(hi) else f"{f.format(lo)}–{f.format(hi)} %"
+
+
+def _num(x: object) -> float:
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return v
+
+
+def _metadata(root: Path) -> dict:
+    return json.loads(_read(_paper(root) / "metadata.json"))
+
+
+# --- renderers -----------------------------------------------------------------------------------
+
+def render_paper_run(root: Path) -> str:
+    """One line: what produced results/paper, and how long it took."""
+    m = _metadata(root)
+    wall = m.get("wall_s_this_run")
+    took = f", {wall:.0f} s of wall time for that run" if isinstance(wall, (int, float)) else ""
+    return (f"`results/paper/` was written by `python reproduce.py --suite paper` at commit "
+            f"`{str(m.get('git_commit', '?'))[:10]}` ({m.get('gpu')}, {m.get('backend')} backend, "
+            f"Python {m.get('python')}{took}; each configuration's `timings.json` has its own).\n")
+
+
+def render_headline(root: Path) -> str:
+    """The paper's headline numbers beside the suite's, and the ranges over the ten configurations."""
+    tables = _sections(_read(_paper(root) / "tables.md"))
+    head = tables.get("Beside the paper's headline numbers")
+    if head is None:
+        raise ValueError("results/paper/tables.md has no \"Beside the paper's headline numbers\"")
+    return head + "\n\n" + render_paper_summary(root)
+
+
+def render_paper_summary(root: Path) -> str:
+    """A paragraph of ranges over the paper suite, computed from its CSVs and the order column."""
+    paper = _paper(root)
+    mt = pd.read_csv(paper / "max_throughput.csv").set_index("config")
+    fr = pd.read_csv(paper / "frontier.csv").set_index("config")
+    tables = _sections(_read(paper / "tables.md"))
+    order = {}
+    for key, body in tables.items():
+        if key.startswith("Frontier vs Perseus"):
+            order = {r[0]: r[-1] for r in _table_rows(body)}
+    yes = [c for c, v in order.items() if v == "yes"]
+    no = [c for c, v in order.items() if v != "yes"]
+    k_it, k_ie = fr["kareus iso-time ΔE %"], fr["kareus iso-energy ΔT %"]
+    n_it, n_ie = fr["nanobatch-perseus iso-time ΔE %"], fr["nanobatch-perseus iso-energy ΔT %"]
+    lead = [min(k_it[c] - n_it[c], k_ie[c] - n_ie[c]) for c in yes]
+    lead_max = [max(k_it[c] - n_it[c], k_ie[c] - n_ie[c]) for c in yes]
+    nb_slower = [-mt.loc[c, "nanobatch ΔT %"] for c in no if mt.loc[c, "nanobatch ΔT %"] < 0]
+    lines = [
+        f"Over the {len(fr)} configurations of `--suite paper`: Perseus's fastest plan is as fast "
+        f"as Megatron-LM's ({_pct_range(list(mt['perseus ΔT %']))} time saved) and saves "
+        f"{_pct_range(list(mt['perseus ΔE %']))} energy.",
+    ]
+    if yes:
+        lines.append(
+            f"On the {len(yes)} where Kareus ≥ nanobatch-perseus ≥ Perseus holds, Kareus's fastest "
+            f"plan is {_pct_range([mt.loc[c, 'kareus ΔT %'] for c in yes])} faster than "
+            f"Megatron-LM's and uses {_pct_range([mt.loc[c, 'kareus ΔE %'] for c in yes])} less "
+            f"energy; against Perseus's frontier it saves {_pct_range([k_it[c] for c in yes])} "
+            f"energy at iso-time and {_pct_range([k_ie[c] for c in yes])} time at iso-energy, "
+            f"leading nanobatch-perseus by {min(lead):.1f} to {max(lead_max):.1f} points.")
+    if no:
+        lines.append(
+            f"On the other {len(no)} ({', '.join(f'`{c}`' for c in no)}) the order column says no"
+            + (f": nanobatching makes the fastest iteration {_pct_range(nb_slower)} slower"
+               if nb_slower else "")
+            + f", and Kareus saves {_pct_range([_num(k_it[c]) for c in no])} at iso-time and "
+            f"{_pct_range([_num(k_ie[c]) for c in no])} at iso-energy.")
+    return textwrap.fill(" ".join(lines), width=99, break_on_hyphens=False,
+                         break_long_words=False) + "\n"
+
+
+def render_paper_tables(root: Path) -> str:
+    """results/paper/tables.md, its title dropped and its headings one level down."""
+    text = _read(_paper(root) / "tables.md")
+    body = text.split("\n", 1)[1].strip() if text.startswith("# ") else text.strip()
+    body = re.sub(r"^## ", "### ", body, flags=re.MULTILINE)
+    return body + "\n"
+
+
+def _fidelity(root: Path) -> dict:
+    path = root / "results" / "fidelity" / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def render_fidelity(root: Path) -> str:
+    """The simulator's accuracy per measured data set, from results/fidelity/summary.json."""
+    f = _fidelity(root)
+    rows = ["| data set | what is compared | accuracy | measured on, by |", "|---|---|---|---|"]
+
+    def when(e: dict) -> str:
+        return f"{e['date']}, `{e['command']}`"
+
+    if "partition" in f:
+        p = f["partition"]
+        alone = p.get("collective_alone", {})
+        alone_txt = "; ".join(f"{k} law {v['time_mape_pct']:.2f} %" for k, v in alone.items())
+        rows.append(
+            f"| Kareus artifact, attention-partition sweep (2 × A100) | {p['rows']} "
+            f"configurations (window × SMs × block size) | fit {p['time_mape_pct']:.2f} % time / "
+            f"{p['energy_mape_pct']:.2f} % energy MAPE (max {p['time_max_ape_pct']:.2f} %); "
+            f"hold-out {p['holdout_time_mape_pct']:.2f} % / {p['holdout_energy_mape_pct']:.2f} %; "
+            f"measured best ranks {p['measured_best_predicted_rank']}; the collective alone, "
+            f"1–10 SMs → 11–20: {alone_txt} | {when(p)} |")
+    if "artifact" in f:
+        a = f["artifact"]
+        ratios = "; ".join(f"{k}: {v['simulated']:.3f} simulated, {v['measured']:.3f} measured"
+                           for k, v in a.get("nanobatching_ratio", {}).items())
+        rows.append(
+            f"| Kareus artifact, iteration frontiers (16 × A100 40 GB) | the {a['endpoints']} "
+            f"endpoints of Perseus's and Nanobatching + Perseus's frontiers | "
+            f"{a['endpoint_mape_pct']:.2f} % MAPE, max {a['endpoint_max_pct']:.2f} %; "
+            f"nanobatching's fastest-time ratio {ratios} | {when(a)} |")
+    for key, label in (("vtrain-single", "vTrain, Megatron-LM on one node (fitted)"),
+                       ("vtrain-multi", "vTrain, 3.6B on 64 GPUs (predicted)")):
+        if key in f:
+            v = f[key]
+            rows.append(
+                f"| {label} | {int(v['runs'])} iteration times | {v['mape_pct']:.2f} % MAPE, max "
+                f"{v['max_pct']:.2f} %, signed {v['signed_mean_pct']:+.2f} %; Spearman "
+                f"{v['spearman_mean']:.3f} | {when(v)} |")
+    if "perseus-measured" in f:
+        v = f["perseus-measured"]
+        saved = "; ".join(
+            f"{r['method']} {r['measured_saved_least_energy_pct']:.1f} / "
+            f"{r['simulated_saved_least_energy_pct']:.1f} %" for r in v["rows"])
+        rows.append(
+            f"| Perseus's measured GPT-3 XL job (4 × A100 PCIe) | energy saved at the least-energy "
+            f"plan against the default, measured / simulated | {saved} | {when(v)} |")
+    if len(rows) == 2:
+        return ("No accuracy recorded yet: run `python benchmarks/fidelity.py --write "
+                "results/fidelity/summary.json` (needs the measurement data, "
+                "docs/getting-started.md).\n")
+    return "\n".join(rows) + "\n"
+
+
+def render_parameters(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
+    """Every parameter of the paper testbed's preset with its source (``kareus gpus --json``)."""
+    from dataclasses import fields
+
+    from kareus.hardware.presets import get_preset
+
+    p = get_preset(gpu)
+    rows = ["| parameter | value | source |", "|---|---|---|"]
+    for f in fields(p):
+        if f.name in ("name", "sources"):
+            continue
+        v = getattr(p, f.name)
+        val = f"{v:.4g}" if isinstance(v, float) else str(v)
+        src = str(p.sources.get(f.name, "")).replace("|", "/")
+        rows.append(f"| `{f.name}` | {val} | {src} |")
+    return "\n".join(rows) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {
+    "parameters": render_parameters,
+    "headline": render_headline,
+    "paper-run": render_paper_run,
+    "paper-summary": render_paper_summary,
+    "paper-tables": render_paper_tables,
+    "fidelity": render_fidelity,
+}
+
+
+# --- filling the blocks --------------------------------------------------------------------------
+
+def doc_files(root: Path = REPO) -> list[Path]:
+    return sorted({p for g in DOC_GLOBS for p in root.glob(g) if p.is_file()})
+
+
+def fill(text: str, root: Path = REPO) -> tuple[str, list[str]]:
+    """``text`` with every generated block rendered anew, and the names of the blocks that
+    changed."""
+    changed: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        name = m["name"]
+        if name not in RENDERERS:
+            raise KeyError(f"unknown generated block {name!r}; known: {', '.join(RENDERERS)}")
+        body = RENDERERS[name](root)
+        if body != m["body"]:
+            changed.append(name)
+        return m[1] + body + m[4]
+
+    return BLOCK.sub(sub, text), changed
+
+
+def run(root: Path = REPO, check: bool = False) -> list[str]:
+    """Render every block of every doc; write the files unless ``check``. Returns
+    ``path: block`` for each block that differed."""
+    stale: list[str] = []
+    for path in doc_files(root):
+        text = path.read_text()
+        new, changed = fill(text, root)
+        stale += [f"{path.relative_to(root)}: {name}" for name in changed]
+        if changed and not check:
+            path.write_text(new)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    check = "--check" in args
+    stale = run(REPO, check=check)
+    if check and stale:
+        print("generated blocks out of date (run `python -m kareus.suite.docs_render`):\n  "
+              + "\n  ".join(stale))
+        return 1
+    print(("rewrote: " + ", ".join(stale)) if stale and not check else "generated blocks up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

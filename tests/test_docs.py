@@ -1,0 +1,83 @@
+"""The front door stays short and its numbers come from files.
+
+Every generated block of README.md and docs/*.md must equal what ``python -m
+kareus.suite.docs_render`` renders from the committed outputs (results/paper, results/fidelity):
+after new results, rerun the renderer and commit.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kareus.suite import docs_render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_generated_blocks_match_the_files_they_render() -> None:
+    stale = docs_render.run(ROOT, check=True)
+    assert not stale, ("generated blocks differ from what the renderer gives; run "
+                       "`python -m kareus.suite.docs_render`: " + ", ".join(stale))
+
+
+def test_every_block_is_known_and_closed() -> None:
+    for path in docs_render.doc_files(ROOT):
+        text = path.read_text()
+        opened = re.findall(r"<!-- generated: ([a-z0-9-]+) -->", text)
+        assert len(opened) == text.count("<!-- end generated -->"), path
+        for name in opened:
+            assert name in docs_render.RENDERERS, f"{path}: unknown block {name}"
+
+
+def test_the_docs_hold_the_blocks_the_numbers_live_in() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "<!-- generated: headline -->" in readme
+    assert "<!-- generated: paper-tables -->" in (ROOT / "docs" / "results.md").read_text()
+    assert "<!-- generated: fidelity -->" in (ROOT / "docs" / "simulator.md").read_text()
+
+
+def test_front_door_lengths() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+    assert len((ROOT / "docs" / "simulator.md").read_text().splitlines()) <= 300
+
+
+def test_readme_keeps_the_two_commands_and_ci_runs_the_second() -> None:
+    readme = (ROOT / "README.md").read_text()
+    main = "pip install torch==2.13.0 -e . && python reproduce.py --workload gpt3-xl"
+    tests = "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q"
+    assert main in readme and tests in readme
+    assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def test_relative_links_in_the_docs_resolve() -> None:
+    for path in docs_render.doc_files(ROOT):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            if target.startswith(("http", "mailto")):
+                continue
+            assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+def test_fill_renders_a_block_and_is_idempotent(tmp_path: Path) -> None:
+    text = "before\n<!-- generated: paper-run -->\nold\n<!-- end generated -->\nafter\n"
+    new, changed = docs_render.fill(text, ROOT)
+    assert changed == ["paper-run"] and "old" not in new and "reproduce.py --suite paper" in new
+    again, changed = docs_render.fill(new, ROOT)
+    assert again == new and changed == []
+
+
+def test_unknown_block_is_refused() -> None:
+    with pytest.raises(KeyError, match="unknown generated block"):
+        docs_render.fill("<!-- generated: nope -->\n<!-- end generated -->\n", ROOT)
+
+
+def test_check_mode_names_a_stale_block_without_writing(tmp_path: Path) -> None:
+    (tmp_path / "results").symlink_to(ROOT / "results")
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- generated: paper-run -->\nstale\n<!-- end generated -->\n")
+    assert docs_render.run(tmp_path, check=True) == ["README.md: paper-run"]
+    assert "stale" in doc.read_text()
+    assert docs_render.run(tmp_path) == ["README.md: paper-run"]
+    assert docs_render.run(tmp_path, check=True) == []
