@@ -292,7 +292,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     if time_budget_s is not None or energy_budget_j is not None:
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
-                           "plan": plan_record(run.plans[chosen.plan_id])}
+                           "plan": run.plans[chosen.plan_id].to_json()}
     if export_dir is not None:
         from pathlib import Path
 
@@ -325,25 +325,6 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                   f"{len(run.frontier)} on the frontier", left=("",))
 
     _emit(obj, as_json, text)
-
-
-def schedule_record(s: Any) -> dict:
-    """A partition schedule as JSON (``comm_sms`` null: the collective library's kernel)."""
-    return {"comm_sms": s.comm_sms, "launch_slot": s.launch_slot, "wait_after": s.wait_after,
-            "block_size": s.block_size}
-
-
-def plan_record(plan: Any) -> dict:
-    """A plan as JSON: clock per instruction (per stage, in 1F1B order) and schedules."""
-    per_stage: dict[int, list] = {}
-    for ins, ip in sorted(plan.instructions.items(),
-                          key=lambda kv: (kv[0].stage, kv[0].microbatch, kv[0].direction)):
-        per_stage.setdefault(ins.stage, []).append({
-            "microbatch": ins.microbatch, "instruction": ins.direction,
-            "clock_mhz": ip.clock_mhz, "nanobatched": ip.nanobatched,
-            "schedules": {k: schedule_record(s) for k, s in ip.schedules}})
-    return {"label": plan.label, "power_limit_w": plan.power_limit_w,
-            "stages": {str(s): v for s, v in per_stage.items()}}
 
 
 def _profile_options(fn):

@@ -22,10 +22,7 @@ from kareus.backends.gpu.measure import MeasureConfig
 from kareus.backends.gpu.serialize import (
     NCCL_MAX_CTAS,
     Job,
-    plan_from_dict,
-    plan_to_dict,
     reduced_workload,
-    validate_plan,
     workload_from_dict,
     workload_from_graph,
     workload_to_dict,
@@ -149,13 +146,16 @@ def test_unsupported_and_invalid_plans(tiny):
     g = b.bind(tiny)
     plan = IterationPlan.uniform(g, 1980.0, True, {"nope/0": PartitionSchedule(6, 0)})
     with pytest.raises(PlanError, match="unknown partition"):
-        validate_plan(g, plan, H200.sms)
+        b.evaluate_plan(g, plan)
     key = g.instruction_graphs[(0, "forward")].partitions[0].key
     with pytest.raises(PlanError, match="communication SMs"):
-        validate_plan(g, IterationPlan.uniform(g, 1980.0, True, {key: PartitionSchedule(200, 0)}),
-                      H200.sms)
+        b.evaluate_plan(g, IterationPlan.uniform(g, 1980.0, True,
+                                                 {key: PartitionSchedule(200, 0)}))
+    with pytest.raises(PlanError, match="threads per block"):
+        b.evaluate_instruction(g, (0, "forward"), InstructionPlan.make(
+            1980.0, True, {key: PartitionSchedule(6, 0, None, 512)}))
     with pytest.raises(PlanError, match="no entry"):
-        validate_plan(g, IterationPlan({}), H200.sms)
+        b.evaluate_plan(g, IterationPlan({}))
     # more SMs than NCCL gives a communicator: refused before anything runs (NCCL would cap it)
     assert b.comm_sms_limit == NCCL_MAX_CTAS + 1 < H200.sms
     with pytest.raises(PlanError, match=f"outside 1..{NCCL_MAX_CTAS}"):
@@ -201,7 +201,7 @@ def test_workload_and_plan_round_trips(name, kw):
     key = g.instruction_graphs[(0, "forward")].partitions[0].key
     plan = IterationPlan.uniform(g, 1410.0, True, {key: PartitionSchedule(9, 2, 3)},
                                  power_limit_w=300.0, label="x")
-    back = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
+    back = IterationPlan.from_json(json.loads(json.dumps(plan.to_json())))
     assert back.instructions == plan.instructions and back.power_limit_w == 300.0
     job = Job("plan", workload=w, plan=plan, measure=QUICK)
     again = Job.from_dict(json.loads(json.dumps(job.to_dict())))

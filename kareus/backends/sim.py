@@ -527,21 +527,13 @@ class SimulatorBackend:
         limit there (large GEMMs and attention kernels at the top clocks) run throttled, the
         others at the locked clock (see the module docstring).
         """
-        if key not in graph.instruction_graphs:
-            raise PlanError(f"unknown instruction {key}; the graph has "
-                            f"{sorted(graph.instruction_graphs)}")
-        ig = graph.instruction_graphs[key]
+        ig = graph.instruction_graphs.get(key)
         cache_key = ("ins", id(ig), plan)  # the cached entry keeps ``ig`` alive (see below)
-        if cache_key in self._cache:
+        if ig is not None and cache_key in self._cache:
             return self._cache[cache_key][0]  # type: ignore[index]
+        plan.validate(graph, key, self.gpu)
+        assert ig is not None  # validate refuses an unknown instruction
         f_idx = self._scalar_index(plan.clock_mhz)
-        if plan.nanobatched and graph.nanobatch_refusal:
-            raise PlanError(graph.nanobatch_refusal)
-        if plan.nanobatched and ig.partitions:
-            unknown = {k for k, _ in plan.schedules} - {p.key for p in ig.partitions}
-            if unknown:
-                raise PlanError(f"unknown partition(s) {sorted(unknown)} for {ig.name}; valid: "
-                                f"{', '.join(p.key for p in ig.partitions)}")
         cost = InstructionCost(*self._instruction_at(ig, plan, f_idx))
         self._cache[cache_key] = (cost, ig)
         return cost
@@ -616,13 +608,11 @@ class SimulatorBackend:
 
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
+        plan.validate(graph, self.gpu)
         if plan.power_limit_w is not None and plan.power_limit_w != self.power_limit_w:
             return self._with_limit(plan.power_limit_w).evaluate_plan(
                 graph, IterationPlan(plan.instructions, None, plan.label, plan.meta))
         order = [ins for seq in graph.schedule().values() for ins in seq]
-        missing = [ins for ins in order if ins not in plan.instructions]
-        if missing:
-            raise PlanError(f"plan has no entry for {len(missing)} instruction(s), e.g. {missing[0]}")
         durations: dict[Instruction, float] = {}
         dyn = {s: 0.0 for s in range(graph.stages)}
         for ins in order:
@@ -683,9 +673,8 @@ class SimulatorBackend:
         return max(0.0, done - end_s)
 
     def _with_limit(self, limit_w: float) -> "SimulatorBackend":
-        if not math.isfinite(limit_w) or limit_w <= self.gpu.static_power_w:
-            raise PlanError(f"power limit {limit_w} W must exceed the static power "
-                            f"{self.gpu.static_power_w} W")
+        """This simulator under a board power limit of ``limit_w`` W (checked by
+        :meth:`IterationPlan.validate`: above the static power)."""
         if limit_w not in self._limited:
             self._limited[limit_w] = SimulatorBackend(self.gpu, limit_w)
         return self._limited[limit_w]

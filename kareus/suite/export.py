@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from kareus.graph import IterationGraph, Partition
+from kareus.graph import Instruction, IterationGraph, Partition
 from kareus.plan import IterationPlan, PartitionSchedule
 
 
@@ -23,31 +23,30 @@ def zeus_frequency_schedule(graph: IterationGraph, plan: IterationPlan
 
 
 def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
-    """JSON-ready per-instruction schedules: clock, nanobatched, and per partition key the
-    communication SMs (``null``: the collective library's kernel), threads per block, the window
-    (launch before op ``launch_slot``, wait after op ``wait_after``; -1, -1: sequential) and the
-    labels of those ops (e.g. ``linear_0``)."""
-    stages = []
-    for stage, seq in sorted(graph.schedule().items()):
-        rows = []
-        for ins in seq:
-            ip = plan.instructions[ins]
+    """The deployment view of ``plan`` (``schedules.json``): the plan's JSON form
+    (:meth:`IterationPlan.to_json`; per stage, in 1F1B order, every instruction's clock,
+    nanobatched and per partition key the communication SMs, ``null``: the collective library's
+    kernel, and threads per block) under the graph's ``workload`` name, with each window resolved
+    on the partition's ops (launch before op ``launch_slot``, wait after op ``wait_after``; -1,
+    -1: sequential) and the labels of those ops (``launch_before``, ``wait_after_op``, e.g.
+    ``linear_0``). The plan's power limit is not part of it."""
+    form = plan.to_json()
+    for st in form["stages"]:
+        for row in st["instructions"]:
+            ins = Instruction(st["stage"], row["microbatch"], row["instruction"])
             parts = {p.key: p for p in graph.instruction_graphs[ins.type_key].partitions}
-            rows.append({
-                "instruction": ins.direction, "microbatch": ins.microbatch,
-                "clock_mhz": ip.clock_mhz, "nanobatched": ip.nanobatched,
-                "partitions": {k: _schedule_json(s, parts.get(k)) for k, s in ip.schedules},
-            })
-        stages.append({"stage": stage, "instructions": rows})
-    return {"workload": graph.workload, "label": plan.label, "stages": stages}
+            for key, s in plan.instructions[ins].schedules:
+                row["partitions"][key].update(_deployed_window(s, parts.get(key)))
+    return {"workload": graph.workload, "label": form["label"], "stages": form["stages"]}
 
 
-def _schedule_json(s: PartitionSchedule, part: Partition | None) -> dict:
+def _deployed_window(s: PartitionSchedule, part: Partition | None) -> dict:
+    """The window of ``s`` resolved on ``part``'s ops, and the labels of its two ops."""
     n = len(part.compute) if part is not None else 0
     start, end = s.window(n) if n else (s.launch_slot, s.wait_after)
     label = (lambda i: part.slots[i] if part is not None and 0 <= i < n else None)  # noqa: E731
-    return {"comm_sms": s.comm_sms, "block_size": s.block_size, "launch_slot": start,
-            "wait_after": end, "launch_before": label(start), "wait_after_op": label(end)}
+    return {"launch_slot": start, "wait_after": end, "launch_before": label(start),
+            "wait_after_op": label(end)}
 
 
 def zeus_solution_text(graph: IterationGraph, plan: IterationPlan) -> str:

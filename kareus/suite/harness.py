@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kareus import frontier as fr
-from kareus.errors import InputError, PluginError
+from kareus.errors import InputError, PlanError, PluginError
 from kareus.plan import IterationPlan
 from kareus.plugins import Optimizer, Problem
 from kareus.suite.records import Point
@@ -60,34 +60,23 @@ class OptimizerRun:
 
 
 def validate_plans(plans: object, problem: Problem) -> list[IterationPlan]:
-    """Check a plugin's return value; raise :class:`PluginError` naming the first problem."""
+    """Check a plugin's return value: a non-empty sequence of plans, each passing
+    :meth:`IterationPlan.validate` on the problem's graph and GPU; raise :class:`PluginError`
+    (not a list of plans) or :class:`PlanError` (a plan that cannot run), naming the first
+    problem and the plan's index."""
     if plans is None:
         raise PluginError("returned nothing (None)")
     if isinstance(plans, IterationPlan) or not isinstance(plans, Sequence):
         raise PluginError(f"must return a sequence of IterationPlan, got {type(plans).__name__}")
     if len(plans) == 0:
         raise PluginError("returned no plans")
-    wanted = {i for seq in problem.graph.schedule().values() for i in seq}
     for k, plan in enumerate(plans):
         if not isinstance(plan, IterationPlan):
             raise PluginError(f"plan {k} is a {type(plan).__name__}, not an IterationPlan")
-        missing = wanted - set(plan.instructions)
-        if missing:
-            raise PluginError(f"plan {k} has no entry for {len(missing)} instruction(s)")
-        if plan.power_limit_w is not None and not (
-                isinstance(plan.power_limit_w, (int, float)) and math.isfinite(plan.power_limit_w)
-                and plan.power_limit_w > 0):
-            raise PluginError(f"plan {k} has an invalid power limit {plan.power_limit_w!r}")
-        for ins, ip in plan.instructions.items():
-            c = ip.clock_mhz
-            if not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
-                raise PluginError(f"plan {k}: {ins} has an invalid clock {c!r}")
-            for key, s in ip.schedules:
-                if not all(v is None or (isinstance(v, int) and not isinstance(v, bool))
-                           for v in (s.comm_sms, s.wait_after, s.block_size)) \
-                        or not isinstance(s.launch_slot, int) \
-                        or (s.comm_sms is not None and s.comm_sms <= 0) or s.launch_slot < -1:
-                    raise PluginError(f"plan {k}: partition {key} has an invalid schedule {s}")
+        try:
+            plan.validate(problem.graph, problem.gpu)
+        except PlanError as e:
+            raise PlanError(f"plan {k}: {e}") from e
     return list(plans)
 
 

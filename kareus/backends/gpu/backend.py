@@ -41,8 +41,6 @@ from kareus.backends.gpu.serialize import (
     NCCL_MAX_CTAS,
     Job,
     check_supported,
-    validate_instruction_plan,
-    validate_plan,
     workload_from_graph,
 )
 from kareus.energy import dynamic_from_measured, iteration_energy
@@ -228,7 +226,8 @@ class GPUBackend:
         """Run and measure one iteration of ``graph`` under ``plan`` (time = max over ranks,
         energy = sum over GPUs; see :mod:`kareus.backends.gpu.backend`)."""
         w = self.workload_for(graph)
-        validate_plan(graph, plan, self.comm_sms_limit)
+        plan.validate(graph, self.gpu, max_comm_sms=self.comm_sms_limit - 1,
+                      block_size_settable=False)
         ranks = self.run_job(self._job("plan", workload=w, plan=plan), graph.num_gpus, graph)
         return aggregate_iteration(graph, ranks, self.static_power_w)
 
@@ -241,15 +240,12 @@ class GPUBackend:
                              plan: InstructionPlan) -> InstructionCost:
         """Measure one instruction of type ``key`` on its stage's TP group: time (s) and
         dynamic energy per GPU (J)."""
-        if key not in graph.instruction_graphs:
-            raise PlanError(f"unknown instruction {key}; the graph has "
-                            f"{sorted(graph.instruction_graphs)}")
+        plan.validate(graph, key, self.gpu, max_comm_sms=self.comm_sms_limit - 1,
+                      block_size_settable=False)
         w = self.workload_for(graph)
-        validate_instruction_plan(graph, key, plan, self.comm_sms_limit)
         job = self._job("instruction", workload=w, stage=key[0], direction=key[1],
                         clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
-                        schedules={k: [s.comm_sms, s.launch_slot, s.wait_after]
-                                   for k, s in plan.schedules})
+                        schedules={k: s.to_json() for k, s in plan.schedules})
         ranks = self.run_job(job, w.parallel.tp, graph)
         t = max(r["time_s"] / r["steps"] for r in ranks)
         e = float(np.mean([r["energy_j"] / r["steps"] for r in ranks]))

@@ -50,7 +50,7 @@ from kareus.backends.gpu.measure import (
 from kareus.backends.gpu.serialize import Job, check_supported, plan_sms
 from kareus.errors import InputError
 from kareus.graph import Instruction, IterationGraph, one_f_one_b
-from kareus.plan import InstructionPlan
+from kareus.plan import InstructionPlan, PartitionSchedule
 from workloads.graph_builder import build_iteration_graph
 from workloads.parallel import Workload
 from workloads.torch_model import GPTStage
@@ -545,7 +545,9 @@ def run_instruction(s: _Setup) -> dict[str, Any]:
     w = job.workload
     assert w is not None
     graph = s.graph or build_iteration_graph(w)
-    sms = sorted({int(v[0]) for v in job.schedules.values() if v[0] is not None})
+    ip = InstructionPlan.make(job.clock_mhz, job.nanobatched,
+                              {k: PartitionSchedule.from_json(v) for k, v in job.schedules.items()})
+    sms = sorted({ps.comm_sms for _, ps in ip.schedules if ps.comm_sms is not None})
     r1 = Rank(s.r.rank, s.r.world, s.r.local_rank, w.parallel.tp, 1, 1)
     comm, _ = make_groups(r1, sms, s.device.type == "cuda")
     stage = build_stage(w, job.stage, r1.tp_rank, s.device, s.dtype, job.seed)
@@ -553,10 +555,7 @@ def run_instruction(s: _Setup) -> dict[str, Any]:
                          partition_keys=partition_keys(graph, job.stage))
     check_against_graph(engine, graph, job.stage)
     has_parts = bool(graph.instruction_graphs[(job.stage, job.direction)].partitions)
-    sched = Schedule(job.nanobatched and has_parts,
-                     tuple((k, (None if v[0] is None else int(v[0]), int(v[1]),
-                                None if len(v) < 3 or v[2] is None else int(v[2])))
-                           for k, v in sorted(job.schedules.items())))
+    sched = schedule_of(ip, has_parts)
     x, tgt = _instruction_inputs(s, w, engine)
     if job.direction == "forward":
         def step() -> None:

@@ -1,19 +1,20 @@
-"""JSON forms of what crosses the process boundary to the GPU workers: the workload, the plan,
-the measurement settings and the job; and the inverse of :func:`build_iteration_graph` (which
-workload an iteration graph was built from), so the backend can run a graph it is handed.
+"""JSON forms of what crosses the process boundary to the GPU workers: the workload, the
+measurement settings and the job (whose plan travels in :meth:`IterationPlan.to_json`'s form,
+its schedules in :meth:`PartitionSchedule.to_json`'s); and the inverse of
+:func:`build_iteration_graph` (which workload an iteration graph was built from), so the backend
+can run a graph it is handed.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from kareus.backends.gpu.measure import MeasureConfig
-from kareus.errors import InputError, PlanError
-from kareus.graph import Instruction, IterationGraph
-from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
+from kareus.errors import InputError
+from kareus.graph import IterationGraph
+from kareus.plan import IterationPlan
 from workloads.models import MODELS, ModelSpec
 from workloads.parallel import ParallelConfig, Workload
 
@@ -118,65 +119,11 @@ def workload_from_graph(graph: IterationGraph,
 # ------------------------------------------------------------------------------- plans
 
 
-def plan_to_dict(plan: IterationPlan) -> dict[str, Any]:
-    rows = []
-    for ins, ip in sorted(plan.instructions.items(),
-                          key=lambda kv: (kv[0].stage, kv[0].microbatch, kv[0].direction)):
-        rows.append({"stage": ins.stage, "microbatch": ins.microbatch,
-                     "direction": ins.direction, "clock_mhz": ip.clock_mhz,
-                     "nanobatched": ip.nanobatched,
-                     "schedules": {k: [s.comm_sms, s.launch_slot, s.wait_after, s.block_size]
-                                   for k, s in ip.schedules}})
-    return {"label": plan.label, "power_limit_w": plan.power_limit_w, "instructions": rows}
-
-
-def plan_from_dict(d: dict[str, Any]) -> IterationPlan:
-    ins = {}
-    for r in d["instructions"]:
-        ins[Instruction(int(r["stage"]), int(r["microbatch"]), r["direction"])] = \
-            InstructionPlan.make(float(r["clock_mhz"]), bool(r["nanobatched"]),
-                                 {k: PartitionSchedule(*v) for k, v in r["schedules"].items()})
-    return IterationPlan(ins, power_limit_w=d.get("power_limit_w"), label=d.get("label", ""))
-
-
 #: The most CTAs (channels, one SM each) NCCL gives one communicator: its compile-time
 #: ``MAXCHANNELS`` (32 or 64 depending on the release); larger ``min_ctas``/``max_ctas`` are
 #: capped with only a log line. The smaller value, so that no plan runs with fewer SMs than it
 #: names. (Kareus's knob space uses at most 30.)
 NCCL_MAX_CTAS = 32
-
-
-def validate_plan(graph: IterationGraph, plan: IterationPlan, sms_max: int) -> None:
-    """Raise :class:`PlanError` for a plan that does not fit ``graph``: a missing instruction,
-    an unknown partition key, a launch slot or SM count out of range, a non-finite clock."""
-    for ins in (i for seq in graph.schedule().values() for i in seq):
-        if ins not in plan.instructions:
-            raise PlanError(f"plan has no entry for {ins}")
-    for ins, ip in plan.instructions.items():
-        validate_instruction_plan(graph, ins.type_key, ip, sms_max, str(ins))
-
-
-def validate_instruction_plan(graph: IterationGraph, key: tuple[int, str], ip: InstructionPlan,
-                              sms_max: int, where: str = "") -> None:
-    """Raise :class:`PlanError` unless ``ip`` fits instructions of type ``key``."""
-    where = where or f"{key}"
-    if not math.isfinite(ip.clock_mhz) or ip.clock_mhz <= 0:
-        raise PlanError(f"{where}: clock {ip.clock_mhz} MHz is not a positive number")
-    ig = graph.instruction_graphs.get(key)  # type: ignore[arg-type]
-    if ig is None:
-        raise PlanError(f"plan names {where}, which the graph does not have; valid: "
-                        f"{sorted(graph.instruction_graphs)}")
-    parts = {p.key: p for p in ig.partitions}
-    for pkey, s in ip.schedules:
-        if pkey not in parts:
-            raise PlanError(f"unknown partition {pkey!r} for {ig.name}; valid: "
-                            f"{', '.join(parts) or 'none (not nanobatched)'}")
-        why = s.problem(len(parts[pkey].compute), sms_max - 1)
-        if why:
-            raise PlanError(f"{pkey}: {why}")
-        if s.block_size is not None:
-            raise PlanError(f"{pkey}: the GPU backend runs NCCL kernels, whose threads per "
-                            f"block cannot be set (got {s.block_size})")
 
 
 def plan_sms(plan: IterationPlan) -> list[int]:
@@ -206,7 +153,7 @@ class Job:
         seed: Seed of weights and data.
         stage, direction: The instruction (modes ``instruction`` / ``partition``).
         clock_mhz, nanobatched: How the instruction runs (mode ``instruction``).
-        schedules: Partition key -> [SMs, slot] (mode ``instruction``).
+        schedules: Partition key -> :meth:`PartitionSchedule.to_json` (mode ``instruction``).
         partition_index: Position of the partition in one layer's chain (mode ``partition``).
         points: ``[clock MHz, SMs, slot]`` to measure (mode ``partition``).
         op_index: Measure only this compute op of the partition (no collective).
@@ -225,7 +172,7 @@ class Job:
     direction: str = "forward"
     clock_mhz: float = 0.0
     nanobatched: bool = False
-    schedules: dict[str, list[int]] = field(default_factory=dict)
+    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
     partition_index: int = 0
     points: list[list[float]] = field(default_factory=list)
     op_index: int | None = None
@@ -237,7 +184,7 @@ class Job:
             if f.name == "workload":
                 v = workload_to_dict(v) if v is not None else None
             elif f.name == "plan":
-                v = plan_to_dict(v) if v is not None else None
+                v = v.to_json() if v is not None else None
             elif f.name == "measure":
                 v = v.to_dict()
             d[f.name] = v
@@ -249,6 +196,6 @@ class Job:
         if d.get("workload") is not None:
             d["workload"] = workload_from_dict(d["workload"])
         if d.get("plan") is not None:
-            d["plan"] = plan_from_dict(d["plan"])
+            d["plan"] = IterationPlan.from_json(d["plan"])
         d["measure"] = MeasureConfig(**d.get("measure", {}))
         return Job(**d)
