@@ -91,6 +91,9 @@ def test_frontier_exports_a_deployable_plan(capsys, tmp_path):
     assert all(d in ("forward", "backward") and 900 <= f <= 1410 for st in sched for d, f in st)
     js = json.loads((out / "schedules.json").read_text())
     assert js["stages"][0]["instructions"][0]["clock_mhz"] == sched[0][0][1]
+    from kareus.plan import IterationPlan  # the choice's plan is the plan's one JSON form
+    plan = IterationPlan.from_json(obj["choice"]["plan"])
+    assert plan.to_json() == obj["choice"]["plan"] and len(plan.instructions) == 16
 
 
 @pytest.mark.parametrize("args,fragment", [
