@@ -1,11 +1,14 @@
-"""Calibration fidelity: fit each GPU's clock laws on the GPT-3 175B profile, predict the Bloom
-176B profile's per-clock time and energy relative to its 1410 MHz point, report MAPE.
+"""Energy across clocks, grounded in measurement: fit each GPU's clock laws on one model's Perseus
+profile, predict the other model's per-clock time and energy relative to its top clock (GPT-3
+175B -> Bloom 176B and Bloom -> GPT-3, A100 SXM4 80 GB and A40), report MAPE and max per
+instruction, for the earlier law (``before``: no sustained-clock ceiling, the cap at the board
+limit) and the current one (``after``: ceiling and held cap fitted).
 
-    python benchmarks/calibration.py [--plot calibration.png] [--json]
+    python benchmarks/calibration.py [--detail] [--plot calibration.png] [--json]
 
 Data: shared/perseus_sosp24/stage_profile (Perseus SOSP '24 artifact; A100 SXM4 80 GB 500 W and
-A40 300 W measurements). The A100 fit is what the a100-sxm4-* presets carry; the 40 GB 400 W part
-shares the die and V-f curve and differs in HBM power, static power (85 W, published) and cap.
+A40 300 W measurements). The A100 GPT-3 fit is what the a100-sxm4-* presets carry; the 40 GB 400 W
+part shares the die and V-f curve and differs in HBM power, static power (85 W, published) and cap.
 """
 
 from __future__ import annotations
@@ -14,82 +17,116 @@ import json
 import sys
 
 import click
+import pandas as pd
 
-from kareus.hardware.calibration import calibrate, predict_relative
+from kareus.hardware.calibration import calibrate, predict_relative, transfer_table
 from kareus.hardware.presets import get_preset
 from kareus.hardware.profile import load_profile
 from kareus.suite.datasets import perseus_profile
 
 CASES = [("a100-sxm4-80gb", "a100_sxm"), ("a40", "a40")]
+DIRECTIONS = [("gpt3-175b", "bloom"), ("bloom", "gpt3-175b")]
+LAWS = {"before": False, "after": True}
+
+
+def run() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
+    """Every (GPU, direction, law): the fit, the hold-out summary, per-instruction errors, rows."""
+    report, tables, frames = [], [], []
+    for gpu, tag in CASES:
+        preset = get_preset(gpu)
+        for fit_model, test_model in DIRECTIONS:
+            fit_path = perseus_profile(f"{fit_model}+{tag}_bf16.csv")
+            test_path = perseus_profile(f"{test_model}+{tag}_bf16.csv")
+            if fit_path is None or test_path is None:
+                sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
+            test = load_profile(test_path)
+            for law_name, limits in LAWS.items():
+                res = calibrate(load_profile(fit_path), preset, clock_limits=limits)
+                rows, tr = predict_relative(res, preset, test)
+                key = dict(gpu=gpu, fit=fit_model, test=test_model, law=law_name)
+                tables.append(transfer_table(rows).assign(**key))
+                frames.append(rows.assign(**key))
+                report.append({
+                    **key, "knee_mhz": res.law.knee_mhz, "v_ratio": res.law.v_ratio,
+                    "insensitive_share": res.law.insensitive_share,
+                    "ceiling_mhz": res.law.ceiling_mhz, "cap_w": res.law.cap_w,
+                    "sm_dyn_power_w": res.sm_dyn_power_w,
+                    "fit_time_mape_pct": res.time_mape_pct,
+                    "fit_energy_mape_pct": res.energy_mape_pct,
+                    "hold_time_mape_pct": tr.time_mape_pct, "hold_time_max_pct": tr.time_max_pct,
+                    "hold_energy_mape_pct": tr.energy_mape_pct,
+                    "hold_energy_max_pct": tr.energy_max_pct, "hold_points": tr.points,
+                })
+    return report, pd.concat(tables, ignore_index=True), pd.concat(frames, ignore_index=True)
 
 
 @click.command()
+@click.option("--detail", is_flag=True, help="Print every (stage, instruction).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
 @click.option("--json", "as_json", is_flag=True)
-def main(plot: str | None, as_json: bool) -> None:
-    report, frames = [], []
-    for gpu, tag in CASES:
-        fit_path = perseus_profile(f"gpt3-175b+{tag}_bf16.csv")
-        test_path = perseus_profile(f"bloom+{tag}_bf16.csv")
-        if fit_path is None or test_path is None:
-            sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
-        preset = get_preset(gpu)
-        res = calibrate(load_profile(fit_path), preset)
-        rows, tr = predict_relative(res, preset, load_profile(test_path), 1410)
-        frames.append(rows.assign(gpu=gpu))
-        report.append({
-            "gpu": gpu, "knee_mhz": res.law.knee_mhz, "v_ratio": res.law.v_ratio,
-            "insensitive_share": res.law.insensitive_share, "sm_dyn_power_w": res.sm_dyn_power_w,
-            "fit_time_mape_pct": res.time_mape_pct, "fit_energy_mape_pct": res.energy_mape_pct,
-            "bloom_time_mape_pct": tr.time_mape_pct, "bloom_energy_mape_pct": tr.energy_mape_pct,
-            "bloom_points": tr.points,
-        })
+def main(detail: bool, plot: str | None, as_json: bool) -> None:
+    report, table, frames = run()
     if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        click.echo(f"{'gpu':16s} {'knee':>6s} {'Vratio':>6s} {'m':>5s} {'P_sm W':>7s} "
-                   f"{'fit T%':>6s} {'fit E%':>6s} {'Bloom T%':>8s} {'Bloom E%':>8s}")
-        for r in report:
-            click.echo(f"{r['gpu']:16s} {r['knee_mhz']:6.0f} {r['v_ratio']:6.3f} "
-                       f"{r['insensitive_share']:5.3f} {r['sm_dyn_power_w']:7.1f} "
-                       f"{r['fit_time_mape_pct']:6.2f} {r['fit_energy_mape_pct']:6.2f} "
-                       f"{r['bloom_time_mape_pct']:8.2f} {r['bloom_energy_mape_pct']:8.2f}")
+        click.echo(json.dumps({"summary": report, "per_instruction": table.to_dict("records")},
+                              indent=2, default=float))
+        return
+    click.echo("Fit (all rows of the fit profile) and hold-out (the other model, relative to its "
+               "top clock; %: MAPE / max over clocks and instructions)")
+    click.echo(f"{'gpu':15s} {'fit -> test':20s} {'law':6s} {'knee':>5s} {'Vr':>5s} {'m':>5s} "
+               f"{'ceil':>5s} {'cap':>4s} {'fit T%':>6s} {'fit E%':>6s} "
+               f"{'hold T% mape/max':>17s} {'hold E% mape/max':>17s}")
+    for r in report:
+        ceil = f"{r['ceiling_mhz']:5.0f}" if r["ceiling_mhz"] else "    -"
+        cap = f"{r['cap_w']:4.0f}" if r["cap_w"] else "   -"
+        click.echo(
+            f"{r['gpu']:15s} {r['fit'] + ' -> ' + r['test']:20s} {r['law']:6s} "
+            f"{r['knee_mhz']:5.0f} {r['v_ratio']:5.3f} {r['insensitive_share']:5.3f} {ceil} {cap} "
+            f"{r['fit_time_mape_pct']:6.2f} {r['fit_energy_mape_pct']:6.2f} "
+            f"{r['hold_time_mape_pct']:8.2f} /{r['hold_time_max_pct']:6.2f} "
+            f"{r['hold_energy_mape_pct']:8.2f} /{r['hold_energy_max_pct']:6.2f}")
+    # stages 0-6 of these profiles hold identical layers; the last stage adds the output layer
+    t = table.assign(stages=table.stage.map(lambda s: "7" if s == 7 else "0-6"))
+    by = ["gpu", "fit", "test", "law", "instruction", "stages"] if not detail else \
+        ["gpu", "fit", "test", "law", "instruction", "stage"]
+    g = t.groupby(by, sort=False).agg(
+        time_mape_pct=("time_mape_pct", "mean"), time_max_pct=("time_max_pct", "max"),
+        energy_mape_pct=("energy_mape_pct", "mean"), energy_max_pct=("energy_max_pct", "max"))
+    click.echo("\nPer instruction (%):")
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        click.echo(g.round(2).to_string())
     if plot:
         _plot(frames, plot)
 
 
-def _plot(frames, path: str) -> None:
+def _plot(df: pd.DataFrame, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
     import seaborn as sns
 
-    df = pd.concat(frames)
-    df = df.assign(
-        time_meas=df.time / df.time_ref, time_pred=df.time_pred / df.time_ref,
-        energy_meas=df.energy / df.energy_ref, energy_pred=df.energy_pred / df.energy_ref,
-        stage_ins=df.stage.astype(str) + " " + df.instruction,
-    )
+    df = df[df.stage.isin([0, 7])]
+    df = df.assign(energy_meas=df.energy / df.energy_ref, energy_pred=df.energy_pred / df.energy_ref,
+                   time_meas=df.time / df.time_ref, time_pred=df.time_pred / df.time_ref,
+                   series=df.instruction + " s" + df.stage.astype(str))
     sns.set_theme(style="whitegrid")
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex="col")
-    for col, gpu in enumerate(df.gpu.unique()):
-        d = df[df.gpu == gpu]
+    fig, axes = plt.subplots(2, 4, figsize=(17, 8))
+    for col, ((gpu, fit, test), d) in enumerate(df.groupby(["gpu", "fit", "test"], sort=False)):
         for row, q in enumerate(("time", "energy")):
             ax = axes[row, col]
-            sns.scatterplot(data=d, x="frequency", y=f"{q}_meas", hue="instruction", s=12,
-                            ax=ax, alpha=0.6, legend=(row == 0 and col == 0))
-            mean = d.groupby(["instruction", "frequency"])[f"{q}_pred"].mean().reset_index()
-            sns.lineplot(data=mean, x="frequency", y=f"{q}_pred", hue="instruction", ax=ax,
-                         legend=False, linewidth=2)
-            ax.set_title(f"{gpu}: Bloom {q} / {q} at 1410 MHz (dots measured, lines predicted)",
-                         fontsize=9)
+            meas = d[d.law == "after"]
+            sns.scatterplot(data=meas, x="frequency", y=f"{q}_meas", hue="series", s=10, ax=ax,
+                            alpha=0.6, legend=(row == 0 and col == 0))
+            for law, style in (("before", ":"), ("after", "-")):
+                p = d[d.law == law]
+                sns.lineplot(data=p, x="frequency", y=f"{q}_pred", hue="series", ax=ax,
+                             legend=False, linewidth=1.4, linestyle=style)
+            ax.set_title(f"{gpu}: {fit} -> {test}", fontsize=9)
             ax.set_xlabel("SM clock (MHz)")
-            ax.set_ylabel(f"relative {q}")
-    fig.suptitle("Clock laws fitted on GPT-3 175B, predicting Bloom 176B (Perseus profiles)")
+            ax.set_ylabel(f"{q} / {q} at top clock")
+    fig.suptitle("Hold-out: dots measured, lines predicted (dotted: before, solid: after)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from kareus.graph import (
     schedule_times,
 )
 from kareus.backends.partition_timeline import partition_timeline
-from kareus.hardware.power import sm_power_scale
+from kareus.hardware.power import dynamic_power, sm_power_scale
 from kareus.hardware.presets import GPUPreset
 from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, IterationPlan, PartitionSchedule
 
@@ -194,10 +194,9 @@ class SimulatorBackend:
                 + mem_activity * (1 - compute_share)
         t = t_core * (1.0 + contention) + g.kernel_overhead_s
         # contention stalls the SMs: the same switching spread over the longer time
-        sm_power = g.sm_dyn_power_w * self._sm_scale[None, :] * busy * (sms / g.sms) \
-            / (1.0 + contention)
-        hbm_power = g.hbm_dyn_power_w * np.minimum(1.0, op.bytes / (t * g.hbm_bw))
-        return t, sm_power + hbm_power
+        sm_busy = busy * (sms / g.sms) / (1.0 + contention)
+        return t, dynamic_power(g, self._sm_scale[None, :], sm_busy,
+                                np.minimum(1.0, op.bytes / (t * g.hbm_bw)))
 
     def _comm_raw(self, comm: CommOp, sms: NDArray[np.float64], threads: int
                   ) -> tuple[NDArray, NDArray]:
@@ -227,10 +226,9 @@ class SimulatorBackend:
         tuned_rate = lo * (1.0 + ratio ** g.tuned_pipelining) ** (-1.0 / g.tuned_pipelining)
         rate = np.where(library, lib_rate, tuned_rate)
         activity = np.where(library, g.library_activity_comm, g.activity_comm)
-        power = (g.sm_dyn_power_w * self._sm_scale[None, :] * activity * (channels / g.sms)
-                 + g.hbm_dyn_power_w * np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw)
-                 + g.link_dyn_power_w * np.minimum(1.0, rate / link))
-        return rate, power
+        return rate, dynamic_power(g, self._sm_scale[None, :], activity * (channels / g.sms),
+                                   np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw),
+                                   np.minimum(1.0, rate / link))
 
     def link_bw(self, comm: CommOp) -> float:
         """Raw bandwidth per direction (B/s) of the links a collective's ring uses on one GPU:

@@ -6,13 +6,19 @@ over the instruction's kernels:
 
 - time: a share ``m`` of the work is clock-insensitive (HBM-bound kernels, communication); the
   rest scales with ``1/f``: ``T(f) = τ · (m + (1 - m) · f_max / f_eff)``;
-- power: ``P(f) = P_static + α · s(f_eff) · (φ + a_mem · (1 - φ)) + P_hbm · (φ · u_c + (1 - φ) · u_m)``
-  where ``φ`` is the time share of clock-scaling work at ``f``, ``s`` the V–f law of
-  :mod:`kareus.hardware.power`, ``a_mem`` the SM activity of memory-bound kernels, ``P_hbm`` the
-  preset's HBM power at full bandwidth (not identifiable from clock sweeps: HBM runs on its own
-  clock, so it is taken from the preset) and ``u`` the HBM utilisations of compute- and
-  memory-bound kernels;
-- a power cap: the card runs at ``f_eff = min(f, f_cap)``, the highest clock whose power fits.
+- power: the simulator's own law, :func:`kareus.hardware.power.dynamic_power`, applied to the
+  instruction's mix of kernels: ``P(f) = P_static + α · s(f_eff) · (φ + a_mem · (1 - φ)) +
+  P_hbm · (φ · u_c + (1 - φ) · u_m)`` where ``φ`` is the time share of clock-scaling work at
+  ``f``, ``s`` the V–f law of :mod:`kareus.hardware.power`, ``a_mem`` the SM activity of
+  memory-bound kernels, ``P_hbm`` the preset's HBM power at full bandwidth (not identifiable from
+  clock sweeps: HBM runs on its own clock, so it is taken from the preset) and ``u`` the HBM
+  utilisations of compute- and memory-bound kernels;
+- the clock the card sustains (:func:`kareus.hardware.power.sustained_clock`): ``f_eff =
+  min(f, f_cap, f_ceiling)``, where the power controller holds the average power at the cap
+  (``f_cap``, the crossing of the cap), and, fitted with ``clock_limits=True``, a sustained-clock
+  ceiling ``f_ceiling`` and the cap itself (the average power the controller holds, at or below
+  the board limit). The A100 profiles need the ceiling: GPT-3 175B and Bloom stop speeding up above
+  ~1380 MHz at different powers (~480 and ~462 W), so the limit is a clock, not a power.
 
 GPU-level parameters (``m``, knee, voltage ratio) are shared by all instructions; ``τ`` and
 ``α`` are per instruction. ``α`` at full tensor activity is the preset's SM dynamic power.
@@ -28,7 +34,7 @@ from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
 from kareus.errors import ProfileError
-from kareus.hardware.power import sm_power_scale
+from kareus.hardware.power import dynamic_power, sm_power_scale, sustained_clock
 from kareus.hardware.presets import GPUPreset
 
 
@@ -39,6 +45,8 @@ class StageLaw:
     insensitive_share: float  # m: share of time at f_max that does not scale with the clock
     knee_mhz: float
     v_ratio: float
+    ceiling_mhz: float | None = None  # sustained-clock ceiling under load (MHz); None: none
+    cap_w: float | None = None  # average power the cap holds (W); None: the board limit
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,8 @@ class CalibrationResult:
         power_limit_w: Power cap used in the fit (W).
         static_power_w: Static power used in the fit (W).
         points: Rows fitted.
+        alphas: Per (stage, instruction) fitted SM power ``α`` (W), the activity prior for an
+            instruction whose anchor runs at the cap (see :func:`predict_relative`).
     """
 
     gpu: str
@@ -66,6 +76,7 @@ class CalibrationResult:
     power_limit_w: float
     static_power_w: float
     points: int
+    alphas: tuple[tuple[int, str, float], ...] = ()
 
     def fitted_preset(self, base: GPUPreset, reference: "CalibrationResult | None" = None
                       ) -> GPUPreset:
@@ -94,7 +105,7 @@ class _Model:
         self.p = preset
         self.law = law
         self.static_w = static_w
-        self.cap_w = cap_w
+        self.cap_w = cap_w if law.cap_w is None else law.cap_w
         # u_c: HBM use of compute-bound kernels (operand streaming); u_m: of memory-bound ones.
         self.u_c, self.u_m = 0.15, preset.hbm_efficiency
         self.grid = preset.clock_grid()
@@ -104,50 +115,36 @@ class _Model:
         m, scale = self.law.insensitive_share, self.p.clock_max_mhz / f
         return (1 - m) * scale / (m + (1 - m) * scale)
 
-    def _sm_bracket(self, f: NDArray[np.float64]) -> NDArray[np.float64]:
-        """SM dynamic power per unit α at (effective) clock f."""
+    def power(self, f: NDArray[np.float64], alpha: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Total power (W) at effective clock f of instructions of SM power ``alpha`` (W): the
+        static power plus :func:`~kareus.hardware.power.dynamic_power` of the kernel mix."""
         phi = self._phi(f)
         s = sm_power_scale(f, self.p.clock_max_mhz, self.law.knee_mhz, self.law.v_ratio)
-        return s * (phi + self.p.activity_memory * (1 - phi))
-
-    def _hbm_power(self, f: NDArray[np.float64]) -> NDArray[np.float64]:
-        phi = self._phi(f)
-        return self.p.hbm_dyn_power_w * (phi * self.u_c + (1 - phi) * self.u_m)
-
-    def power(self, f: NDArray[np.float64], alpha: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Total power (W) at effective clock f."""
-        return self.static_w + alpha * self._sm_bracket(f) + self._hbm_power(f)
+        busy = alpha / self.p.sm_dyn_power_w * (phi + self.p.activity_memory * (1 - phi))
+        hbm = phi * self.u_c + (1 - phi) * self.u_m
+        return self.static_w + dynamic_power(self.p, s, busy, hbm)
 
     def effective_clock(self, f: NDArray[np.float64], alpha: NDArray[np.float64]
                         ) -> NDArray[np.float64]:
-        """Per row: the clock the card runs at under the power cap."""
-        power = self.power(self.grid[None, :], alpha[:, None])
-        ok = power <= self.cap_w
-        f_cap = np.where(ok, self.grid[None, :], -np.inf).max(axis=1)
-        f_cap = np.where(np.isfinite(f_cap), f_cap, self.grid[0])
-        return np.minimum(f, f_cap)
+        """Per row: the clock the card sustains (cap and ceiling)."""
+        excess = self.power(self.grid[None, :], alpha[:, None]) - self.cap_w
+        return sustained_clock(f, excess, self.grid, self.law.ceiling_mhz)
+
+    def time_factor(self, fe: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Time at effective clock ``fe`` per unit ``τ``."""
+        m = self.law.insensitive_share
+        return m + (1 - m) * self.p.clock_max_mhz / fe
 
     def predict(self, f: NDArray[np.float64], tau: NDArray[np.float64],
                 alpha: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Time (s) and energy (J) of rows with clock ``f`` and per-row ``tau``, ``alpha``."""
         fe = self.effective_clock(f, alpha)
-        m = self.law.insensitive_share
-        t = tau * (m + (1 - m) * self.p.clock_max_mhz / fe)
+        t = tau * self.time_factor(fe)
         return t, self.power(fe, alpha) * t
-
-    def anchor(self, f_ref: float, t_ref: NDArray[np.float64], e_ref: NDArray[np.float64]
-               ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``tau`` and ``alpha`` that reproduce a measured (time, energy) at ``f_ref`` exactly,
-        assuming the card is not throttled there."""
-        m = self.law.insensitive_share
-        f = np.full_like(t_ref, f_ref)
-        tau = t_ref / (m + (1 - m) * self.p.clock_max_mhz / f)
-        alpha = (e_ref / t_ref - self.static_w - self._hbm_power(f)) / self._sm_bracket(f)
-        return tau, alpha
 
 
 def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float | None = None,
-              power_limit_w: float | None = None) -> CalibrationResult:
+              power_limit_w: float | None = None, clock_limits: bool = True) -> CalibrationResult:
     """Fit the GPU-level laws and per-instruction scales to a validated profile.
 
     Args:
@@ -155,6 +152,9 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
         preset: GPU whose clock range and activity priors are used.
         static_power_w: Blocked-on-P2P power of the measured GPUs (default: the preset's).
         power_limit_w: Power cap of the measured GPUs (default: the preset's).
+        clock_limits: Also fit the sustained-clock ceiling and the average power the cap holds
+            (at most ``power_limit_w``); ``False`` is the earlier law (no ceiling, the cap at the
+            board limit).
     """
     static_w = preset.static_power_w if static_power_w is None else static_power_w
     cap_w = preset.power_limit_w if power_limit_w is None else power_limit_w
@@ -180,10 +180,13 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
     alpha0 = np.maximum(top.energy.to_numpy(float) / top.time.to_numpy(float) - static_w, 10.0)
 
     f_max = preset.clock_max_mhz
+    n_law = 5 if clock_limits else 3
 
     def unpack(x: NDArray[np.float64]) -> tuple[StageLaw, NDArray, NDArray]:
-        law = StageLaw(insensitive_share=x[0], knee_mhz=x[1], v_ratio=x[2])
-        return law, np.exp(x[3:3 + n_groups]), np.exp(x[3 + n_groups:])
+        law = StageLaw(insensitive_share=x[0], knee_mhz=x[1], v_ratio=x[2],
+                       ceiling_mhz=float(x[3]) if clock_limits else None,
+                       cap_w=float(x[4]) if clock_limits else None)
+        return law, np.exp(x[n_law:n_law + n_groups]), np.exp(x[n_law + n_groups:])
 
     def residuals(x: NDArray[np.float64]) -> NDArray[np.float64]:
         law, tau, alpha = unpack(x)
@@ -191,11 +194,22 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
         t, e = model.predict(f, tau[gidx], alpha[gidx])
         return np.concatenate([t / t_obs - 1, e / e_obs - 1])
 
-    x0 = np.concatenate([[0.15, 0.75 * f_max, 1.2], np.log(tau0), np.log(alpha0)])
-    lo = np.concatenate([[0.0, preset.clock_min_mhz, 1.0], np.full(2 * n_groups, -np.inf)])
-    hi = np.concatenate([[0.9, f_max - preset.clock_step_mhz, 2.5],
-                         np.full(2 * n_groups, np.inf)])
-    fit = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
+    lo = [0.0, preset.clock_min_mhz, 1.0]
+    hi = [0.9, f_max - preset.clock_step_mhz, 2.5]
+    x_law = [0.15, 0.75 * f_max, 1.2]
+    if clock_limits:  # the ceiling may sit above the top clock (no ceiling)
+        lo += [0.85 * f_max, 0.6 * cap_w]
+        hi += [f_max + preset.clock_step_mhz, cap_w]
+        x_law += [f_max - 2 * preset.clock_step_mhz, 0.97 * cap_w]
+    lo = np.concatenate([lo, np.full(2 * n_groups, -np.inf)])
+    hi = np.concatenate([hi, np.full(2 * n_groups, np.inf)])
+    fit = None
+    for knee in (0.65, 0.75, 0.85):  # the knee's loss surface has local minima
+        x_law[1] = knee * f_max
+        x0 = np.concatenate([x_law, np.log(tau0), np.log(alpha0)])
+        r = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
+        if fit is None or r.cost < fit.cost:
+            fit = r
     law, tau, alpha = unpack(fit.x)
     model = _Model(preset, law, static_w, cap_w)
     t, e = model.predict(f, tau[gidx], alpha[gidx])
@@ -206,6 +220,7 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
         time_mape_pct=float(np.mean(np.abs(t / t_obs - 1)) * 100),
         energy_mape_pct=float(np.mean(np.abs(e / e_obs - 1)) * 100),
         power_limit_w=cap_w, static_power_w=static_w, points=len(profile),
+        alphas=tuple((int(k[0]), str(k[1]), float(a)) for k, a in zip(keys, alpha)),
     )
 
 
@@ -213,34 +228,68 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
 class TransferResult:
     """Error of predicting another profile's clock response from a fitted law.
 
-    Times and energies are predicted relative to each instruction's ``anchor_mhz`` point.
+    Times and energies are predicted relative to each instruction's ``anchor_mhz`` point; the
+    errors are over the other clocks (percent).
     """
 
     anchor_mhz: float
     time_mape_pct: float
     energy_mape_pct: float
     points: int
+    time_max_pct: float = float("nan")
+    energy_max_pct: float = float("nan")
 
 
 def predict_relative(result: CalibrationResult, preset: GPUPreset, profile: pd.DataFrame,
-                     anchor_mhz: float) -> tuple[pd.DataFrame, TransferResult]:
-    """Predict ``profile``'s per-clock time and energy from ``result``'s law and each
-    instruction's measurement at ``anchor_mhz`` alone; return the rows and the error."""
+                     anchor_mhz: float | None = None) -> tuple[pd.DataFrame, TransferResult]:
+    """Predict ``profile``'s per-clock time and energy relative to each instruction's point at
+    ``anchor_mhz`` (default: the profile's top clock) from ``result``'s law.
+
+    Nothing of ``profile`` but its clocks enters the prediction: each instruction takes the SM
+    power ``α`` fitted for the same (stage, instruction) of ``result``'s profile (the median over
+    its stages for a stage it lacks), as the simulator takes activities from kernel classes; ``τ``
+    cancels in the ratios. (A single anchor point cannot give ``α``: at the top clock the A40
+    runs at its cap, where the measured power shows the cap, not the activity.)
+
+    Returns the rows (with ``time_pred``, ``energy_pred`` in absolute units scaled to the
+    measured anchor, and ``time_ref``, ``energy_ref``) and the error.
+    """
     model = _Model(preset, result.law, result.static_power_w, result.power_limit_w)
+    anchor_mhz = float(profile.frequency.max()) if anchor_mhz is None else float(anchor_mhz)
     anchor = profile[profile.frequency == anchor_mhz]
     if anchor.empty:
         raise ProfileError(f"profile has no rows at the anchor clock {anchor_mhz} MHz")
+    if not result.alphas:
+        raise ProfileError("calibration result carries no per-instruction SM powers")
     ref = anchor[["stage", "instruction", "time", "energy"]].rename(
         columns={"time": "time_ref", "energy": "energy_ref"})
     rows = profile.merge(ref, on=["stage", "instruction"], how="inner")
-    tau, alpha = model.anchor(anchor_mhz, rows.time_ref.to_numpy(float),
-                              rows.energy_ref.to_numpy(float))
-    t, e = model.predict(rows.frequency.to_numpy(float), tau, alpha)
-    rows = rows.assign(time_pred=t, energy_pred=e)
+    fitted = pd.DataFrame(list(result.alphas), columns=["stage", "instruction", "alpha"])
+    by_kind = fitted.groupby("instruction").alpha.median()
+    exact = fitted.set_index(["stage", "instruction"]).alpha
+    alpha = np.array([exact.get((s, i), by_kind.get(i, fitted.alpha.median()))
+                      for s, i in zip(rows.stage, rows.instruction)], dtype=float)
+    f = rows.frequency.to_numpy(float)
+    t, e = model.predict(f, np.ones_like(f), alpha)
+    t0, e0 = model.predict(np.full_like(f, anchor_mhz), np.ones_like(f), alpha)
+    rows = rows.assign(time_pred=t / t0 * rows.time_ref, energy_pred=e / e0 * rows.energy_ref)
     err_t = np.abs(rows.time_pred / rows.time - 1)
     err_e = np.abs(rows.energy_pred / rows.energy - 1)
     mask = rows.frequency != anchor_mhz
     return rows, TransferResult(
         anchor_mhz=anchor_mhz, time_mape_pct=float(err_t[mask].mean() * 100),
         energy_mape_pct=float(err_e[mask].mean() * 100), points=int(mask.sum()),
+        time_max_pct=float(err_t[mask].max() * 100), energy_max_pct=float(err_e[mask].max() * 100),
     )
+
+
+def transfer_table(rows: pd.DataFrame, anchor_mhz: float | None = None) -> pd.DataFrame:
+    """Per (stage, instruction): MAPE and max (percent) of the predicted time and energy relative
+    to the anchor point, over the other clocks (``rows`` from :func:`predict_relative`)."""
+    anchor_mhz = rows.frequency.max() if anchor_mhz is None else anchor_mhz
+    r = rows[rows.frequency != anchor_mhz]
+    err = r.assign(t=(r.time_pred / r.time - 1).abs() * 100,
+                   e=(r.energy_pred / r.energy - 1).abs() * 100)
+    return err.groupby(["stage", "instruction"]).agg(
+        time_mape_pct=("t", "mean"), time_max_pct=("t", "max"),
+        energy_mape_pct=("e", "mean"), energy_max_pct=("e", "max")).reset_index()
