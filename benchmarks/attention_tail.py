@@ -2,9 +2,8 @@
 
     python benchmarks/attention_tail.py [--sms 108] [--query-blocks 32]
 
-Until 2026-12-04 the simulator charged every tiled kernel ``ceil(tiles / SMs)`` waves of its
-average tile; it now charges that to GEMMs only, and causal attention the law derived here
-(``SimulatorBackend.waves``). Causal flash attention's tiles are not uniform: query block ``m`` of a (batch, head) attends to ``m + 1``
+The simulator charges GEMMs ``ceil(tiles / SMs)`` waves of their average tile, and causal
+attention the law derived here (``SimulatorBackend.waves``). Causal flash attention's tiles are not uniform: query block ``m`` of a (batch, head) attends to ``m + 1``
 key blocks. This script schedules such tiles greedily, in grid order (query block fastest, as
 FlashAttention-2's forward grid ``(m_blocks, batch, heads)`` is dispatched), one block per SM at a
 time, and compares the makespan with the wave law's:

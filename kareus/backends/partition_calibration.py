@@ -89,7 +89,7 @@ _MAX_NFEV_PER_PARAM = 10
 #: depended on the machine's floating-point path: on one 2-core machine the full sweep's fit
 #: ranked the measured fastest configuration 3rd, on another 5th (joint cost 0.0490). At 1e-10 it
 #: goes on to cost 0.0478, ranks it 3rd and returns the preset's law within 4.4 % (the launch
-#: cost) and 1.3 % (the others) per parameter (2026-12-04); the main fit's stages still end by
+#: cost) and 1.3 % (the others) per parameter; the main fit's stages still end by
 #: tolerance within about 80 evaluations.
 _TOLERANCES = {"xtol": 1e-10, "ftol": 1e-10}
 
