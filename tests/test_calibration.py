@@ -39,6 +39,7 @@ def test_valid_profile_loads(tmp_path):
     assert len(df) == 2
 
 
+@pytest.mark.slow
 def test_a100_fit_and_transfer_to_bloom():
     gpt3 = load_profile(profile_or_skip("gpt3-175b+a100_sxm_bf16.csv"))
     bloom = load_profile(profile_or_skip("bloom+a100_sxm_bf16.csv"))
@@ -62,6 +63,7 @@ def test_a100_fit_and_transfer_to_bloom():
     assert get_preset("a100-sxm4-40gb").knee_mhz == preset.knee_mhz
 
 
+@pytest.mark.slow
 def test_a40_fit_sees_the_power_cap():
     gpt3 = load_profile(profile_or_skip("gpt3-175b+a40_bf16.csv"))
     bloom = load_profile(profile_or_skip("bloom+a40_bf16.csv"))

@@ -60,6 +60,7 @@ def test_bad_input_exits_2_with_one_line(capsys, args, fragment):
     assert len(err.strip().splitlines()) == 1 and fragment in err
 
 
+@pytest.mark.slow
 def test_calibrate_bad_and_good(capsys, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("stage,instruction,frequency,time,energy\n0,forward,1410,0.1,-3\n")

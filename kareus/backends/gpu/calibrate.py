@@ -226,13 +226,16 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
                                                       nanobatched=nanobatched)},
     }
     if profile.frequency.nunique() >= 4:
-        res = calibrate(profile, preset, static_power_w=backend.static_power_w)
+        # the fitted preset feeds the simulator, which applies neither a sustained-clock ceiling
+        # nor a held cap below the board limit: fit the law it can express
+        res = calibrate(profile, preset, static_power_w=backend.static_power_w,
+                        clock_limits=False)
         # the same fit on the preset's own simulation of these instructions maps the aggregated
         # law's power onto the simulator's parameters
         simulated = pd.DataFrame(report["simulator_error"]["preset"]["rows"]).rename(
             columns={"time_sim": "time", "energy_sim": "energy"})
         ref = calibrate(simulated[["stage", "instruction", "frequency", "time", "energy"]],
-                        preset, static_power_w=backend.static_power_w)
+                        preset, static_power_w=backend.static_power_w, clock_limits=False)
         fitted = res.fitted_preset(preset, reference=ref)
         atomic_write_json(out / "fitted_preset.json", {
             "base": preset.name, "static_power_w": res.static_power_w,
