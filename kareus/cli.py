@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from kareus import reproduction
-from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
+from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.suite.options import JOB_SHAPE_OPTIONS
 
 
@@ -153,6 +153,8 @@ def _show_workload(name: str, as_json: bool) -> None:
 def gpus(as_json: bool) -> None:
     """List the GPU presets; each number carries its source (datasheet/published/fitted/...)."""
     from dataclasses import fields
+
+    from kareus.hardware.presets import PRESETS
 
     out = {}
     for name, p in PRESETS.items():
