@@ -18,9 +18,10 @@ FROZEN = json.loads((Path(__file__).parent / "data" / "presets_frozen.json").rea
 
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(P.USER_DIR_ENV, str(tmp_path))
+    (d := tmp_path / "gpus").mkdir()
+    monkeypatch.setenv(P.USER_DIR_ENV, str(d))
     P.reload_presets()
-    yield tmp_path
+    yield d
     monkeypatch.delenv(P.USER_DIR_ENV)
     P.reload_presets()
 
@@ -121,3 +122,33 @@ def test_refit_is_a_one_file_diff(tmp_path):
     assert P.get_preset("a100-sxm4-40gb").gemm_efficiency == 0.7085
     with pytest.raises(PresetError, match="unknown preset parameter"):
         P.update_preset_file("a100-sxm4-40gb", {"nope": (1.0, "x: y")}, path=path)
+
+
+def test_calibrate_write_preset_rewrites_the_gpu_file(user_dir, capsys, monkeypatch, tmp_path):
+    from kareus.backends.partition_calibration import PartitionCalibration
+    from tests.test_partition_law import ROWS, SPEC, _sweep_csv
+    from workloads.partition_spec import PartitionSpec
+
+    _copy("a100-sxm4-40gb", "my-a100", user_dir)
+    P.reload_presets()
+    builtin = {p: p.read_text() for p in P.BUILTIN_DIR.glob("*.json")}
+    spec = PartitionSpec.from_dict(SPEC)
+    (spec_file := tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    _sweep_csv(sweep := tmp_path / "sweep.csv", spec, P.get_preset("my-a100"), ROWS)
+    n = len(spec.partition().compute)
+    cal = PartitionCalibration("my-a100", spec.sha256, None,
+                               {"tuned_pipelining": 1.91234, "comm_launch_s": 3.61234e-05},
+                               (1.5,) * n, (0.5,) * n, {})
+    monkeypatch.setattr("kareus.backends.partition_calibration.fit_partition",
+                        lambda *a, **k: cal)
+    assert main(["calibrate", "--partition-sweep", str(sweep), "--spec", str(spec_file), "--gpu",
+                 "my-a100", "--out", str(tmp_path / "c.json"), "--write-preset", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["preset_file"] == str(user_dir / "my-a100.json")
+    assert '+    "tuned_pipelining": {"value": 1.912, "source": "fitted: `kareus calibrate' \
+        in rep["preset_diff"]
+    p = P.get_preset("my-a100")
+    assert (p.tuned_pipelining, p.comm_launch_s) == (1.912, 3.612e-05)
+    assert P.partition_op_factors("my-a100", spec.sha256).op_work == (1.5,) * n
+    assert {p: p.read_text() for p in P.BUILTIN_DIR.glob("*.json")} == builtin
+    assert main(["calibrate", "--gpu-measure", "--gpu", "my-a100", "--write-preset"]) == 2
