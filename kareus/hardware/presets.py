@@ -513,7 +513,8 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
                        path: str | Path | None = None, write: bool = True) -> str:
     """Set fields of preset ``name``'s file (``{field: (value, source)}``; ``op_factors``: per-op
     partition factors by spec hash, replacing those of the same spec) and return the unified
-    diff. ``path``: the file [the one the preset was read from]; ``write=False``: only the diff.
+    diff. A value the refit leaves unchanged keeps its line, source included, so the diff shows
+    what moved. ``path``: the file [the one the preset was read from]; ``write=False``: only the diff.
     The result must read back (:class:`PresetError` otherwise); the loaded presets are
     reloaded after a write."""
     import difflib
@@ -524,13 +525,20 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     for field_name, (value, source) in changes.items():
         if field_name not in _GROUP_OF:
             raise PresetError(f"unknown preset parameter {field_name!r}")
-        raw[_GROUP_OF[field_name]][field_name] = {
-            "value": list(value) if isinstance(value, tuple) else value, "source": source}
-    if op_factors:
-        kept = [f for f in raw.get("partition_op_factors", []) if f["spec_sha256"] not in op_factors]
-        raw["partition_op_factors"] = kept + [
-            {"spec_sha256": h, "op_work": list(f.op_work), "op_host": list(f.op_host),
-             "source": f.source} for h, f in op_factors.items()]
+        value = list(value) if isinstance(value, tuple) else value
+        entry = raw[_GROUP_OF[field_name]].get(field_name)
+        if not (isinstance(entry, dict) and entry.get("value") == value):
+            raw[_GROUP_OF[field_name]][field_name] = {"value": value, "source": source}
+    old_factors = {f.get("spec_sha256"): f for f in raw.get("partition_op_factors", [])
+                   if isinstance(f, dict)}
+    for h, f in (op_factors or {}).items():
+        prev = old_factors.get(h)
+        if not (prev and prev.get("op_work") == list(f.op_work)
+                and prev.get("op_host") == list(f.op_host)):
+            old_factors[h] = {"spec_sha256": h, "op_work": list(f.op_work),
+                              "op_host": list(f.op_host), "source": f.source}
+    if old_factors:
+        raw["partition_op_factors"] = list(old_factors.values())
     new = _dumps(raw)
     _parse(p, json.loads(new))
     if write and new != old:
