@@ -29,7 +29,9 @@ one node -> 64 GPUs, and the 1024-wide models -> the 2048-wide ones and the 3.6B
 ``--fit`` refits the iteration-scale parameters that the frontiers calibrate on all
 configurations, in two stages (:func:`fit`): :data:`FIT_PARAMETERS` on the endpoints, then
 :data:`HOST_PARAMETERS` on the nanobatching ratios; then, for the hold-out, on each configuration
-alone, predicting the others. It prints the fitted values (the presets carry them, cited).
+alone, predicting the others. It prints the fitted values and the diff they make to the GPU's
+preset file (``kareus/hardware/gpus/GPU.json``); ``--write-preset`` writes it (so does
+``--fit-megatron``'s, to vTrain's GPU's file).
 """
 
 from __future__ import annotations
@@ -104,6 +106,12 @@ HOST_PRIORS = {"iteration_host_fraction": 1.0, "host_issue_call_s": 8e-6}
 #: small micro-batches), what Megatron-LM's memory-bound kernels reach, and how a GEMM's
 #: efficiency falls with its reduction depth. The GEMM efficiency keeps its prior (0.80): freed,
 #: it runs to its bound with the other two compensating.
+#: Sources the fits write into the preset files.
+FRONTIER_FIT_SOURCE = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
+                       "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
+MEGATRON_FIT_SOURCE = ("fitted: benchmarks/fidelity.py --fit-megatron on vTrain's measured "
+                       "single-node Megatron-LM runs (shared/vtrain_megatron/single_node.csv)")
+
 MEGATRON_PARAMETERS = {
     "host_eager_op_s": (1e-6, 300e-6),
     "hbm_efficiency": (0.3, 0.95),
@@ -144,7 +152,22 @@ def _megatron_section(section: str, title: str, runs, preset) -> None:
         index=False, float_format=lambda x: f"{x:.1f}"))
 
 
-def _megatron(sections: set[str], do_fit: bool) -> None:
+def _preset_diff(gpu: str, fitted: dict[str, float], source: str, write: bool) -> None:
+    """Print (``write``: and apply) the diff the fitted values make to ``gpu``'s preset file, each
+    value to four significant digits. A field whose source already names ``source``'s command
+    keeps its source (a refit by the same procedure changes values only)."""
+    from kareus.hardware.presets import fitted_value, update_preset_file
+
+    old = get_preset(gpu).sources
+    command = source.split(" on ")[0] + " "
+    changes = {k: (fitted_value(v), old[k] if old.get(k, "").startswith(command) else source)
+               for k, v in fitted.items()}
+    diff = update_preset_file(gpu, changes, write=write)
+    verb = "written" if write else "not written (--write-preset writes it)"
+    click.echo(f"preset file diff, {verb}:\n{diff}" if diff else f"preset {gpu}: unchanged")
+
+
+def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> None:
     from kareus.suite.datasets import vtrain_runs
     from kareus.suite.megatron_runs import (
         VTRAIN_GPU,
@@ -169,6 +192,7 @@ def _megatron(sections: set[str], do_fit: bool) -> None:
         fitted = fit_megatron(sn, preset, {n: getattr(preset, n) for n in MEGATRON_PARAMETERS})
         click.echo(f"\n== vTrain fit on the single-node runs ({time.perf_counter() - t0:.0f} s): "
                    + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
+        _preset_diff(VTRAIN_GPU, fitted, MEGATRON_FIT_SOURCE, write_preset)
         prior_fit = fit_megatron(sn, preset)
         for label, rs, p in (("one node -> 64 GPUs (3.6B)", mn, prior_fit),):
             a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**p))))
@@ -408,13 +432,16 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
               help="Also write the artifact-view endpoints of all ten paper configurations.")
 @click.option("--fit-megatron", "do_fit_megatron", is_flag=True,
               help="Refit the Megatron-LM host and kernel parameters on vTrain's runs.")
+@click.option("--write-preset", is_flag=True,
+              help="--fit, --fit-megatron: write the fitted values into the preset file "
+                   "[print the diff only].")
 @click.option("--only", default=",".join(SECTIONS), show_default=True,
               help="Comma-separated sections to run.")
 @click.option("--write", "write_json", default=None, type=click.Path(dir_okay=False),
               help="Merge the sections' accuracy into this JSON file (results/fidelity/"
                    "summary.json, which the docs render).")
 def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None,
-         do_fit_megatron: bool, only: str, write_json: str | None) -> None:
+         do_fit_megatron: bool, write_preset: bool, only: str, write_json: str | None) -> None:
     sections = {x.strip() for x in only.split(",") if x.strip()}
     unknown = sections - set(SECTIONS)
     if unknown:
@@ -422,18 +449,19 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
                                  f"{', '.join(SECTIONS)}", param_hint="--only")
     if skip_partition:
         sections.discard("partition")
-    _megatron(sections, do_fit_megatron)
+    _megatron(sections, do_fit_megatron, write_preset)
     if "perseus-measured" in sections:
         _perseus_measured()
     if "artifact" in sections:
-        _artifact(gpu, do_fit, predictions_csv)
+        _artifact(gpu, do_fit, predictions_csv, write_preset)
     if "partition" in sections:
         _partition(gpu)
     if write_json is not None and RECORD:
         _write_record(write_json, gpu)
 
 
-def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None) -> None:
+def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None,
+              write_preset: bool = False) -> None:
     path = kareus_artifact("calibration_frontiers.csv")
     if path is None:
         sys.exit("shared/kareus_artifact not found; set KAREUS_SHARED_DIR")
@@ -449,6 +477,7 @@ def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None) -> None:
         click.echo(f"fitted on all configurations ({time.perf_counter() - t0:.0f} s): endpoint "
                    f"MAPE {df.error_pct.abs().mean():.2f} % (max {df.error_pct.abs().max():.2f} "
                    "%); " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
+        _preset_diff(gpu, fitted, FRONTIER_FIT_SOURCE, write_preset)
         for held in configs:
             rest = [c for c in configs if c != held]
             for train, test in ((rest, [held]), ([held], rest)):

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from kareus import reproduction
-from kareus.hardware.presets import DEFAULT_GPU, PRESETS, get_preset
+from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.suite.options import JOB_SHAPE_OPTIONS
 
 
@@ -153,6 +153,8 @@ def _show_workload(name: str, as_json: bool) -> None:
 def gpus(as_json: bool) -> None:
     """List the GPU presets; each number carries its source (datasheet/published/fitted/...)."""
     from dataclasses import fields
+
+    from kareus.hardware.presets import PRESETS
 
     out = {}
     for name, p in PRESETS.items():
@@ -436,6 +438,10 @@ def envpipe(profile_path: str, stages: int, microbatches: int, p_static: float, 
               help="--partition-sweep: also plot measured against predicted time (PNG).")
 @click.option("--allow-clock-control", is_flag=True,
               help="--gpu-measure: lock each clock (admin rights; restored on exit).")
+@click.option("--write-preset", is_flag=True,
+              help="--profile, --partition-sweep: also write the fitted values, with their "
+                   "source, into the GPU's preset file (kareus/hardware/gpus/GPU.json or "
+                   "$KAREUS_GPU_DIR's) and print the diff.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str | None, gpu: str,
               static_power: float | None, power_limit: float | None, gpu_measure: bool,
@@ -443,7 +449,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
               dp: int | None, mbs: int | None, seq: int | None, microbatches: int | None,
               clocks: str | None, out_path: str | None,
               partitions: bool, figure_path: str | None, allow_clock_control: bool,
-              strict: bool, as_json: bool) -> None:
+              write_preset: bool, strict: bool, as_json: bool) -> None:
     """Fit a preset's clock->time and clock->power curves to a measured profile (or measure one
     on this machine's GPU with --gpu-measure), or fit the partition law to a measured partition
     sweep (--partition-sweep)."""
@@ -466,8 +472,11 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         preset = preset.with_overrides(static_power_w=static_power)
     if power_limit is not None:
         preset = preset.with_overrides(power_limit_w=power_limit)
+    if write_preset and not (sweep_path or profile_path):
+        raise InputError("--write-preset applies to --profile and --partition-sweep only")
     if sweep_path is not None:
-        _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json)
+        _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json,
+                             write_preset)
         return
     layout = {k: v for k, v in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("seq", seq),
                                  ("microbatches", microbatches)) if v is not None}
@@ -496,6 +505,12 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         "fitted_preset": {k: fitted.__dict__[k] for k in
                           ("sm_dyn_power_w", "hbm_dyn_power_w", "knee_mhz", "v_ratio")},
     }
+    if write_preset:
+        source = f"fitted: `kareus calibrate --profile {profile_path}`"
+        obj.update(_write_fit(gpu, {
+            "sm_dyn_power_w": (round(fitted.sm_dyn_power_w, 1), source),
+            "knee_mhz": (round(fitted.knee_mhz, 1), source),
+            "v_ratio": (float(f"{fitted.v_ratio:.4g}"), source)}))
 
     def text() -> str:
         law = res.law
@@ -508,9 +523,28 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
             f"cap {res.power_limit_w:.0f} W)",
             f"  fit error: time MAPE {res.time_mape_pct:.2f} %, energy MAPE "
             f"{res.energy_mape_pct:.2f} %",
-        ])
+        ] + _preset_diff_lines(obj))
 
     _emit(obj, as_json, text)
+
+
+def _write_fit(gpu: str, changes: dict[str, tuple[float, str]],
+               op_factors: dict | None = None) -> dict[str, str]:
+    """``--write-preset``: write fitted values into the GPU's preset file; the file and the diff
+    (``preset_file``, ``preset_diff``) for the command's output."""
+    from kareus.hardware.presets import preset_path, update_preset_file
+
+    path = preset_path(gpu)
+    diff = update_preset_file(gpu, changes, op_factors=op_factors, path=path)
+    return {"preset_file": str(path), "preset_diff": diff}
+
+
+def _preset_diff_lines(obj: dict) -> list[str]:
+    if "preset_file" not in obj:
+        return []
+    if not obj["preset_diff"]:
+        return [f"  preset file {obj['preset_file']} unchanged"]
+    return [f"  written to {obj['preset_file']}:", obj["preset_diff"].rstrip("\n")]
 
 
 def _load_spec(spec_path: str | None, option: str):  # noqa: ANN202
@@ -523,7 +557,8 @@ def _load_spec(spec_path: str | None, option: str):  # noqa: ANN202
 
 
 def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
-                         out_path: str | None, figure_path: str | None, as_json: bool) -> None:
+                         out_path: str | None, figure_path: str | None, as_json: bool,
+                         write_preset: bool = False) -> None:
     """``kareus calibrate --partition-sweep``: fit, report, write the calibration atomically."""
     from pathlib import Path
 
@@ -548,6 +583,16 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
         cal = fit_partition(part, sweep, preset, spec.sha256, progress=progress)
     obj = {**cal.to_dict(), "sweep": sweep_path, "spec": spec_path, "out": out_path}
     atomic_write_text(Path(out_path), json.dumps(cal.to_dict(), indent=2) + "\n")
+    if write_preset:
+        from kareus.hardware.presets import PartitionOpFactors, fitted_value
+
+        source = (f"fitted: `kareus calibrate --partition-sweep {sweep_path} --spec {spec_path}` "
+                  f"({preset.name}, {'default clock' if cal.clock_mhz is None else f'{cal.clock_mhz:.0f} MHz'})")
+        obj.update(_write_fit(preset.name, {k: (fitted_value(v), source)
+                                            for k, v in cal.law.items()},
+                              {spec.sha256: PartitionOpFactors(
+                                  tuple(fitted_value(v) for v in cal.op_work),
+                                  tuple(fitted_value(v) for v in cal.op_host), source)}))
     if figure_path is not None:
         import numpy as np
         import pandas as pd
@@ -586,7 +631,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
             f"({pb['measured_excess_pct']:+.1f} % over the measured fastest)",
             "  " + floor_slope_text(f["floor_slope"]),
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
-        ])
+        ] + _preset_diff_lines(obj))
 
     _emit(obj, as_json, text)
 

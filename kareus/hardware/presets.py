@@ -1,17 +1,24 @@
 """GPU presets: every number the simulator uses about a GPU, with where it came from.
 
-Each :class:`GPUPreset` field has an entry in ``sources`` saying whether the value is
-``datasheet`` (vendor specification), ``published`` (a measurement in a paper), ``fitted`` (fitted by
-:mod:`kareus.hardware.calibration` from measured profiles), ``derived`` (computed from other
-entries, the rule stated) or ``assumed`` (a modelling prior with its reasoning). Fitted values were
-produced by ``python benchmarks/calibration.py`` from ``shared/perseus_sosp24/stage_profile``
-(Perseus SOSP '24 artifact, A100 SXM4 80 GB 500 W and A40 measurements).
+The presets are data: one JSON file per GPU in ``kareus/hardware/gpus/`` (and, for a user's own
+GPUs, in the folder ``$KAREUS_GPU_DIR`` names), grouped as :data:`GROUPS` says (compute, memory,
+links and collectives, overlap per kernel class, host, power), every value with its source:
+``datasheet`` (vendor specification), ``published`` (a measurement in a paper), ``fitted`` (the
+command and the measurement it was fitted on), ``derived`` (computed from other entries, the rule
+stated), ``definition`` or ``assumed`` (a modelling prior with its reasoning). Refits write the
+files (:func:`update_preset_file`: ``kareus calibrate --partition-sweep ... --write-preset``,
+``benchmarks/fidelity.py --fit/--fit-megatron --write-preset``), so a refit is a one-file diff. In
+memory a preset is the flat, frozen :class:`GPUPreset` the simulator reads.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -137,54 +144,54 @@ class GPUPreset:
     hbm_dyn_power_w: float
     knee_mhz: float
     v_ratio: float
-    tf32_flops_per_clk_per_sm: float = 0.0
-    fp32_flops_per_clk_per_sm: float = 128.0
-    precisions: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32")
-    network_efficiency: float = 0.80
-    network_hop_latency_s: float = 10e-6
-    host_eager_op_s: float = 75.44e-6
-    gemm_efficiency: float = 0.80
-    gemm_depth_half: float = 128.0
-    attention_efficiency: float = 0.55
-    attention_bwd_efficiency: float = 0.45
-    hbm_efficiency: float = 0.85
-    link_efficiency: float = 0.80
-    mem_sat_sm_fraction: float = 0.5
-    comm_bw_per_sm_mhz: float = 10.0e9 / 1410
-    comm_default_sms: int = 24
-    comm_latency_s: float = 25e-6
-    comm_hbm_factor: float = 3.0
-    tuned_bw_per_sm_mhz: float = 4.781e6
-    tuned_block_exponent: float = 0.8557
-    tuned_link_fraction: float = 0.2859
-    tuned_pipelining: float = 1.766
-    comm_block_default: int = 1024
-    comm_max_sms: int = 32
-    comm_launch_s: float = 35.25e-6
-    comm_rate_beside_memory: float = 0.2377
-    comm_rate_beside_gemm: float = 0.6348
-    comm_rate_beside_attention: float = 0.959
-    library_rate_beside: float = 0.8
-    overlap_slowdown_memory: float = 0.1363
-    overlap_slowdown_gemm: float = 0.02862
-    overlap_slowdown_attention: float = 0.05416
-    host_issue_memory_s: float = 187e-6
-    host_issue_gemm_s: float = 32.09e-6
-    host_issue_attention_s: float = 38.58e-6
-    host_issue_call_s: float = 15.80e-6
-    iteration_host_fraction: float = 0.3541
-    partition_harness_s: float = 119.3e-6
-    partial_wave_loss: float = 0.1132
-    kernel_overhead_s: float = 4e-6
-    link_dyn_power_w: float = 29.32
-    activity_gemm: float = 1.0
-    activity_attention: float = 0.85
-    activity_memory: float = 0.35
-    activity_comm: float = 0.2692
-    library_activity_comm: float = 0.19
-    reference_gemm_efficiency: float = 0.80
-    reference_attention_efficiency: float = 0.55
-    reference_hbm_efficiency: float = 0.85
+    tf32_flops_per_clk_per_sm: float
+    fp32_flops_per_clk_per_sm: float
+    precisions: tuple[str, ...]
+    network_efficiency: float
+    network_hop_latency_s: float
+    host_eager_op_s: float
+    gemm_efficiency: float
+    gemm_depth_half: float
+    attention_efficiency: float
+    attention_bwd_efficiency: float
+    hbm_efficiency: float
+    link_efficiency: float
+    mem_sat_sm_fraction: float
+    comm_bw_per_sm_mhz: float
+    comm_default_sms: int
+    comm_latency_s: float
+    comm_hbm_factor: float
+    tuned_bw_per_sm_mhz: float
+    tuned_block_exponent: float
+    tuned_link_fraction: float
+    tuned_pipelining: float
+    comm_block_default: int
+    comm_max_sms: int
+    comm_launch_s: float
+    comm_rate_beside_memory: float
+    comm_rate_beside_gemm: float
+    comm_rate_beside_attention: float
+    library_rate_beside: float
+    overlap_slowdown_memory: float
+    overlap_slowdown_gemm: float
+    overlap_slowdown_attention: float
+    host_issue_memory_s: float
+    host_issue_gemm_s: float
+    host_issue_attention_s: float
+    host_issue_call_s: float
+    iteration_host_fraction: float
+    partition_harness_s: float
+    partial_wave_loss: float
+    kernel_overhead_s: float
+    link_dyn_power_w: float
+    activity_gemm: float
+    activity_attention: float
+    activity_memory: float
+    activity_comm: float
+    library_activity_comm: float
+    reference_gemm_efficiency: float
+    reference_attention_efficiency: float
+    reference_hbm_efficiency: float
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @property
@@ -221,261 +228,6 @@ class GPUPreset:
         return replace(self, **changes)
 
 
-#: Source of the partition law's parameters (time, A100; other GPUs reuse the A100 fit).
-_SWEEP_FIT = ("fitted: `kareus calibrate --partition-sweep` on the Kareus artifact's measured "
-              "attention-partition sweep (shared/kareus_artifact/attention_partition, 2 x A100 "
-              "SXM, default clock); GPUs without such a sweep reuse the A100 fit")
-
-_MEGATRON_FIT_COMMON = (
-    "fitted: benchmarks/fidelity.py --fit-megatron on vTrain's measured single-node Megatron-LM "
-    "runs (shared/vtrain_megatron/single_node.csv); the host and framework, not the GPU, so "
-    "every preset reuses it")
-
-_COMMON_SOURCES = {
-    "gemm_efficiency": "assumed: large bf16 GEMMs reach ~60-80% of tensor peak (hardware.md); "
-                       "wave quantization is modelled separately",
-    "attention_efficiency": "assumed: FlashAttention-2 reaches 50-70% of peak forward, less backward",
-    "attention_bwd_efficiency": "assumed: FlashAttention-2's backward reaches ~40-50% of peak",
-    "gemm_depth_half": "assumed: a 128x128 output tile's prologue/epilogue costs about as much as "
-                       "128 steps of its reduction",
-    "hbm_efficiency": "assumed: elementwise kernels reach 80-90% of HBM bandwidth (hardware.md)",
-    "link_efficiency": "assumed: NCCL all-reduce bus bandwidth reaches ~80% of NVLink (hardware.md)",
-    "mem_sat_sm_fraction": "assumed: about half the SMs saturate HBM with streaming kernels",
-    "comm_bw_per_sm_mhz": "assumed: one NCCL channel (1 CTA) moves ~10 GB/s at 1410 MHz, so "
-                          "~24 channels saturate A100 NVLink; throughput scales with SM clock",
-    "comm_default_sms": "assumed: NCCL's default channel count on NVLink systems (~24)",
-    "comm_latency_s": "assumed: NCCL small-message all-reduce latency on NVLink, ~25 us",
-    "comm_hbm_factor": "assumed: ring all-reduce reads and writes local HBM about 3x per bus byte",
-    **{name: _SWEEP_FIT for name in (
-        "tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fraction", "tuned_pipelining",
-        "comm_launch_s",
-        "comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
-        "overlap_slowdown_memory", "overlap_slowdown_gemm", "overlap_slowdown_attention",
-        "host_issue_memory_s", "host_issue_gemm_s", "host_issue_attention_s",
-        "partition_harness_s", "partial_wave_loss")},
-    "library_rate_beside": "assumed: NCCL keeps ~80% of its throughput beside compute",
-    "precisions": "datasheet: Ampere and Hopper tensor cores run bf16, fp16 and tf32",
-    "fp32_flops_per_clk_per_sm": "datasheet: 64 fp32 FMA units per SM (A100: 19.5 TFLOP/s)",
-    "network_efficiency": ("assumed: NCCL's rings reach ~80% of the NICs' bandwidth (vTrain's "
-                           "64-GPU runs, fitted, push it to its 1.0 bound and 7.1% MAPE, against "
-                           "8.7% at 0.8: the 800 Gb/s per node their configs state is a floor)"),
-    "network_hop_latency_s": ("assumed: ~10 us per ring/tree step over InfiniBand or EFA (vTrain's "
-                              "64-GPU runs do not pin it: fitted it runs to its 1 us bound and "
-                              "moves their MAPE by 0.04 points)"),
-    "host_eager_op_s": _MEGATRON_FIT_COMMON,
-    **{name: ("fitted: benchmarks/fidelity.py --fit (its second stage) on the Kareus "
-              "artifact's measured ratios of Nanobatching + Perseus's fastest time to Perseus's "
-              "(A100 SXM4 40 GB testbed; docs/simulator.md, 'The host inside an iteration'); the "
-              "host and the framework, not the GPU, so every preset reuses it")
-       for name in ("host_issue_call_s", "iteration_host_fraction")},
-    "comm_block_default": "published: 1024 threads per block, the faster of the two block sizes "
-                          "in the Kareus artifact's sweep at every SM count",
-    "comm_max_sms": "datasheet: NCCL/MSCCL++ launch at most 32 channels (NCCL_MAX_NCHANNELS)",
-    "kernel_overhead_s": "assumed: ~4 us launch + tail per kernel",
-    "link_dyn_power_w": _SWEEP_FIT + " (energy: NVLink and fabric power at full link rate)",
-    "activity_gemm": "definition: the reference activity",
-    **{f"reference_{k}_efficiency": "definition: the efficiency the A100 power fit assumed "
-                                    "(the preset's prior before calibration to the frontiers)"
-       for k in ("gemm", "attention", "hbm")},
-    "activity_attention": "assumed: softmax/masking leave tensor cores idle part of the time",
-    "activity_memory": "assumed: memory-bound kernels keep ~1/3 of the SM logic switching",
-    "activity_comm": _SWEEP_FIT + " (energy: the collective's SMs)",
-    "library_activity_comm": "assumed: NCCL's channels switch about as much as the tuned "
-                             "collective's SMs in the partition sweep (~0.2)",
-}
-
-_A100_FIT = "fitted: benchmarks/calibration.py on perseus_sosp24 gpt3-175b+a100_sxm_bf16.csv"
-_A40_FIT = ("fitted: benchmarks/calibration.py on perseus_sosp24 gpt3-175b+a40_bf16.csv, with the "
-            "held cap (295 W) and sustained-clock ceiling fitted alongside (2026-12-04; Bloom "
-            "hold-out: energy MAPE 2.3 % relative to 1740 MHz)")
-
-
-def _preset(sources: dict[str, str], **values: float) -> GPUPreset:
-    merged = dict(_COMMON_SOURCES)
-    merged.update(sources)
-    preset = GPUPreset(**values)  # type: ignore[arg-type]
-    missing = [f.name for f in fields(preset) if f.name not in ("name", "sources")
-               and f.name not in merged]
-    assert not missing, f"preset {preset.name} lacks sources for {missing}"
-    return replace(preset, sources=MappingProxyType(merged))
-
-
-# Fitted from the A100 SXM4 80 GB (500 W) GPT-3 175B profile by benchmarks/calibration.py (the
-# 40 GB part shares the GA100 die, clocks and V-f curve; it differs in HBM, static and cap power).
-_A100_SM_DYN_W = 438.1
-#: HBM dynamic power at full bandwidth: ~3.9 pJ/bit for HBM2/HBM2e x bandwidth x 8 bit/B
-#: (assumed; clock sweeps cannot identify it because HBM keeps its own clock).
-_HBM2_J_PER_BYTE = 3.9e-12 * 8
-_A100_80_HBM_DYN_W = _HBM2_J_PER_BYTE * 2.039e12
-_A100_KNEE_MHZ = 1077.2
-_A100_V_RATIO = 1.318
-
-#: Fitted by `python benchmarks/fidelity.py --fit` on the Kareus artifact's measured Perseus and
-#: Nanobatching + Perseus frontiers (16 x A100 SXM4 40 GB, shared/kareus_artifact/
-#: calibration_frontiers.csv): what the testbed's Megatron-LM / Transformer Engine kernels reach
-#: (effective: time per counted FLOP or byte), the 40 GB part's SM power, how much of its
-#: throughput NCCL keeps beside compute and how much NCCL's channels switch (the partition sweep
-#: measured MSCCL++'s kernel, not NCCL's). Priors: 0.80, 0.85, 438.1 W (the 80 GB fit), 0.8, 0.19.
-_A100_40_FRONTIER = dict(gemm_efficiency=0.7085, hbm_efficiency=0.4783, sm_dyn_power_w=409.5,
-                         library_rate_beside=1.0, library_activity_comm=0.7288)
-_FRONTIER_FIT = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
-                 "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
-
-#: Fitted by `python benchmarks/fidelity.py --fit-megatron` on vTrain's 1,440 measured single-node
-#: Megatron-LM runs (shared/vtrain_megatron/single_node.csv; A100 SXM, fp16, Megatron-LM's unfused
-#: attention): what that software reaches on the A100's memory-bound kernels, and how a GEMM's
-#: efficiency falls with its reduction depth. Priors: 0.85 and 128.
-_A100_80_FIT = dict(hbm_efficiency=0.8012, gemm_depth_half=568.7)
-_MEGATRON_FIT = ("fitted: benchmarks/fidelity.py --fit-megatron on vTrain's measured single-node "
-                 "Megatron-LM runs (shared/vtrain_megatron/single_node.csv)")
-
-_A100_COMMON = dict(
-    sms=108, flops_per_clk_per_sm=2048.0, tf32_flops_per_clk_per_sm=1024.0, clock_min_mhz=210.0, clock_max_mhz=1410.0,
-    clock_step_mhz=15.0, nvlink_bw=300e9, network_bw=25e9,
-    sm_dyn_power_w=_A100_SM_DYN_W, knee_mhz=_A100_KNEE_MHZ, v_ratio=_A100_V_RATIO,
-)
-_A100_SOURCES = {
-    "sms": "datasheet: NVIDIA A100 whitepaper, 108 SMs",
-    "flops_per_clk_per_sm": "datasheet: 312 TFLOP/s bf16 dense = 108 SMs x 2048 x 1.41 GHz",
-    "tf32_flops_per_clk_per_sm": "datasheet: 156 TFLOP/s TF32 dense = 108 SMs x 1024 x 1.41 GHz",
-    "clock_min_mhz": "datasheet: nvidia-smi supported clocks 210-1410 MHz",
-    "clock_max_mhz": "datasheet: 1410 MHz boost",
-    "clock_step_mhz": "datasheet: 15 MHz steps",
-    "nvlink_bw": "datasheet: NVLink 3, 600 GB/s total = 300 GB/s per direction",
-    "network_bw": "datasheet: DGX A100, one 200 Gb/s HDR InfiniBand NIC per GPU",
-    "sm_dyn_power_w": _A100_FIT,
-    "knee_mhz": _A100_FIT,
-    "v_ratio": _A100_FIT,
-}
-
-PRESETS: dict[str, GPUPreset] = {
-    p.name: p
-    for p in (
-        _preset(
-            {**_A100_SOURCES,
-             "memory_bytes": "datasheet: 40 GB HBM2",
-             "hbm_bw": "datasheet: 1.555 TB/s",
-             "power_limit_w": "datasheet: 400 W",
-             "static_power_w": "published: 85 W blocked-on-P2P power (Kareus paper)",
-             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2) x 1.555 TB/s",
-             "network_bw": "published: the paper's testbed, 4 x 100 Gb/s EFA per node of 8 "
-                           "GPUs = 6.25 GB/s per GPU (hardware.md)",
-             **{k: _FRONTIER_FIT for k in _A100_40_FRONTIER}},
-            name="a100-sxm4-40gb", memory_bytes=40e9, hbm_bw=1.555e12, power_limit_w=400.0,
-            static_power_w=85.0, hbm_dyn_power_w=_HBM2_J_PER_BYTE * 1.555e12,
-            **{**_A100_COMMON, "network_bw": 400e9 / 8 / 8, **_A100_40_FRONTIER},
-        ),
-        _preset(
-            {**_A100_SOURCES,
-             "memory_bytes": "datasheet: 80 GB HBM2e",
-             "hbm_bw": "datasheet: 2.039 TB/s",
-             "power_limit_w": "datasheet: 400 W and 500 W SKUs exist; 500 W, the Perseus parts",
-             "static_power_w": "published: 83.64 W (Perseus artifact)",
-             "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2e) x 2.039 TB/s",
-             **{k: _MEGATRON_FIT for k in _A100_80_FIT}},
-            name="a100-sxm4-80gb", memory_bytes=80e9, hbm_bw=2.039e12, power_limit_w=500.0,
-            static_power_w=83.64, hbm_dyn_power_w=_A100_80_HBM_DYN_W,
-            **{**_A100_COMMON, **_A100_80_FIT},
-        ),
-        _preset(
-            {"sms": "datasheet: NVIDIA A40, 84 SMs (GA102)",
-             "flops_per_clk_per_sm": "datasheet: ~150 TFLOP/s bf16 dense = 84 x 1024 x 1.74 GHz",
-             "tf32_flops_per_clk_per_sm": "datasheet: 74.8 TFLOP/s TF32 dense = 84 x 512 x "
-                                          "1.74 GHz",
-             "fp32_flops_per_clk_per_sm": "datasheet: 37.4 TFLOP/s fp32 = 84 x 256 x 1.74 GHz",
-             "clock_min_mhz": "datasheet: 210 MHz", "clock_max_mhz": "datasheet: 1740 MHz",
-             "clock_step_mhz": "datasheet: 15 MHz",
-             "memory_bytes": "datasheet: 48 GB GDDR6", "hbm_bw": "datasheet: 696 GB/s",
-             "nvlink_bw": "datasheet: NVLink bridge pairs, 112.5 GB/s total; PCIe 4.0 x16 "
-                          "(~25 GB/s) between other GPUs -- modelled as PCIe",
-             "network_bw": "assumed: 100 Gb/s per node shared, ~12.5 GB/s",
-             "power_limit_w": "datasheet: 300 W",
-             "static_power_w": "published: 70.38 W (Perseus artifact)",
-             "sm_dyn_power_w": _A40_FIT,
-             "hbm_dyn_power_w": "assumed: ~7.5 pJ/bit (GDDR6) x 696 GB/s",
-             "knee_mhz": _A40_FIT, "v_ratio": _A40_FIT},
-            name="a40", sms=84, flops_per_clk_per_sm=1024.0, tf32_flops_per_clk_per_sm=512.0,
-            fp32_flops_per_clk_per_sm=256.0, clock_min_mhz=210.0,
-            clock_max_mhz=1740.0, clock_step_mhz=15.0, memory_bytes=48e9, hbm_bw=696e9,
-            nvlink_bw=25e9, network_bw=12.5e9, power_limit_w=300.0, static_power_w=70.38,
-            sm_dyn_power_w=469.2, hbm_dyn_power_w=7.5e-12 * 8 * 696e9, knee_mhz=1094.9, v_ratio=1.344,
-            comm_default_sms=16,
-        ),
-    )
-}
-
-def _a100_pcie(name: str, memory: float, hbm_bw: float, power_limit: float, static: float,
-               mem_src: str, bw_src: str, limit_src: str, static_src: str) -> GPUPreset:
-    """An A100 PCIe card: the GA100 die, clocks and V-f curve of the SXM module (the 80 GB SXM
-    fit), a lower board power limit, and four GPUs of a node that talk over PCIe 4.0 x16 (no
-    NVLink bridges)."""
-    sxm = PRESETS["a100-sxm4-80gb"]
-    return _preset(
-        {**_A100_SOURCES, **{k: sxm.sources[k] for k in _A100_80_FIT},
-         "memory_bytes": mem_src, "hbm_bw": bw_src, "power_limit_w": limit_src,
-         "static_power_w": static_src,
-         "hbm_dyn_power_w": "assumed: ~3.9 pJ/bit (HBM2/HBM2e) x bandwidth",
-         "nvlink_bw": "datasheet: PCIe 4.0 x16, 32 GB/s per direction (no NVLink bridge "
-                      "between the 4 GPUs of a PCIe node)",
-         "network_bw": "assumed: one 200 Gb/s NIC per GPU, as the SXM nodes",
-         "comm_default_sms": "assumed: NCCL opens few channels over PCIe (the link, not the "
-                             "SMs, limits it)"},
-        name=name, memory_bytes=memory, hbm_bw=hbm_bw, power_limit_w=power_limit,
-        static_power_w=static, hbm_dyn_power_w=_HBM2_J_PER_BYTE * hbm_bw,
-        **{**_A100_COMMON, "nvlink_bw": 32e9, "comm_default_sms": 4, **_A100_80_FIT},
-    )
-
-
-PRESETS["a100-pcie-80gb"] = _a100_pcie(
-    "a100-pcie-80gb", 80e9, 1.935e12, 300.0, 83.64, "datasheet: 80 GB HBM2e",
-    "datasheet: 1.935 TB/s", "datasheet: 300 W (A100 80GB PCIe)",
-    "assumed: the 80 GB SXM part's 83.64 W (Perseus artifact): same die and HBM2e")
-PRESETS["a100-pcie-40gb"] = _a100_pcie(
-    "a100-pcie-40gb", 40e9, 1.555e12, 250.0, 85.0, "datasheet: 40 GB HBM2",
-    "datasheet: 1.555 TB/s", "datasheet: 250 W (A100 40GB PCIe)",
-    "assumed: the 40 GB SXM part's 85 W (Kareus paper): same die and HBM2")
-
-_HOPPER_SOURCES = {
-    "sms": "datasheet: H100 SXM5, 132 SMs",
-    "flops_per_clk_per_sm": "datasheet: 4096 bf16 FLOP/clk/SM (989 TFLOP/s at 1830 MHz)",
-    "tf32_flops_per_clk_per_sm": "datasheet: 2048 TF32 FLOP/clk/SM (494 TFLOP/s dense)",
-    "fp32_flops_per_clk_per_sm": "datasheet: 128 fp32 FMA units per SM (67 TFLOP/s)",
-    "clock_min_mhz": "datasheet: 345 MHz", "clock_max_mhz": "datasheet: 1980 MHz",
-    "clock_step_mhz": "datasheet: 15 MHz",
-    "nvlink_bw": "datasheet: NVLink 4, 900 GB/s total = 450 GB/s per direction",
-    "network_bw": "datasheet: DGX H100, one 400 Gb/s NDR NIC per GPU",
-    "power_limit_w": "datasheet: 700 W",
-    "static_power_w": "assumed: unpublished; idle ~71-75 W x the A100's blocked/idle ratio (~1.45)",
-    "sm_dyn_power_w": "derived: A100 fit x (700-110)/(400-85) budget ratio x 0.95 (4N node)",
-    "knee_mhz": "derived: A100 fitted knee at the same fraction of the max clock (0.70)",
-    "v_ratio": "derived: A100 fit",
-    "comm_bw_per_sm_mhz": "assumed: ~12 GB/s per channel at 1980 MHz",
-}
-
-
-def _hopper(name: str, memory: float, hbm_bw: float, hbm_power: float, mem_src: str,
-            bw_src: str) -> GPUPreset:
-    return _preset(
-        {**_HOPPER_SOURCES, "memory_bytes": mem_src, "hbm_bw": bw_src,
-         "hbm_dyn_power_w": "assumed: ~3.5 pJ/bit (HBM3/HBM3e) x bandwidth"},
-        name=name, sms=132, flops_per_clk_per_sm=4096.0, tf32_flops_per_clk_per_sm=2048.0,
-        fp32_flops_per_clk_per_sm=256.0, clock_min_mhz=345.0,
-        clock_max_mhz=1980.0, clock_step_mhz=15.0, memory_bytes=memory, hbm_bw=hbm_bw,
-        nvlink_bw=450e9, network_bw=50e9, power_limit_w=700.0, static_power_w=110.0,
-        sm_dyn_power_w=_A100_SM_DYN_W * (700 - 110) / (400 - 85) * 0.95,
-        hbm_dyn_power_w=hbm_power, knee_mhz=round(0.70 * 1980 / 15) * 15,
-        v_ratio=_A100_V_RATIO, comm_bw_per_sm_mhz=12e9 / 1980,
-    )
-
-
-PRESETS["h100-sxm"] = _hopper("h100-sxm", 80e9, 3.35e12, 3.5e-12 * 8 * 3.35e12,
-                              "datasheet: 80 GB HBM3", "datasheet: 3.35 TB/s")
-PRESETS["h200"] = _hopper("h200", 141e9, 4.8e12, 3.5e-12 * 8 * 4.8e12,
-                          "datasheet: 141 GB HBM3e", "datasheet: 4.8 TB/s")
-
-DEFAULT_GPU = "a100-sxm4-40gb"
-
-
 @dataclass(frozen=True)
 class PartitionOpFactors:
     """The per-op part of a partition fit: what a measured partition's own kernels cost beyond
@@ -493,29 +245,306 @@ class PartitionOpFactors:
     source: str
 
 
-#: The per-op factors of the partition fits behind the presets' partition laws, by (GPU preset,
-#: spec hash: :attr:`workloads.partition_spec.PartitionSpec.sha256`). They come from the same
-#: fit as the law's parameters above, so ``kareus partition`` without ``--calibration`` predicts
-#: the artifact's partition as a fresh ``kareus calibrate`` would (the iteration model uses the
-#: law alone: its ops are counted, not fitted).
-_PARTITION_OP_FACTORS: MappingProxyType = MappingProxyType({
-    ("a100-sxm4-40gb", "5687b86cf4b0cad7364b6fee84feb940a87e42bbb429914cdec2c5e20ae2ff61"):
-        PartitionOpFactors(
-            op_work=(0.7576, 0.5783, 1.002, 0.7222, 0.7919, 0.7125, 6.169),
-            op_host=(0.6409, 0.805, 0.6745, 1.819, 1.819, 0.8847, 1),
-            source=_SWEEP_FIT),
-})
+# --- Presets as data ----------------------------------------------------------------------------
+#
+# One JSON file per GPU: the built-in ones in ``kareus/hardware/gpus/`` (package data), a user's
+# in the folder ``$KAREUS_GPU_DIR`` names. A file holds the preset's ``name`` (its file name without
+# ``.json``), one object per group of :data:`GROUPS`, each entry ``{"value": ..., "source":
+# "kind: where the number comes from"}``, and optionally ``partition_op_factors``: the per-op
+# factors of the partition fits behind the law, ``[{"spec_sha256", "op_work", "op_host",
+# "source"}]``. Refits write these files (:func:`update_preset_file`), one line per value.
+
+#: The file groups and the :class:`GPUPreset` fields each holds, in file order.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "compute": ("sms", "flops_per_clk_per_sm", "tf32_flops_per_clk_per_sm",
+                "fp32_flops_per_clk_per_sm", "precisions", "clock_min_mhz", "clock_max_mhz",
+                "clock_step_mhz", "gemm_efficiency", "gemm_depth_half", "attention_efficiency",
+                "attention_bwd_efficiency", "partial_wave_loss", "kernel_overhead_s"),
+    "memory": ("memory_bytes", "hbm_bw", "hbm_efficiency", "mem_sat_sm_fraction"),
+    "links_collectives": ("nvlink_bw", "network_bw", "network_efficiency",
+                          "network_hop_latency_s", "link_efficiency", "comm_bw_per_sm_mhz",
+                          "comm_default_sms", "comm_max_sms", "comm_latency_s", "comm_hbm_factor",
+                          "comm_launch_s", "comm_block_default", "tuned_bw_per_sm_mhz",
+                          "tuned_block_exponent", "tuned_link_fraction", "tuned_pipelining",
+                          "library_rate_beside"),
+    "overlap": ("comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
+                "overlap_slowdown_memory", "overlap_slowdown_gemm", "overlap_slowdown_attention",
+                "partition_harness_s"),
+    "host": ("host_eager_op_s", "host_issue_memory_s", "host_issue_gemm_s",
+             "host_issue_attention_s", "host_issue_call_s", "iteration_host_fraction"),
+    "power": ("power_limit_w", "static_power_w", "sm_dyn_power_w", "hbm_dyn_power_w",
+              "link_dyn_power_w", "knee_mhz", "v_ratio", "activity_gemm", "activity_attention",
+              "activity_memory", "activity_comm", "library_activity_comm",
+              "reference_gemm_efficiency", "reference_attention_efficiency",
+              "reference_hbm_efficiency"),
+}
+_GROUP_OF = {f: g for g, names in GROUPS.items() for f in names}
+_INT_FIELDS = frozenset(f.name for f in fields(GPUPreset) if f.type in ("int", int))
+_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+_TOP_KEYS = frozenset({"name", "description", "partition_op_factors", *GROUPS})
+assert set(_GROUP_OF) == {f.name for f in fields(GPUPreset)} - {"name", "sources"}
+
+#: The built-in presets' folder (package data).
+BUILTIN_DIR = Path(__file__).with_name("gpus")
+#: Environment variable naming a folder of the user's own GPU files.
+USER_DIR_ENV = "KAREUS_GPU_DIR"
+
+DEFAULT_GPU = "a100-sxm4-40gb"
+
+
+def _number(v: object, integer: bool) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)):
+        return False
+    return bool(np.isfinite(v)) and v >= 0
+
+
+def _check_value(path: Path, key: str, name: str, v: object) -> object:
+    if name == "precisions":
+        if not (isinstance(v, list) and v and all(p in _PRECISIONS for p in v)):
+            raise PresetError(f"{path}: {key} must be a list of {', '.join(_PRECISIONS)}, "
+                              f"got {v!r}")
+        return tuple(v)
+    integer = name in _INT_FIELDS
+    if not _number(v, integer):
+        raise PresetError(f"{path}: {key} must be a non-negative "
+                          f"{'integer' if integer else 'number'}, got {v!r}")
+    return v
+
+
+def _parse(path: Path, raw: object) -> tuple[GPUPreset, dict[str, PartitionOpFactors]]:
+    """A preset file's content -> the preset and its partition op factors (by spec hash);
+    :class:`PresetError` with one line naming the file and the field otherwise."""
+    if not isinstance(raw, dict):
+        raise PresetError(f"{path}: a GPU file holds one JSON object")
+    name = raw.get("name")
+    if name != path.stem:
+        raise PresetError(f"{path}: name must be the file's name, {path.stem!r}; got {name!r}")
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise PresetError(f"{path}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(_TOP_KEYS))})")
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for group, names in GROUPS.items():
+        entries = raw.get(group)
+        if not isinstance(entries, dict):
+            raise PresetError(f"{path}: missing group {group!r} (an object of "
+                              "{\"field\": {\"value\": ..., \"source\": ...}})")
+        for k in entries:
+            if k not in names:
+                where = f"; it belongs in {_GROUP_OF[k]!r}" if k in _GROUP_OF else ""
+                raise PresetError(f"{path}: unknown field {group}.{k}{where}")
+        for n in names:
+            key = f"{group}.{n}"
+            e = entries.get(n)
+            if e is None:
+                raise PresetError(f"{path}: missing field {key}")
+            if not isinstance(e, dict) or set(e) != {"value", "source"}:
+                raise PresetError(f"{path}: {key} must be {{\"value\": ..., \"source\": ...}}")
+            if not isinstance(e["source"], str) or not e["source"].strip():
+                raise PresetError(f"{path}: {key} needs a source (\"kind: where it comes from\")")
+            values[n] = _check_value(path, key, n, e["value"])
+            sources[n] = e["source"]
+    factors: dict[str, PartitionOpFactors] = {}
+    pof = raw.get("partition_op_factors", [])
+    if not isinstance(pof, list):
+        raise PresetError(f"{path}: partition_op_factors must be a list")
+    for i, f in enumerate(pof):
+        key = f"partition_op_factors[{i}]"
+        if not (isinstance(f, dict) and set(f) == {"spec_sha256", "op_work", "op_host", "source"}
+                and isinstance(f["spec_sha256"], str) and isinstance(f["source"], str)
+                and all(isinstance(f[k], list) and f[k] and len(f[k]) == len(f["op_work"])
+                        and all(_number(x, False) and x > 0 for x in f[k])
+                        for k in ("op_work", "op_host"))):
+            raise PresetError(f"{path}: {key} must be {{spec_sha256, op_work, op_host, source}} "
+                              "with equally long lists of positive numbers")
+        factors[f["spec_sha256"]] = PartitionOpFactors(tuple(f["op_work"]), tuple(f["op_host"]),
+                                                       f["source"])
+    preset = GPUPreset(name=name, sources=MappingProxyType(sources), **values)  # type: ignore[arg-type]
+    return preset, factors
+
+
+def load_preset_file(path: str | Path) -> tuple[GPUPreset, dict[str, PartitionOpFactors]]:
+    """Read one GPU file (see :data:`GROUPS`); :class:`PresetError` (one line) if malformed."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PresetError(f"{p}: no such GPU file") from None
+    except json.JSONDecodeError as e:
+        raise PresetError(f"{p}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PresetError(f"{p}: unreadable ({type(e).__name__})") from None
+    return _parse(p, raw)
+
+
+def preset_files() -> list[Path]:
+    """The GPU files read, in order: the built-in folder's, then ``$KAREUS_GPU_DIR``'s, each by
+    file name."""
+    files = sorted(BUILTIN_DIR.glob("*.json"))
+    user = os.environ.get(USER_DIR_ENV)
+    if user:
+        d = Path(user)
+        if not d.is_dir():
+            raise PresetError(f"${USER_DIR_ENV}={user}: not a folder")
+        files += sorted(d.glob("*.json"))
+    return files
+
+
+_cache: tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
+             dict[str, Path]] | None = None
+
+
+def _loaded() -> tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
+                       dict[str, Path]]:
+    global _cache
+    if _cache is None:
+        presets: dict[str, GPUPreset] = {}
+        factors: dict[tuple[str, str], PartitionOpFactors] = {}
+        files: dict[str, Path] = {}
+        for path in preset_files():
+            preset, own = load_preset_file(path)
+            if preset.name in presets:
+                raise PresetError(f"{path}: GPU {preset.name!r} is already defined by "
+                                  f"{files[preset.name]}")
+            presets[preset.name] = preset
+            files[preset.name] = path
+            factors.update({(preset.name, h): f for h, f in own.items()})
+        _cache = (presets, factors, files)
+    return _cache
+
+
+def reload_presets() -> None:
+    """Forget the loaded presets (after ``$KAREUS_GPU_DIR`` or a file changed); the next use
+    reads the files again."""
+    global _cache
+    _cache = None
+    globals().pop("PRESETS", None)
+
+
+def __getattr__(name: str) -> object:
+    # ``PRESETS`` is read on first use, not at import, so that a malformed user file is a
+    # one-line error of the command that needed it.
+    if name == "PRESETS":
+        return _loaded()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def preset_path(name: str) -> Path:
+    """The file preset ``name`` was read from."""
+    get_preset(name)
+    return _loaded()[2][name]
 
 
 def partition_op_factors(gpu: str, spec_sha256: str) -> PartitionOpFactors | None:
     """The preset's own per-op factors for a partition spec, or ``None`` when the preset's law
     was not fitted on that partition."""
-    return _PARTITION_OP_FACTORS.get((gpu, spec_sha256))
+    return _loaded()[1].get((gpu, spec_sha256))
 
 
 def get_preset(name: str) -> GPUPreset:
     """Look a preset up by name; raises :class:`PresetError` naming the valid choices."""
+    presets = _loaded()[0]
     try:
-        return PRESETS[name]
+        return presets[name]
     except KeyError:
-        raise PresetError(f"unknown GPU {name!r}; choose one of: {', '.join(PRESETS)}") from None
+        raise PresetError(f"unknown GPU {name!r}; choose one of: {', '.join(presets)}") from None
+
+
+# --- Writing: a refit is a one-file diff ---------------------------------------------------------
+
+def _dumps(raw: dict[str, Any]) -> str:
+    """A GPU file's text: groups in order, one line per value (so a refit's diff is one line
+    per value); floats as Python's repr (exact)."""
+    d = json.dumps
+    lines = ["{", f'  "name": {d(raw["name"])},']
+    if "description" in raw:
+        lines.append(f'  "description": {d(raw["description"])},')
+    blocks = []
+    for group in GROUPS:
+        entries = raw[group]
+        body = ",\n".join(f'    {d(k)}: {{"value": {d(e["value"])}, "source": {d(e["source"])}}}'
+                          for k, e in entries.items())
+        blocks.append(f'  {d(group)}: {{\n{body}\n  }}')
+    if raw.get("partition_op_factors"):
+        body = ",\n".join(
+            "    {" + ", ".join(f"{d(k)}: {d(f[k])}" for k in
+                                ("spec_sha256", "op_work", "op_host", "source")) + "}"
+            for f in raw["partition_op_factors"])
+        blocks.append(f'  "partition_op_factors": [\n{body}\n  ]')
+    return "\n".join(lines) + "\n" + ",\n".join(blocks) + "\n}\n"
+
+
+def preset_to_dict(preset: GPUPreset,
+                   op_factors: dict[str, PartitionOpFactors] | None = None) -> dict[str, Any]:
+    """The file form of ``preset`` (every field with its source)."""
+    raw: dict[str, Any] = {"name": preset.name}
+    for group, names in GROUPS.items():
+        raw[group] = {}
+        for n in names:
+            v = getattr(preset, n)
+            raw[group][n] = {"value": list(v) if isinstance(v, tuple) else v,
+                             "source": preset.sources.get(n, "")}
+    if op_factors:
+        raw["partition_op_factors"] = [
+            {"spec_sha256": h, "op_work": list(f.op_work), "op_host": list(f.op_host),
+             "source": f.source} for h, f in op_factors.items()]
+    return raw
+
+
+def write_preset(preset: GPUPreset, path: str | Path,
+                 op_factors: dict[str, PartitionOpFactors] | None = None) -> None:
+    """Write ``preset`` as a GPU file (atomically; it must read back as it is)."""
+    from kareus.atomic import atomic_write_text
+
+    p = Path(path)
+    text = _dumps(preset_to_dict(preset, op_factors))
+    _parse(p, json.loads(text))
+    atomic_write_text(p, text)
+
+
+def fitted_value(v: float) -> float:
+    """A fitted value as the presets carry it: four significant digits (what a fit's report
+    prints)."""
+    return float(f"{v:.4g}")
+
+
+def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
+                       op_factors: dict[str, PartitionOpFactors] | None = None,
+                       path: str | Path | None = None, write: bool = True) -> str:
+    """Set fields of preset ``name``'s file (``{field: (value, source)}``; ``op_factors``: per-op
+    partition factors by spec hash, replacing those of the same spec) and return the unified
+    diff. A value the refit leaves unchanged keeps its line, source included, so the diff shows
+    what moved. ``path``: the file [the one the preset was read from]; ``write=False``: only the diff.
+    The result must read back (:class:`PresetError` otherwise); the loaded presets are
+    reloaded after a write."""
+    import difflib
+
+    p = Path(path) if path is not None else preset_path(name)
+    old = p.read_text()
+    raw = json.loads(old)
+    for field_name, (value, source) in changes.items():
+        if field_name not in _GROUP_OF:
+            raise PresetError(f"unknown preset parameter {field_name!r}")
+        value = list(value) if isinstance(value, tuple) else value
+        entry = raw[_GROUP_OF[field_name]].get(field_name)
+        if not (isinstance(entry, dict) and entry.get("value") == value):
+            raw[_GROUP_OF[field_name]][field_name] = {"value": value, "source": source}
+    old_factors = {f.get("spec_sha256"): f for f in raw.get("partition_op_factors", [])
+                   if isinstance(f, dict)}
+    for h, f in (op_factors or {}).items():
+        prev = old_factors.get(h)
+        if not (prev and prev.get("op_work") == list(f.op_work)
+                and prev.get("op_host") == list(f.op_host)):
+            old_factors[h] = {"spec_sha256": h, "op_work": list(f.op_work),
+                              "op_host": list(f.op_host), "source": f.source}
+    if old_factors:
+        raw["partition_op_factors"] = list(old_factors.values())
+    new = _dumps(raw)
+    _parse(p, json.loads(new))
+    if write and new != old:
+        from kareus.atomic import atomic_write_text
+
+        atomic_write_text(p, new)
+        reload_presets()
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                        str(p), str(p)))

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from kareus.errors import InputError
-from kareus.hardware.presets import PRESETS, GPUPreset
+from kareus.hardware.presets import GPUPreset
 
 _SIM_HINT = "or use --backend sim"
 
@@ -135,8 +135,11 @@ def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int =
             raise InputError(f"GPU 0 is an {name}, which preset {preset.name!r} does not "
                              f"describe; use --gpu {match}")
         if not accept_unlisted_gpu:
+            from kareus.hardware.presets import PRESETS, USER_DIR_ENV
+
             raise InputError(f"GPU 0 is an {name}, which no preset describes (presets: "
-                             f"{', '.join(PRESETS)}); add one to kareus/hardware/presets.py, "
+                             f"{', '.join(PRESETS)}); add a GPU file to ${USER_DIR_ENV} "
+                             f"(docs/simulator.md, 'Parameters and their sources'), "
                              f"{_SIM_HINT}")
     if gpus_needed > env.cuda_devices:
         raise InputError(f"the job needs {gpus_needed} GPUs but {env.cuda_devices} are visible; "
