@@ -22,7 +22,6 @@ from collections.abc import Hashable, Mapping
 
 import pandas as pd
 
-from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError
 from kareus.frontier import pareto_indices
 from kareus.graph import Instruction
