@@ -15,10 +15,10 @@ import pytest
 
 from kareus.backends.base import Backend
 from kareus.backends.gpu import GPUBackend
-from kareus.backends.gpu import runner as runner_mod
 from kareus.backends.gpu.backend import aggregate_iteration
 from kareus.backends.gpu.device import FakeDevice
 from kareus.backends.gpu.measure import MeasureConfig
+from kareus.backends.gpu.runner import modes as runner_modes
 from kareus.backends.gpu.serialize import (
     NCCL_MAX_CTAS,
     Job,
@@ -60,7 +60,7 @@ def tiny():
 def shared_fake(monkeypatch):
     """Every device the runner opens is this one fake (300 W constant)."""
     dev = FakeDevice(power_w=300.0)
-    monkeypatch.setattr(runner_mod, "open_device", lambda i, fake=False: dev)
+    monkeypatch.setattr(runner_modes, "open_device", lambda i, fake=False: dev)
     return dev
 
 

@@ -101,8 +101,8 @@ def test_meter_falls_back_to_nvml_counter_when_zeus_monitor_fails(monkeypatch, c
 
     import torch
 
-    from kareus.backends.gpu import runner
     from kareus.backends.gpu.measure import CounterMeter
+    from kareus.backends.gpu.runner import modes
 
     def broken(indices):
         raise OSError("powercap: permission denied")
@@ -110,11 +110,11 @@ def test_meter_falls_back_to_nvml_counter_when_zeus_monitor_fails(monkeypatch, c
     from kareus.backends.gpu import device as device_mod
 
     monkeypatch.setattr(device_mod, "zeus_available", lambda: True)
-    monkeypatch.setattr(runner, "ZeusMeter", broken)
+    monkeypatch.setattr(modes, "ZeusMeter", broken)
     dev = FakeDevice(power_w=200.0)
     s = SimpleNamespace(job=SimpleNamespace(fake_device=False), r=SimpleNamespace(local_rank=0),
                         dev=dev, device=torch.device("cpu"))
-    meter = runner._meter(s)
+    meter = modes._meter(s)
     assert isinstance(meter, CounterMeter) and meter.devices == [dev]
     assert "reading NVML's energy counter directly" in capsys.readouterr().err
 
@@ -125,18 +125,18 @@ def test_meter_reads_the_nvml_counter_where_zeus_is_not_installed(monkeypatch, c
     import torch
 
     from kareus.backends.gpu import device as device_mod
-    from kareus.backends.gpu import runner
     from kareus.backends.gpu.measure import CounterMeter
+    from kareus.backends.gpu.runner import modes
 
     def never(indices):
         raise AssertionError("ZeusMonitor must not be tried without zeus")
 
     monkeypatch.setattr(device_mod, "zeus_available", lambda: False)
-    monkeypatch.setattr(runner, "ZeusMeter", never)
+    monkeypatch.setattr(modes, "ZeusMeter", never)
     dev = FakeDevice(power_w=200.0)
     s = SimpleNamespace(job=SimpleNamespace(fake_device=False), r=SimpleNamespace(local_rank=0),
                         dev=dev, device=torch.device("cpu"))
-    assert isinstance(runner._meter(s), CounterMeter)
+    assert isinstance(modes._meter(s), CounterMeter)
     assert capsys.readouterr().err == ""
 
 
