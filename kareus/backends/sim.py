@@ -563,20 +563,17 @@ class SimulatorBackend:
                 xt, xe = self._exposed_cost(first.comm, f_idx, s)
                 t += ct + xt - pt
                 e += ce + xe - pe
-            for seg in ig.extra:
-                st, se = self._segment_cost(seg, f_idx)
-                t += st
-                e += se
         else:
             for seg in ig.sequential:
                 st, se = self._segment_cost(seg, f_idx)
                 t += st * ig.layers
                 e += se * ig.layers
-            for seg in ig.extra:
-                st, se = self._segment_cost(seg, f_idx)
-                t += st
-                e += se
-            t = max(t, self.host_time(ig))
+        for seg in ig.extra:
+            st, se = self._segment_cost(seg, f_idx)
+            t += st
+            e += se
+        if not (plan.nanobatched and ig.partitions):
+            t = max(t, self.host_time(ig))  # partitions model their own host issue
         self._cache[key] = (t, e)
         return t, e
 
@@ -587,11 +584,11 @@ class SimulatorBackend:
         kernels are shorter than their issue, and the GPU waits; Megatron-LM synchronises the
         host with the GPU at every pipeline transfer, so no instruction inherits another's
         head start)."""
-        per_layer = sum(len(seg.compute) + (seg.comm is not None and seg.comm.group > 1)
-                        for seg in ig.sequential)
-        extra = sum(len(seg.compute) + (seg.comm is not None and seg.comm.group > 1)
-                    for seg in ig.extra)
-        return self.gpu.host_eager_op_s * (per_layer * ig.layers + extra)
+        def issued(segs: tuple[Segment, ...]) -> int:
+            return sum(len(seg.compute) + (seg.comm is not None and seg.comm.group > 1)
+                       for seg in segs)
+
+        return self.gpu.host_eager_op_s * (issued(ig.sequential) * ig.layers + issued(ig.extra))
 
     # ------------------------------------------------------------------ iterations
     def p2p_time(self, graph: IterationGraph) -> float:

@@ -24,38 +24,31 @@ def shared_dir() -> Path | None:
     return None
 
 
-def perseus_profile(name: str) -> Path | None:
-    """Path of ``perseus_sosp24/stage_profile/<name>`` (e.g. ``gpt3-175b+a100_sxm_bf16.csv``)."""
+def _shared_path(*parts: str, file: bool = True) -> Path | None:
+    """``shared/<parts...>`` if the shared folder and that file (``file``) or path exist."""
     base = shared_dir()
     if base is None:
         return None
-    p = base / "perseus_sosp24" / "stage_profile" / name
-    return p if p.is_file() else None
+    p = base.joinpath(*parts)
+    return p if (p.is_file() if file else p.exists()) else None
+
+
+def perseus_profile(name: str) -> Path | None:
+    """Path of ``perseus_sosp24/stage_profile/<name>`` (e.g. ``gpt3-175b+a100_sxm_bf16.csv``)."""
+    return _shared_path("perseus_sosp24", "stage_profile", name)
 
 
 def kareus_artifact(name: str) -> Path | None:
     """Path of ``kareus_artifact/<name>`` (e.g. ``calibration_frontiers.csv``,
     ``attention_partition/spec.json``)."""
-    base = shared_dir()
-    if base is None:
-        return None
-    p = base / "kareus_artifact" / name
-    return p if p.exists() else None
+    return _shared_path("kareus_artifact", name, file=False)
 
 
 def vtrain_runs(name: str) -> Path | None:
     """Path of ``vtrain_megatron/<name>`` (``single_node.csv``, ``multi_node_3.6b.csv``)."""
-    base = shared_dir()
-    if base is None:
-        return None
-    p = base / "vtrain_megatron" / name
-    return p if p.is_file() else None
+    return _shared_path("vtrain_megatron", name)
 
 
 def perseus_measured(name: str) -> Path | None:
     """Path of ``perseus_sosp24/measured/<name>`` (``gpt3-xl_a100-pcie_pp4.csv``)."""
-    base = shared_dir()
-    if base is None:
-        return None
-    p = base / "perseus_sosp24" / "measured" / name
-    return p if p.is_file() else None
+    return _shared_path("perseus_sosp24", "measured", name)
