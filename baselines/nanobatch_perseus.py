@@ -3,7 +3,7 @@ schedules) profiled per clock, then the same Perseus time–cost tradeoff."""
 
 from __future__ import annotations
 
-from kareus.methods.profiling import clock_tradeoff_plans
+from kareus.methods.profiling import TradeoffSettings, clock_tradeoff_plans
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
 
@@ -12,6 +12,11 @@ class NanobatchPerseus:
     """Perseus's clock per instruction on top of nanobatched overlap."""
 
     name = "nanobatch-perseus"
+    Settings = TradeoffSettings
+
+    def __init__(self, settings: TradeoffSettings | None = None) -> None:
+        self.settings = TradeoffSettings() if settings is None else settings
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
-        return clock_tradeoff_plans(problem, nanobatched=True, label="nanobatch-perseus")
+        return clock_tradeoff_plans(problem, nanobatched=True, label="nanobatch-perseus",
+                                    settings=self.settings)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kareus.methods.profiling import clock_tradeoff_plans
+from kareus.methods.profiling import TradeoffSettings, clock_tradeoff_plans
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
 
@@ -20,9 +20,14 @@ class Perseus:
     """Perseus on the problem's backend (clock per instruction, no overlap)."""
 
     name = "perseus"
+    Settings = TradeoffSettings
+
+    def __init__(self, settings: TradeoffSettings | None = None) -> None:
+        self.settings = TradeoffSettings() if settings is None else settings
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
-        return clock_tradeoff_plans(problem, nanobatched=False, label="perseus")
+        return clock_tradeoff_plans(problem, nanobatched=False, label="perseus",
+                                    settings=self.settings)
 
     def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,
                    static_power_w: float, *, unit_time_s: float,

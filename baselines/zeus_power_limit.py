@@ -5,9 +5,22 @@ sweep is also a frontier; the pick is marked in the plan's ``meta``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kareus.errors import InputError
 from kareus.plan import IterationPlan
-from kareus.plugins import Problem
+from kareus.plugins import OptimizerSettings, Problem, require
+
+
+@dataclass(frozen=True)
+class ZeusSettings(OptimizerSettings):
+    """Zeus's settings."""
+
+    eta: float = 0.5
+    """η of Zeus's cost ``η·E + (1 − η)·P_max·T``, in [0, 1]: 1 weighs energy alone, 0 time."""
+
+    def check(self) -> None:
+        require(0.0 <= self.eta <= 1.0, "eta", "in [0, 1]", self.eta)
 
 
 def zeus_cost(energy_j: float, time_s: float, eta: float, max_power_w: float) -> float:
@@ -19,11 +32,13 @@ class ZeusPowerLimit:
     """Sweep the power limit at the maximum clock, no overlap."""
 
     name = "zeus-power-limit"
+    Settings = ZeusSettings
+
+    def __init__(self, settings: ZeusSettings | None = None) -> None:
+        self.settings = ZeusSettings() if settings is None else settings
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
-        eta = float(problem.options.get("eta", 0.5))  # type: ignore[arg-type]
-        if not 0.0 <= eta <= 1.0:
-            raise InputError(f"zeus eta must be in [0, 1], got {eta}")
+        eta = self.settings.eta
         limits = problem.knobs.power_limits_w
         if not limits:
             raise InputError("knob space has no power limits to sweep")

@@ -15,7 +15,7 @@ import click
 
 from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
-from kareus.suite.options import JOB_SHAPE_OPTIONS
+from kareus.suite.options import JOB_SHAPE_OPTIONS, SET_OPTION
 
 
 #: The job fields commands report (``--json``'s ``parallel``).
@@ -253,19 +253,27 @@ def optimizers(as_json: bool) -> None:
 @click.option("--solver", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
               help="Time-cost solver: fast folds long pipelines' steady state; exact solves "
                    "the whole 1F1B DAG step for step as lowtime does.")
+@SET_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
-             allow_clock_control: bool, export_dir: str | None, solver: str, strict: bool,
-             as_json: bool, **overrides: int | None) -> None:
+             allow_clock_control: bool, export_dir: str | None, solver: str,
+             settings: tuple[str, ...], strict: bool, as_json: bool,
+             **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
     from kareus.plugins import load_optimizer
     from kareus.suite.harness import pick_within, run_optimizer
+    from kareus.suite.options import parse_settings
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
 
+    if any(pair.partition("=")[0].strip() == "solver" for pair in settings):
+        raise InputError("--set solver: use --solver fast|exact")
+    options: dict[str, object] = {"solver": solver,
+                                  **parse_settings(settings, [optimizer_name])}
+    opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
@@ -277,12 +285,11 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
 
     with terminal_progress(not as_json) as progress:
         problem = make_problem(workload, gpu=gpu, backend=backend, seed=seed,
-                               options={"solver": solver}, progress=progress,
+                               options=options, progress=progress,
                                backend_options={"allow_clock_control": True}
                                if allow_clock_control else None,
                                **{k: v for k, v in overrides.items() if v is not None})
         warn(problem.workload.memory_warnings(problem.gpu.memory_bytes, strict))
-        opt = load_optimizer(optimizer_name)
         run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
         from kareus.errors import AllOptimizersFailed

@@ -5,19 +5,33 @@ Built-ins and third-party optimizers register the same way: an entry point in th
 ``kareus.optimizers`` naming the class (see ``pyproject.toml`` and ``examples/``). The harness
 evaluates every returned plan on the problem's backend; optimizers may also call the backend
 themselves (to profile, or to pick among candidates).
+
+**Settings.** An optimizer with settings declares them as a class attribute ``Settings``: a
+frozen dataclass (subclass :class:`OptimizerSettings`), one typed field with a default per
+setting. The registry (:func:`load_optimizer`) builds it once from the run's option dict
+(``Problem.options``, from the command line's ``--set NAME=VALUE``): it takes the keys the
+dataclass declares and ignores the others (several optimizers of one run share the dict), converts
+each value to its field's type, checks it (:meth:`OptimizerSettings.check`) and hands the
+instance to the class: ``cls(settings)``. A bad value is :class:`~kareus.errors.InputError`, one
+line naming the optimizer, the setting and what it must be. An optimizer without ``Settings`` is
+built as ``cls()`` and sees no settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, Union, runtime_checkable
 
 import pandas as pd
 
 from kareus.backends.base import Backend
-from kareus.errors import InputError
+from kareus.errors import InputError, PluginError
 from kareus.graph import IterationGraph
 from kareus.hardware.knobs import KnobSpace
 from kareus.hardware.presets import GPUPreset
@@ -39,7 +53,9 @@ class Problem:
         gpu: The GPU preset.
         knobs: The knob space.
         seed: Seed for randomised optimizers.
-        options: Optimizer-specific settings (``name -> value``), from the command line.
+        options: The run's settings as given (``name -> value``, from the command line). An
+            optimizer reads its typed view of them, the ``settings`` the registry built
+            (:func:`load_optimizer`), not this dict.
         progress: Where long work (solver steps, partition searches) reports its progress
             (:mod:`kareus.progress`); silent unless a face shows it.
     """
@@ -63,6 +79,158 @@ class Optimizer(Protocol):
     def optimize(self, problem: Problem) -> Sequence[IterationPlan]:
         """Return the plans to evaluate (at least one)."""
         ...
+
+
+# --- Typed settings ------------------------------------------------------------------------------
+
+
+def coerce_setting(name: str, kind: object, value: object) -> object:
+    """``value`` as a setting ``name`` of type ``kind`` holds it, or :class:`InputError` (one
+    line). Command-line values arrive as strings: ``int``, ``float`` and ``bool`` fields parse
+    them; a ``Literal[...]`` field takes one of its choices; ``X | None`` takes ``None`` or an
+    ``X``. Numbers must be finite, and a bool is not a number. Other types pass unchanged (the
+    dataclass's :meth:`~OptimizerSettings.check` judges them)."""
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        choices = typing.get_args(kind)
+        for c in choices:
+            if (value == c and type(value) is type(c)) or (isinstance(value, str)
+                                                          and value == str(c)):
+                return c
+        raise InputError(f"setting {name!r} must be one of: {', '.join(map(str, choices))}; "
+                         f"got {value!r}")
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(kind)
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return coerce_setting(name, rest[0], value)
+        return value
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        word = value.strip().lower() if isinstance(value, str) else None
+        if word in ("true", "yes", "on", "1"):
+            return True
+        if word in ("false", "no", "off", "0"):
+            return False
+        raise InputError(f"setting {name!r} must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise InputError(f"setting {name!r} must be an integer, got {value!r}")
+    if kind is float:
+        number: float | None = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                pass
+        if number is None or not math.isfinite(number):
+            raise InputError(f"setting {name!r} must be a finite number, got {value!r}")
+        return number
+    if kind is str:
+        if not isinstance(value, str):
+            raise InputError(f"setting {name!r} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _field_types(cls: type) -> dict[str, object]:
+    """The resolved annotation of each field of dataclass ``cls`` (unresolvable ones: ``object``,
+    passed through unchanged)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation naming something its module cannot resolve
+        hints = {}
+    return {f.name: hints.get(f.name, object) for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """Base of an optimizer's typed settings (a frozen dataclass; see the module docstring).
+
+    Subclasses declare fields with types and defaults (units in their docstrings) and override
+    :meth:`check` for what the types do not say (ranges). Building an instance converts and
+    checks every field (:func:`coerce_setting`), however it is built, so a settings object that
+    exists is valid."""
+
+    def __post_init__(self) -> None:
+        for name, kind in _field_types(type(self)).items():
+            object.__setattr__(self, name, coerce_setting(name, kind, getattr(self, name)))
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`InputError` (one line naming the setting) for a value out of range."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The settings this class declares, in order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def require(ok: bool, name: str, what: str, value: object) -> None:
+    """:class:`InputError` ``setting NAME must be WHAT, got VALUE`` unless ``ok``: the one form of
+    a settings check."""
+    if not ok:
+        raise InputError(f"setting {name!r} must be {what}, got {value!r}")
+
+
+def settings_class(cls: type) -> type | None:
+    """The settings dataclass optimizer class ``cls`` declares (its ``Settings``), or ``None``;
+    :class:`PluginError` when ``Settings`` is not a dataclass."""
+    declared = getattr(cls, "Settings", None)
+    if declared is None:
+        return None
+    if not (isinstance(declared, type) and dataclasses.is_dataclass(declared)):
+        raise PluginError(f"plugin {cls!r}: Settings must be a dataclass, got {declared!r}")
+    return declared
+
+
+def make_settings(settings_cls: type, options: Mapping[str, object], owner: str) -> object:
+    """An instance of ``settings_cls`` from ``options``: the keys it declares (the others are
+    another optimizer's, and ignored), each converted to its field's type (:func:`coerce_setting`;
+    an :class:`OptimizerSettings` does it itself), defaults for the rest. Any bad value is
+    :class:`InputError` ``OWNER: setting ...`` (one line); a field without a default must be
+    given."""
+    kinds = _field_types(settings_cls)
+    own = isinstance(settings_cls, type) and issubclass(settings_cls, OptimizerSettings)
+    given: dict[str, object] = {}
+    try:
+        for f in dataclasses.fields(settings_cls):
+            if f.name in options:
+                v = options[f.name]
+                given[f.name] = v if own else coerce_setting(f.name, kinds[f.name], v)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise InputError(f"setting {f.name!r} is required (--set {f.name}=VALUE)")
+        return settings_cls(**given)
+    except (InputError, TypeError, ValueError) as e:
+        raise InputError(f"{owner}: {e}".splitlines()[0]) from None
+
+
+def optimizer_settings(name: str) -> type | None:
+    """The settings dataclass of registered optimizer ``name`` (``None``: it has none)."""
+    return settings_class(_optimizer_class(name))
+
+
+def settings_view(name: str, options: Mapping[str, object]) -> dict[str, object]:
+    """The keys of ``options`` that registered optimizer ``name`` declares, each as its settings
+    hold it (converted and checked: :class:`InputError` for a bad one); ``{}`` when it declares
+    none of them. What a run records of ``name``'s settings (a cell's key)."""
+    declared = optimizer_settings(name) if options else None
+    if declared is None:
+        return {}
+    settings = make_settings(declared, options, name)
+    return {k: getattr(settings, k) for k in options
+            if k in {f.name for f in dataclasses.fields(declared)}}
 
 
 @runtime_checkable
@@ -101,14 +269,21 @@ def optimizer_names() -> list[str]:
     return [n for n in BUILTIN_ORDER if n in names] + sorted(set(names) - set(BUILTIN_ORDER))
 
 
-def load_optimizer(name: str) -> Optimizer:
-    """Instantiate a registered optimizer; unknown names raise :class:`InputError` listing the
-    registered ones."""
+def _optimizer_class(name: str) -> type:
     eps = registered_optimizers()
     if name not in eps:
         raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
-    cls = eps[name].load()  # type: ignore[attr-defined]
-    opt = cls()
+    cls: type = eps[name].load()  # type: ignore[attr-defined]
+    return cls
+
+
+def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Optimizer:
+    """Instantiate a registered optimizer, with its typed settings built from ``options`` when it
+    declares ``Settings`` (see the module docstring); unknown names raise :class:`InputError`
+    listing the registered ones, a bad setting :class:`InputError` naming it."""
+    cls = _optimizer_class(name)
+    declared = settings_class(cls)
+    opt = cls() if declared is None else cls(make_settings(declared, options or {}, name))
     if not isinstance(opt, Optimizer):
         raise InputError(f"plugin {name!r} ({cls!r}) has no `name` and `optimize(problem)`")
     return opt

@@ -40,7 +40,7 @@ import click
 from kareus.atomic import check_writable_dir
 from kareus.errors import AllOptimizersFailed, InputError
 from kareus.hardware.presets import DEFAULT_GPU
-from kareus.suite.options import job_shape_options
+from kareus.suite.options import SET_OPTION, job_shape_options
 from kareus.suite.sweep import make_console, run_configs, run_suite
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ def _print_tables(summary: dict) -> None:
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
               help="Cells to run in parallel (local process pool, or Ray CPUs).")
 @click.option("--executor", default="local", show_default=True, help="local | ray")
+@SET_OPTION
 @click.option("--allow-clock-control", is_flag=True,
               help="GPU backend: lock SM clocks per instruction (needs admin rights; restored "
                    "on exit). Without it, plans run at the card's current clocks.")
@@ -114,7 +115,7 @@ def _print_tables(summary: dict) -> None:
                    "of warning.")
 def command(workload: str | None, suite: str | None, gpu: str, backend: str,
             optimizers: str | None, out: str | None, seed: int, force: bool, jobs: int,
-            executor: str, allow_clock_control: bool, strict: bool,
+            executor: str, settings: tuple[str, ...], allow_clock_control: bool, strict: bool,
             **overrides: int | None) -> None:
     """Run every registered optimizer on a workload (or a suite) and print the comparison
     tables. SIGTERM stops it like Ctrl-C: finished cells are kept (exit 143; 130 for Ctrl-C)."""
@@ -122,7 +123,7 @@ def command(workload: str | None, suite: str | None, gpu: str, backend: str,
     previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
     try:
         _reproduce(workload, suite, gpu, backend, optimizers, out, seed, force, jobs, executor,
-                   allow_clock_control, strict, overrides)
+                   allow_clock_control, strict, overrides, settings)
     except KeyboardInterrupt as e:
         click.echo("interrupted: finished cells are kept; rerun the same command to resume",
                    err=True)
@@ -135,10 +136,12 @@ def command(workload: str | None, suite: str | None, gpu: str, backend: str,
 def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                optimizers: str | None, out: str | None, seed: int, force: bool, jobs: int,
                executor: str, allow_clock_control: bool, strict: bool,
-               overrides: dict[str, int | None]) -> None:
+               overrides: dict[str, int | None], settings: tuple[str, ...] = ()) -> None:
     from kareus.backends import make_backend
     from kareus.hardware.presets import get_preset
+    from kareus.plugins import settings_view
     from kareus.suite.executors import check_settings
+    from kareus.suite.options import parse_settings
     from kareus.suite.suites import get_suite
     from workloads import make_workload, workload_ref
 
@@ -146,6 +149,9 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     make_backend(backend, get_preset(gpu), **backend_options)  # validate before any work
     names = _resolve_optimizers(optimizers)
     check_settings(executor, jobs)
+    options = parse_settings(settings, names)
+    for name in names:  # every optimizer's settings, checked before any work
+        settings_view(name, options)
     if suite is not None:
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "
@@ -158,7 +164,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
         default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
         target = check_writable_dir(Path(out), "--out") if out else default
         run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
-                  backend_options)
+                  backend_options, options)
         _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
         return
     if workload is None:
@@ -174,7 +180,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
                           jobs=jobs, executor=executor,
-                          backend_options=backend_options)[cfg.label]
+                          backend_options=backend_options, options=options)[cfg.label]
     _print_tables(summary)
     make_console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
     _fail_if_all_failed({cfg.label: summary}, out_dir)

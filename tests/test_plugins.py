@@ -1,13 +1,21 @@
-"""The plugin machinery: built-ins and a third-party plugin found through entry points, and
-plugins that misbehave."""
+"""The plugin machinery: built-ins and a third-party plugin found through entry points,
+plugins that misbehave, and the optimizers' typed settings."""
 
+import json
 import sys
 import tomllib
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
 
-from kareus.errors import InputError
+import reproduce
+from kareus import plugins
+from kareus.cli import main
+from kareus.errors import InputError, PluginError
+from kareus.methods.profiling import SOLVERS, TradeoffSettings
+from kareus.methods.tradeoff import MAX_STEPS
+from kareus.optimizer.search import STRATEGIES
 from kareus.plan import IterationPlan
 from kareus.plugins import load_optimizer, optimizer_names
 from kareus.suite import harness
@@ -128,3 +136,183 @@ def test_misbehaving_plugins_fail_alone(problem, plugin, fragment):
     cmp_ = harness.compare({"megatron": ok, plugin.name: run})
     assert plugin.name not in cmp_["max_throughput_vs_megatron"]
     assert "megatron" in cmp_["max_throughput_vs_megatron"]
+
+
+# --- Typed settings ------------------------------------------------------------------------------
+
+XL = ["-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2", "--microbatches", "4"]
+
+
+class _EntryPoint:
+    def __init__(self, cls):
+        self.cls, self.name = cls, cls.name
+        self.value = f"tests.test_plugins:{cls.__name__}"
+
+    def load(self):
+        return self.cls
+
+
+@dataclass(frozen=True)
+class _PlainSettings:  # a plain dataclass: the registry converts its values all the same
+    clock_mhz: float
+    label: str = "x"
+
+
+class _Declares:
+    name = "declares"
+    Settings = _PlainSettings
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def optimize(self, problem):
+        return [IterationPlan.uniform(problem.graph, self.settings.clock_mhz,
+                                      label=self.settings.label)]
+
+
+class _Malformed:
+    name = "malformed"
+    Settings = dict
+
+    def optimize(self, problem):
+        return []
+
+
+@pytest.fixture()
+def fake_plugins(monkeypatch):
+    eps = {c.name: _EntryPoint(c) for c in (_Declares, _Malformed, _Empty)}
+    real = plugins.registered_optimizers()
+    monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
+
+
+def test_defaults_are_the_old_behaviour():
+    """What optimizers read with ``options.get(key, default)`` before settings were typed."""
+    k = load_optimizer("kareus", {}).settings
+    assert (k.solver, k.unit_ms, k.prefilter, k.max_steps, k.search, k.budget) == \
+        ("fast", 1.0, "raw", MAX_STEPS, "exhaustive", None)
+    assert load_optimizer("perseus").settings == TradeoffSettings()
+    assert load_optimizer("nanobatch-perseus").settings == TradeoffSettings()
+    assert load_optimizer("zeus-power-limit").settings.eta == 0.5
+    assert [f.name for f in fields(type(k))] == ["solver", "unit_ms", "prefilter", "max_steps",
+                                                 "search", "budget"]
+    assert SOLVERS == ("fast", "exact") and STRATEGIES == ("exhaustive", "nsga2", "surrogate")
+
+
+def test_settings_are_typed_once_and_keep_only_their_keys():
+    """Command-line strings become the fields' types; keys of other optimizers are ignored."""
+    opts = {"solver": "exact", "budget": "40", "search": "nsga2", "unit_ms": "2",
+            "eta": "0.25", "nobody": "x"}
+    k = load_optimizer("kareus", opts).settings
+    assert (k.solver, k.budget, k.search, k.unit_ms) == ("exact", 40, "nsga2", 2.0)
+    assert type(k.unit_ms) is float and type(k.budget) is int
+    assert load_optimizer("zeus-power-limit", opts).settings.eta == 0.25
+    assert load_optimizer("perseus", opts).settings == TradeoffSettings(solver="exact",
+                                                                        unit_ms=2.0)
+    assert plugins.settings_view("kareus", opts) == {"solver": "exact", "budget": 40,
+                                                     "search": "nsga2", "unit_ms": 2.0}
+    assert plugins.settings_view("megatron", opts) == {}
+    assert plugins.settings_view("perseus", {}) == {}
+
+
+@pytest.mark.parametrize("name, options, fragment", [
+    ("kareus", {"budget": "x"}, "kareus: setting 'budget' must be an integer, got 'x'"),
+    ("kareus", {"budget": 0}, "setting 'budget' must be a positive integer, got 0"),
+    ("kareus", {"budget": True}, "'budget' must be an integer"),
+    ("kareus", {"budget": 4.0}, "'budget' must be an integer"),
+    ("kareus", {"search": "annealing"}, "must be one of: exhaustive, nsga2, surrogate"),
+    ("perseus", {"solver": "slow"}, "perseus: setting 'solver' must be one of: fast, exact"),
+    ("perseus", {"unit_ms": "nan"}, "'unit_ms' must be a finite number"),
+    ("perseus", {"unit_ms": 0}, "'unit_ms' must be a positive number of ms"),
+    ("perseus", {"max_steps": "0"}, "'max_steps' must be a positive integer"),
+    ("nanobatch-perseus", {"prefilter": "strict"}, "must be one of: raw, effective"),
+    ("zeus-power-limit", {"eta": "1.5"}, "setting 'eta' must be in [0, 1], got 1.5"),
+    ("zeus-power-limit", {"eta": "high"}, "'eta' must be a finite number"),
+])
+def test_a_bad_setting_is_one_input_error(name, options, fragment):
+    with pytest.raises(InputError) as e:
+        load_optimizer(name, options)
+    assert fragment in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_a_plugin_declaring_settings_gets_a_typed_instance(fake_plugins, problem):
+    opt = load_optimizer("declares", {"clock_mhz": "1200", "solver": "exact"})
+    assert opt.settings == _PlainSettings(1200.0) and type(opt.settings.clock_mhz) is float
+    run = harness.load_and_run("declares", make_problem(
+        "gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=2, mbs=2, microbatches=4,
+        options={"clock_mhz": 1200, "label": "mine"}))
+    assert run.status == "ok" and [p.label for p in run.plans] == ["mine"]
+    with pytest.raises(InputError, match="declares: setting 'clock_mhz' is required"):
+        load_optimizer("declares", {})
+    with pytest.raises(InputError, match="'clock_mhz' must be a finite number"):
+        load_optimizer("declares", {"clock_mhz": "fast"})
+    with pytest.raises(PluginError, match="Settings must be a dataclass"):
+        load_optimizer("malformed")
+
+
+def test_a_plugin_without_settings_still_works(fake_plugins, problem):
+    assert load_optimizer("empty", {"budget": "x"}).name == "empty"  # nothing of its own to check
+    megatron = load_optimizer("megatron", {"solver": "exact", "eta": "nope"})
+    assert not hasattr(megatron, "settings")
+    runs = harness.run_all(make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=2, mbs=2,
+                                        microbatches=4, options={"eta": "x"}), ["megatron"])
+    assert runs["megatron"].status == "ok"
+
+
+def test_the_example_plugin_declares_its_settings(installed_example, problem):
+    opt = load_optimizer("uniform-clock", {"min_clock_mhz": "1000", "budget": "9"})
+    assert opt.settings.min_clock_mhz == 1000.0
+    assert load_optimizer("uniform-clock").settings.min_clock_mhz == 0.0
+    run = harness.run_optimizer("uniform-clock", opt, problem)
+    assert run.status == "ok"
+    assert len(run.points) == sum(c >= 1000 for c in problem.knobs.clocks_mhz) > 0
+
+
+def test_zeus_reads_its_eta_from_the_run(problem):
+    def choice(eta):
+        p = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=2, mbs=2, microbatches=4,
+                         options={"eta": eta})
+        run = harness.run_all(p, ["zeus-power-limit"])["zeus-power-limit"]
+        plan = run.plans[run.choice["plan_id"]]
+        return plan.meta["eta"], plan.power_limit_w
+
+    (eta0, fast), (eta1, frugal) = choice("0"), choice("1")
+    assert (eta0, eta1) == (0.0, 1.0) and fast > frugal
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-o", "kareus", "--set", "budget=x"], "kareus: setting 'budget' must be an integer, got 'x'"),
+    (["-o", "kareus", "--set", "search=annealing"], "must be one of: exhaustive, nsga2"),
+    (["-o", "zeus-power-limit", "--set", "eta=2"], "setting 'eta' must be in [0, 1], got 2.0"),
+    (["-o", "perseus", "--set", "budget=3"],
+     "--set budget: no optimizer of this run (perseus) has that setting; theirs: max_steps"),
+    (["-o", "megatron", "--set", "eta=1"], "has that setting; theirs: none"),
+    (["-o", "kareus", "--set", "budget"], "--set 'budget': give NAME=VALUE"),
+    (["-o", "kareus", "--set", "budget=3", "--set", "budget=4"], "--set budget: given twice"),
+    (["-o", "kareus", "--set", "solver=exact"], "--set solver: use --solver"),
+])
+def test_frontier_refuses_a_bad_setting_in_one_line(capsys, args, fragment):
+    assert main(["frontier", *XL, *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and fragment in err
+
+
+def test_frontier_passes_settings(fake_plugins, capsys):
+    def point(clock):
+        assert main(["frontier", *XL, "-o", "declares", "--set", f"clock_mhz={clock}",
+                     "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["points"]
+
+    top, low = point(1410), point(1200)
+    assert len(top) == len(low) == 1 and low[0]["time_s"] > top[0]["time_s"]
+
+
+def test_reproduce_checks_every_setting_before_any_work(tmp_path, capsys):
+    out = tmp_path / "res"
+    code = reproduce.main(["--workload", "gpt3-xl", "--optimizers", "megatron,kareus", "--set",
+                           "budget=0", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "kareus: setting 'budget' must be a positive integer, got 0" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    code = reproduce.main(["--workload", "gpt3-xl", "--optimizers", "megatron", "--set",
+                           "budget=40", "--out", str(out)])
+    assert code == 2 and "no optimizer of this run (megatron)" in capsys.readouterr().err

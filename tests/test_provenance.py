@@ -87,8 +87,8 @@ def test_an_edited_plugin_is_recomputed(plugin, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "reusing 2 cell(s) made by kareus-suite" in err and "computing" not in err
     # keep every other clock: a different result from the same suite version, preset and seed
-    plugin.write_text(plugin.read_text().replace("for clock in problem.knobs.clocks_mhz]",
-                                                 "for clock in problem.knobs.clocks_mhz[::2]]"))
+    plugin.write_text(plugin.read_text().replace("for clock in problem.knobs.clocks_mhz if",
+                                                 "for clock in problem.knobs.clocks_mhz[::2] if"))
     sys.modules.pop("uniform_clock", None)
     assert reproduce.main(args) == 0
     err = capsys.readouterr().err
@@ -97,6 +97,15 @@ def test_an_edited_plugin_is_recomputed(plugin, tmp_path, capsys):
     second = json.loads((out / "summary.json").read_text())["optimizers"]["uniform-clock"]
     assert second["evaluated_plans"] < first["evaluated_plans"]
     assert second["made_by"]["code"]["optimizer"] != first["made_by"]["code"]["optimizer"]
+    # a setting recomputes only the cells of the optimizers that declare it (megatron has none)
+    assert reproduce.main([*args, "--set", "min_clock_mhz=1000"]) == 0
+    err = capsys.readouterr().err
+    assert "reusing 1 cell(s)" in err
+    assert "computing 1 cell(s): settings changed (uniform-clock)" in err
+    third = json.loads((out / "summary.json").read_text())["optimizers"]["uniform-clock"]
+    assert 0 < third["evaluated_plans"] < second["evaluated_plans"]
+    cell = json.loads((out / "cells" / "uniform-clock.json").read_text())
+    assert cell["key"]["options"] == {"min_clock_mhz": 1000.0}  # typed, as the plugin reads it
 
 
 def test_a_subset_run_adds_to_the_folder_and_says_why_a_metric_is_missing(tmp_path, capsys):

@@ -7,17 +7,18 @@ time and energy (dynamic plus static, what an energy meter reads), the Zeus prof
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
 
 import pandas as pd
 
 from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.graph import Direction, IterationGraph
-from kareus.errors import InputError
 from kareus.methods.tradeoff import (
     MAX_STEPS,
     Option,
+    Prefilter,
     SlackReclaimer,
     folded_microbatches,
     plan_budget,
@@ -27,6 +28,7 @@ from kareus.methods.tradeoff import (
     time_unit,
 )
 from kareus.plan import InstructionPlan, IterationPlan
+from kareus.plugins import OptimizerSettings, require
 
 if TYPE_CHECKING:
     from kareus.plugins import Problem
@@ -57,49 +59,60 @@ def profile_to_options(profile: pd.DataFrame) -> dict[tuple[int, Direction], lis
     return out
 
 
-#: How the iteration-level tradeoff is solved (``problem.options["solver"]``).
-SOLVERS = ("fast", "exact")
+#: How the iteration-level tradeoff is solved (:attr:`TradeoffSettings.solver`).
+Solver = Literal["fast", "exact"]
+SOLVERS: tuple[str, ...] = get_args(Solver)
+
+
+@dataclass(frozen=True)
+class TradeoffSettings(OptimizerSettings):
+    """Settings of the iteration-level time–cost tradeoff (Perseus, Nanobatching + Perseus and
+    Kareus declare them; ``--set NAME=VALUE``, ``kareus frontier --solver``)."""
+
+    solver: Solver = "fast"
+    """``fast`` folds the steady state of long pipelines
+    (:func:`kareus.methods.tradeoff.folded_microbatches`), coarsens the unit when a solve would
+    take more than ``max_steps`` steps (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at
+    most :func:`~kareus.methods.tradeoff.plan_budget` plans spread over the solve; ``exact``
+    solves the whole DAG as Perseus does, lowtime's steps exactly, and keeps every step."""
+    unit_ms: float = 1.0
+    """The solver's time unit (ms), Perseus's 1 ms."""
+    prefilter: Prefilter = "raw"
+    """Pareto pre-filter of each instruction type's options, on raw or static-adjusted energy
+    (:func:`kareus.methods.tradeoff.solve`)."""
+    max_steps: int = MAX_STEPS
+    """``fast`` solver: the most steps a solve may take (steps, not ms); beyond it the unit
+    coarsens."""
+
+    def check(self) -> None:
+        require(self.unit_ms > 0, "unit_ms", "a positive number of ms", self.unit_ms)
+        require(self.max_steps >= 1, "max_steps", "a positive integer", self.max_steps)
 
 
 def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list[Option]],
                    make_plan: Callable[[Hashable], InstructionPlan], label: str,
-                   reclaim_from: Mapping[tuple[int, Direction], Sequence[Option]] | None = None
-                   ) -> list[IterationPlan]:
-    """Solve the time–cost tradeoff over ``options`` on ``problem`` and return the plans.
-
-    Settings (``problem.options``): ``unit_ms`` (the time unit, 1 ms), ``prefilter`` (raw or
-    effective) and ``solver``: ``"fast"`` (default) folds the steady state of long pipelines
-    (:func:`kareus.methods.tradeoff.folded_microbatches`), coarsens the unit when a solve would
-    take more than :data:`~kareus.methods.tradeoff.MAX_STEPS` steps
-    (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at most
-    :func:`~kareus.methods.tradeoff.plan_budget` plans spread over the solve; ``"exact"`` solves
-    the whole DAG as Perseus does, lowtime's steps exactly, and keeps every step. With
+                   reclaim_from: Mapping[tuple[int, Direction], Sequence[Option]] | None = None,
+                   settings: TradeoffSettings = TradeoffSettings()) -> list[IterationPlan]:
+    """Solve the time–cost tradeoff over ``options`` on ``problem`` and return the plans, as
+    ``settings`` say (:class:`TradeoffSettings`: the solver, its time unit, the pre-filter). With
     ``reclaim_from`` (options per instruction type, those of ``options`` among them), every kept
     plan's instructions are given the least-energy one of those their slack allows
     (:class:`~kareus.methods.tradeoff.SlackReclaimer`).
     """
-    opts = problem.options
-    mode = str(opts.get("solver", "fast"))
-    if mode not in SOLVERS:
-        raise InputError(f"unknown solver {mode!r}; choose one of: {', '.join(SOLVERS)}")
     graph = problem.graph
-    fast = mode == "fast"
+    fast = settings.solver == "fast"
     p2p = problem.backend.p2p_time(graph)
-    unit = float(opts.get("unit_ms", 1.0)) / 1e3  # type: ignore[arg-type]
+    unit = settings.unit_ms / 1e3
     solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
     span = solver_span(options, graph.stages, solved, p2p)
     if fast:
-        max_steps = opts.get("max_steps", MAX_STEPS)
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise InputError(f"max_steps must be a positive integer, got {max_steps!r}")
-        unit = time_unit(span, unit, max_steps)
+        unit = time_unit(span, unit, settings.max_steps)
     task = problem.progress.start(f"{label}: solver steps", total=max(1, round(span / unit)))
     steps = []
     try:
         for step in solve(options, graph.stages, graph.microbatches, problem.gpu.static_power_w,
-                          unit_time_s=unit,
-                          prefilter=str(opts.get("prefilter", "raw")),  # type: ignore[arg-type]
-                          p2p_time_s=p2p, fast=fast):
+                          unit_time_s=unit, prefilter=settings.prefilter, p2p_time_s=p2p,
+                          fast=fast):
             steps.append(step)
             task.advance()
     finally:
@@ -111,11 +124,11 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     return plans_from_steps(steps, make_plan, label, limit, refine)
 
 
-def clock_tradeoff_plans(problem: "Problem", *, nanobatched: bool, label: str
-                         ) -> list[IterationPlan]:
+def clock_tradeoff_plans(problem: "Problem", *, nanobatched: bool, label: str,
+                         settings: TradeoffSettings = TradeoffSettings()) -> list[IterationPlan]:
     """Perseus's procedure on ``problem``: profile every instruction type per clock (sequential,
     or nanobatched with default collective schedules), solve the time–cost tradeoff
-    (:func:`tradeoff_plans`), and return one plan per solver step."""
+    (:func:`tradeoff_plans` with ``settings``), and return one plan per solver step."""
     make = lambda clock: InstructionPlan.make(float(clock), nanobatched)  # noqa: E731
     options = profile_instructions(problem.backend, problem.graph, problem.knobs.clocks_mhz, make)
-    return tradeoff_plans(problem, options, make, label)
+    return tradeoff_plans(problem, options, make, label, settings=settings)

@@ -23,24 +23,41 @@ instruction options, and the iteration-level time–cost tradeoff.
    and never raises its energy in its model of measured instruction options; a test holds the
    guarantee where nanobatching is slower and where it pays).
 
-Settings (``problem.options``): ``search`` (exhaustive | nsga2 | surrogate), ``budget``
-(configurations per partition for the sample-efficient strategies), ``prefilter`` and
-``unit_ms`` and ``solver`` as for Perseus (:func:`kareus.methods.profiling.tradeoff_plans`).
+Settings: :class:`KareusSettings`, the search strategy and its budget beside the tradeoff's
+(:class:`kareus.methods.profiling.TradeoffSettings`, as for Perseus).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from kareus.errors import InputError
 from kareus.graph import Partition
 from kareus.hardware.knobs import KnobSpace
-from kareus.methods.profiling import profile_instructions, tradeoff_plans
+from kareus.methods.profiling import TradeoffSettings, profile_instructions, tradeoff_plans
 from kareus.methods.tradeoff import Option
 from kareus.optimizer.compose import instruction_options
-from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
+from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, Strategy, make_search
 from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, InstructionPlan, IterationPlan
-from kareus.plugins import Problem
+from kareus.plugins import Problem, require
+
+
+@dataclass(frozen=True)
+class KareusSettings(TradeoffSettings):
+    """Kareus's settings: the per-partition search's beside the tradeoff's."""
+
+    search: Strategy = "exhaustive"
+    """Per-partition search strategy (:mod:`kareus.optimizer.search`): ``exhaustive`` measures
+    every configuration; ``nsga2`` and ``surrogate`` spend ``budget`` measurements."""
+    budget: int | None = None
+    """Configurations measured per partition by ``nsga2`` and ``surrogate`` (``None``: the
+    strategy's default, :func:`kareus.optimizer.search.base.resolve_budget`)."""
+
+    def check(self) -> None:
+        super().check()
+        require(self.budget is None or self.budget >= 1, "budget", "a positive integer",
+                self.budget)
 
 
 def partition_windows(n_ops: int) -> np.ndarray:
@@ -64,13 +81,11 @@ def partition_space(part: Partition, knobs: KnobSpace) -> PartitionSpace:
                           partition_windows(len(part.compute)))
 
 
-def search_partitions(problem: Problem) -> dict[Partition, SearchResult]:
+def search_partitions(problem: Problem, settings: KareusSettings = KareusSettings()
+                      ) -> dict[Partition, SearchResult]:
     """Search every distinct partition of the iteration (identical partitions of different
-    stages are searched once)."""
-    strategy = make_search(str(problem.options.get("search", "exhaustive")))
-    budget = problem.options.get("budget")
-    if budget is not None and (not isinstance(budget, int) or budget < 1):
-        raise InputError(f"search budget must be a positive integer, got {budget!r}")
+    stages are searched once) with ``settings``' strategy and budget."""
+    strategy = make_search(settings.search)
     rng = np.random.default_rng(problem.seed)
     distinct = list(dict.fromkeys(part for key in sorted(problem.graph.instruction_graphs)
                                   for part in problem.graph.instruction_graphs[key].partitions))
@@ -79,16 +94,17 @@ def search_partitions(problem: Problem) -> dict[Partition, SearchResult]:
     try:
         for part in distinct:
             ev = Evaluator(problem.backend, part, partition_space(part, problem.knobs))
-            results[part] = strategy.search(ev, budget, rng)  # type: ignore[arg-type]
+            results[part] = strategy.search(ev, settings.budget, rng)
             task.advance()
     finally:
         task.done()
     return results
 
 
-def kareus_options(problem: Problem) -> dict[tuple[int, str], list[Option]]:
+def kareus_options(problem: Problem, settings: KareusSettings = KareusSettings()
+                   ) -> dict[tuple[int, str], list[Option]]:
     """Execution options of every instruction type (steps 1 and 2)."""
-    results = search_partitions(problem)
+    results = search_partitions(problem, settings)
     return {key: instruction_options(problem.backend, problem.graph, key, results,
                                      problem.knobs.clocks_mhz)
             for key in sorted(problem.graph.instruction_graphs)}
@@ -98,9 +114,13 @@ class Kareus:
     """Joint clock and fine-grained schedule optimization (Kareus, OSDI '26)."""
 
     name = "kareus"
+    Settings = KareusSettings
+
+    def __init__(self, settings: KareusSettings | None = None) -> None:
+        self.settings = KareusSettings() if settings is None else settings
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
-        options = kareus_options(problem)
+        options = kareus_options(problem, self.settings)
         subsets = {"sequential": baseline_options(problem, nanobatched=False)}
         if default_schedules_in_space(problem):
             subsets["default schedules"] = baseline_options(problem, nanobatched=True)
@@ -108,10 +128,10 @@ class Kareus:
                  for key in options}
         same = lambda plan: plan  # noqa: E731  (the knobs are the instructions' plans)
         plans = tradeoff_plans(problem, options, same, "kareus",  # type: ignore[arg-type]
-                               reclaim_from=every)
+                               reclaim_from=every, settings=self.settings)
         for name, sub in subsets.items():
             plans += tradeoff_plans(problem, sub, same, f"kareus {name}",  # type: ignore[arg-type]
-                                    reclaim_from=every)
+                                    reclaim_from=every, settings=self.settings)
         return plans
 
 

@@ -72,14 +72,15 @@ def endpoints(time_s: ArrayLike, energy_j: ArrayLike) -> dict[str, float]:
             "T_at_E_min": float(t[j])}
 
 
-def artifact_frontier(problem: Problem, nanobatched: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(time s, energy J per GPU of each stage) of every Perseus solver step on the simulator's
-    in-situ profiles of ``problem`` (see the module docstring)."""
+def artifact_frontier(problem: Problem, nanobatched: bool, unit_ms: float = 1.0
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(time s, energy J per GPU of each stage) of every Perseus solver step, on a ``unit_ms``
+    time unit, on the simulator's in-situ profiles of ``problem`` (see the module docstring)."""
     options = profile_instructions(problem.backend, problem.graph, problem.knobs.clocks_mhz,
                                    lambda c: InstructionPlan.make(float(c), nanobatched))
     g = problem.graph
     steps = list(solve(options, g.stages, g.microbatches, problem.gpu.static_power_w,
-                       unit_time_s=float(problem.options.get("unit_ms", 1.0)) / 1e3))  # type: ignore[arg-type]
+                       unit_time_s=unit_ms / 1e3))
     return (np.array([s.real_time_s for s in steps]),
             np.array([solver_energy(s, g.stages, problem.gpu.static_power_w) for s in steps]))
 

@@ -179,14 +179,15 @@ def pick_within(run: OptimizerRun, *, time_budget_s: float | None = None,
 
 def load_and_run(name: str, problem: Problem,
                  on_plan: Callable[[int, int], None] | None = None) -> OptimizerRun:
-    """Load the registered optimizer ``name`` and run it on ``problem``. An unknown name is the
-    user's mistake and raises :class:`InputError`; a plugin that cannot even be imported is
-    recorded as failed, like one that fails while running. The suite's one plugin-loading path
-    (:func:`run_all`, :func:`kareus.suite.executors.run_task`)."""
+    """Load the registered optimizer ``name``, its typed settings built from ``problem.options``
+    (:func:`kareus.plugins.load_optimizer`), and run it on ``problem``. An unknown name or a bad
+    setting is the user's mistake and raises :class:`InputError`; a plugin that cannot even be
+    imported is recorded as failed, like one that fails while running. The suite's one
+    plugin-loading path (:func:`run_all`, :func:`kareus.suite.executors.run_task`)."""
     from kareus.plugins import load_optimizer
 
     try:
-        opt = load_optimizer(name)
+        opt = load_optimizer(name, problem.options)
     except InputError:
         raise
     except Exception as e:  # broken plugin import: it fails alone

@@ -1,13 +1,17 @@
 """Command-line options shared by the faces (``kareus`` and ``reproduce.py``): the job's whole
-shape beyond its parallel degrees. Each option's value is passed as a keyword to
-:func:`workloads.make_workload`; ``None`` keeps the job's default."""
+shape beyond its parallel degrees (each option's value is passed as a keyword to
+:func:`workloads.make_workload`; ``None`` keeps the job's default), and the optimizers' settings
+(``--set NAME=VALUE``, :func:`parse_settings`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
+
+from kareus.errors import InputError
 
 
 def _stage_layers(ctx: click.Context, param: click.Parameter, value: str | None
@@ -57,3 +61,41 @@ def job_shape_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+
+
+#: ``--set NAME=VALUE``: an optimizer setting (repeatable), shared by ``kareus frontier`` and
+#: ``reproduce.py``.
+SET_OPTION = click.option(
+    "--set", "settings", multiple=True, metavar="NAME=VALUE",
+    help="An optimizer setting, repeatable (e.g. --set search=nsga2 --set budget=40); each "
+         "optimizer takes the ones it declares (its Settings, docs/architecture.md).")
+
+
+def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str, str]:
+    """``--set NAME=VALUE`` pairs as ``{NAME: VALUE}`` (values stay strings: each optimizer's
+    settings convert and check them, :func:`kareus.plugins.load_optimizer`). :class:`InputError`
+    (one line) for a pair without ``=``, a name given twice, or a name that none of
+    ``optimizers`` declares (listing those they do)."""
+    from kareus.plugins import optimizer_settings
+
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise InputError(f"--set {pair!r}: give NAME=VALUE")
+        if name in out:
+            raise InputError(f"--set {name}: given twice")
+        out[name] = value.strip()
+    if out:
+        declared: dict[str, list[str]] = {}
+        for opt in optimizers:
+            cls = optimizer_settings(opt)
+            for f in dataclasses.fields(cls) if cls is not None else ():
+                declared.setdefault(f.name, []).append(opt)
+        for name in out:
+            if name not in declared:
+                known = ", ".join(sorted(declared)) or "none"
+                raise InputError(f"--set {name}: no optimizer of this run ({', '.join(optimizers)}) "
+                                 f"has that setting; theirs: {known}")
+    return out

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,9 +75,14 @@ def model_fields(workload: str) -> dict | None:
 
 def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[str], seed: int,
                 *, force: bool = False, jobs: int = 1, executor: str = "local",
-                backend_options: dict | None = None) -> dict[str, dict]:
+                backend_options: dict | None = None,
+                options: Mapping[str, object] | None = None) -> dict[str, dict]:
     """Run (or reuse) every (configuration, optimizer) cell, then write each configuration's
     results; returns the summaries by configuration label.
+
+    ``options``: the optimizers' settings (``--set``); each cell gets, and its key records, the
+    ones its optimizer declares, typed (:func:`kareus.plugins.settings_view`), so a setting
+    invalidates only the cells of optimizers that have it.
 
     A stored cell is reused only when its key (:func:`cell_key`, code hashes included) matches;
     the run says how many it reuses, who made them, and why the others are computed. The
@@ -108,9 +114,10 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
         model = model_fields(cfg.workload)
         others = [n for n in store.optimizers(cfg.label) if n not in names]
         for name in [*names, *others]:
+            own = _own_settings(name, options or {}) if name in registered else {}
             try:
                 key = cell_key(cfg.workload, cfg.gpu or gpu, backend, name, seed, cfg.overrides,
-                               cfg.gpu_overrides, model=model, hasher=hasher)
+                               cfg.gpu_overrides, own, model=model, hasher=hasher)
             except (InputError, ModuleNotFoundError):  # a plugin no longer installed
                 left_out.setdefault("optimizer not installed", []).append(f"{cfg.label}: {name}")
                 continue
@@ -138,7 +145,7 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
                                   store_root=str(root),
                                   overrides={k: (list(v) if isinstance(v, tuple) else v)
                                              for k, v in cfg.overrides.items()},
-                                  gpu_overrides=dict(cfg.gpu_overrides),
+                                  gpu_overrides=dict(cfg.gpu_overrides), options=own,
                                   backend_options=dict(backend_options or {})))
         shown[cfg.label] = [n for n in registered if n in names or (cfg.label, n) in records]
     console = make_console(stderr=True)
@@ -168,6 +175,21 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     if interrupted is not None:
         raise interrupted
     return summaries
+
+
+def _own_settings(name: str, options: Mapping[str, object]) -> dict[str, object]:
+    """The settings of ``options`` optimizer ``name`` declares, typed
+    (:func:`kareus.plugins.settings_view`; a bad value raises :class:`InputError`); ``{}`` for a
+    plugin that cannot be imported (its cell fails alone, or is left out)."""
+    from kareus.errors import InputError
+    from kareus.plugins import settings_view
+
+    try:
+        return settings_view(name, options)
+    except InputError:
+        raise
+    except Exception:  # a broken or uninstalled plugin: not this function's to report
+        return {}
 
 
 def reuse_lines(reused: list[dict], why_computed: dict[str, list[str]],
@@ -235,15 +257,18 @@ def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], 
 
 def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, out: Path,
               force: bool, jobs: int = 1, executor: str = "local",
-              backend_options: dict | None = None) -> Path:
-    """Every configuration of a suite, then the suite's tables, figures and metadata."""
+              backend_options: dict | None = None,
+              options: Mapping[str, object] | None = None) -> Path:
+    """Every configuration of a suite, then the suite's tables, figures and metadata
+    (``options``: the optimizers' settings, :func:`run_configs`)."""
     from kareus.suite import report
     from kareus.suite.suites import PAPER_HEADLINES, get_suite
 
     configs = get_suite(suite)
     t0 = time.perf_counter()
     summaries = run_configs(configs, out, gpu, backend, names, seed, force=force, jobs=jobs,
-                            executor=executor, backend_options=backend_options)
+                            executor=executor, backend_options=backend_options,
+                            options=options)
     console = make_console(stderr=True)
     import pandas as pd
 

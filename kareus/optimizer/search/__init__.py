@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from kareus.errors import InputError
 from kareus.optimizer.search.base import Evaluator, PartitionSearch, PartitionSpace, SearchResult
 
-STRATEGIES = ("exhaustive", "nsga2", "surrogate")
+#: The strategies' names (Kareus's ``search`` setting).
+Strategy = Literal["exhaustive", "nsga2", "surrogate"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 
 def make_search(name: str) -> PartitionSearch:
@@ -28,4 +32,4 @@ def make_search(name: str) -> PartitionSearch:
 
 
 __all__ = ["Evaluator", "PartitionSearch", "PartitionSpace", "SearchResult", "STRATEGIES",
-           "make_search"]
+           "Strategy", "make_search"]
