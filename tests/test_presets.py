@@ -152,3 +152,87 @@ def test_calibrate_write_preset_rewrites_the_gpu_file(user_dir, capsys, monkeypa
     assert P.partition_op_factors("my-a100", spec.sha256).op_work == (1.5,) * n
     assert {p: p.read_text() for p in P.BUILTIN_DIR.glob("*.json")} == builtin
     assert main(["calibrate", "--gpu-measure", "--gpu", "my-a100", "--write-preset"]) == 2
+
+
+# --- The shared file: the host's and the framework's values, once ------------------------------
+
+SHARED_FIELDS = ("host_eager_op_s", "host_issue_call_s", "iteration_host_fraction")
+
+
+def test_shared_values_live_in_one_file_and_every_gpu_takes_them():
+    text = P.SHARED_FILE.read_text()
+    assert P._dumps(json.loads(text)) == text  # canonical, like the GPU files
+    shared = P.load_shared()
+    assert set(shared) == set(SHARED_FIELDS)
+    for path in P.preset_files():
+        raw = json.loads(path.read_text())
+        assert not set(SHARED_FIELDS) & set(raw["host"]), path  # no copies left
+        preset, _ = P.load_preset_file(path)
+        for n in SHARED_FIELDS:
+            assert (getattr(preset, n), preset.sources[n]) == \
+                (shared[n]["value"], shared[n]["source"])
+
+
+def test_a_new_gpu_file_takes_the_shared_values_or_sets_its_own(user_dir):
+    _copy("a40", "plain-gpu", user_dir)
+
+    def own(raw):
+        raw["host"]["host_eager_op_s"] = {"value": 9e-05, "source": "measured: my host"}
+    path = _copy("a40", "own-host", user_dir, own)
+    P.reload_presets()
+    shared = P.load_shared()
+    assert P.get_preset("plain-gpu").host_eager_op_s == shared["host_eager_op_s"]["value"]
+    mine = P.get_preset("own-host")
+    assert (mine.host_eager_op_s, mine.sources["host_eager_op_s"]) == (9e-05, "measured: my host")
+    assert mine.iteration_host_fraction == shared["iteration_host_fraction"]["value"]
+    # written back, a GPU file keeps its own value and leaves the shared ones out
+    assert P.preset_to_dict(mine)["host"] == json.loads(path.read_text())["host"]
+
+
+def test_refitting_a_shared_value_is_a_one_file_diff(tmp_path):
+    gpu = tmp_path / "a100-sxm4-80gb.json"
+    gpu.write_text(P.preset_path("a100-sxm4-80gb").read_text())
+    shared = tmp_path / "host.json"
+    shared.write_text(P.SHARED_FILE.read_text())
+    before = gpu.read_text()
+    diff = P.update_preset_file(
+        "a100-sxm4-80gb", {"host_eager_op_s": (8.1e-05, "fitted: a test"),
+                           "hbm_efficiency": (0.7, "fitted: a test")},
+        path=gpu, shared_path=shared)
+    files = [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")]
+    assert files == [str(shared), str(gpu)]  # the shared value in the shared file only
+    moved = [ln for ln in diff.splitlines() if ln[:1] == "+" and ln[:3] != "+++"]
+    assert len(moved) == 2 and '"host_eager_op_s": {"value": 8.1e-05' in moved[0]
+    assert gpu.read_text() != before and "host_eager_op_s" not in gpu.read_text()
+    values = P.load_shared(shared)
+    for other in ("a40", "h100-sxm"):  # every GPU follows
+        preset, _ = P.load_preset_file(P.preset_path(other), values)
+        assert preset.host_eager_op_s == 8.1e-05
+    # the packaged files are untouched
+    assert P.get_preset("a100-sxm4-80gb").host_eager_op_s == 7.544e-05
+    # a GPU file that sets the field itself is where its refit goes
+    raw = json.loads(gpu.read_text())
+    raw["host"]["host_eager_op_s"] = {"value": 9e-05, "source": "measured: this host"}
+    gpu.write_text(P._dumps(raw))
+    shared_before = shared.read_text()
+    diff = P.update_preset_file("a100-sxm4-80gb", {"host_eager_op_s": (9.5e-05, "fitted: b")},
+                                path=gpu, shared_path=shared)
+    assert [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")] == [str(gpu)]
+    assert shared.read_text() == shared_before
+
+
+def test_a_malformed_shared_file_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "host.json"
+    raw = json.loads(P.SHARED_FILE.read_text())
+    raw["host"]["host_eager_op_s"]["value"] = -1.0
+    bad.write_text(json.dumps(raw))
+    monkeypatch.setattr(P, "SHARED_FILE", bad)
+    P.reload_presets()
+    try:
+        assert main(["gpus"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(bad) in err
+        assert "host.host_eager_op_s must be a non-negative number" in err
+    finally:
+        monkeypatch.undo()
+        P.reload_presets()

@@ -5,9 +5,12 @@ GPUs, in the folder ``$KAREUS_GPU_DIR`` names), grouped as :data:`GROUPS` says (
 links and collectives, overlap per kernel class, host, power), every value with its source:
 ``datasheet`` (vendor specification), ``published`` (a measurement in a paper), ``fitted`` (the
 command and the measurement it was fitted on), ``derived`` (computed from other entries, the rule
-stated), ``definition`` or ``assumed`` (a modelling prior with its reasoning). Refits write the
-files (:func:`update_preset_file`: ``kareus calibrate --partition-sweep ... --write-preset``,
-``benchmarks/fidelity.py --fit/--fit-megatron --write-preset``), so a refit is a one-file diff. In
+stated), ``definition`` or ``assumed`` (a modelling prior with its reasoning). What belongs to
+the host and the framework rather than the GPU, and so is the same for every GPU, lives once in
+``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form); every GPU file takes those values
+unless it sets its own. Refits write the files (:func:`update_preset_file`: ``kareus calibrate
+--partition-sweep ... --write-preset``, ``benchmarks/fidelity.py --fit/--fit-megatron
+--write-preset``), a shared value to the shared file only, so a refit is a one-file diff. In
 memory a preset is the flat, frozen :class:`GPUPreset` the simulator reads.
 """
 
@@ -252,7 +255,10 @@ class PartitionOpFactors:
 # ``.json``), one object per group of :data:`GROUPS`, each entry ``{"value": ..., "source":
 # "kind: where the number comes from"}``, and optionally ``partition_op_factors``: the per-op
 # factors of the partition fits behind the law, ``[{"spec_sha256", "op_work", "op_host",
-# "source"}]``. Refits write these files (:func:`update_preset_file`), one line per value.
+# "source"}]``. A field of the shared file (:data:`SHARED_FILE`: the host's and the framework's
+# values, grouped the same way) may be left out: the GPU takes the shared value and its source. A
+# GPU file that sets it overrides it. Refits write these files (:func:`update_preset_file`), one
+# line per value.
 
 #: The file groups and the :class:`GPUPreset` fields each holds, in file order.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -286,6 +292,9 @@ assert set(_GROUP_OF) == {f.name for f in fields(GPUPreset)} - {"name", "sources
 
 #: The built-in presets' folder (package data).
 BUILTIN_DIR = Path(__file__).with_name("gpus")
+#: The values every GPU shares, because they are the host's and the framework's (eager PyTorch,
+#: Megatron-LM), not the GPU's: ``{"description", GROUP: {field: {"value", "source"}}}``.
+SHARED_FILE = Path(__file__).with_name("host.json")
 #: Environment variable naming a folder of the user's own GPU files.
 USER_DIR_ENV = "KAREUS_GPU_DIR"
 
@@ -311,9 +320,59 @@ def _check_value(path: Path, key: str, name: str, v: object) -> object:
     return v
 
 
-def _parse(path: Path, raw: object) -> tuple[GPUPreset, dict[str, PartitionOpFactors]]:
-    """A preset file's content -> the preset and its partition op factors (by spec hash);
-    :class:`PresetError` with one line naming the file and the field otherwise."""
+#: The shared file's entries by field: ``{field: {"value": ..., "source": ...}}``.
+Shared = dict[str, dict[str, object]]
+
+
+def _entries(path: Path, raw: dict, group: str, names: tuple[str, ...], optional: bool
+             ) -> dict[str, object]:
+    """The ``group`` object of a file, its fields checked to belong there (``optional``: an
+    absent group reads as empty)."""
+    entries = raw.get(group, {} if optional else None)
+    if not isinstance(entries, dict):
+        raise PresetError(f"{path}: missing group {group!r} (an object of "
+                          "{\"field\": {\"value\": ..., \"source\": ...}})")
+    for k in entries:
+        if k not in names:
+            where = f"; it belongs in {_GROUP_OF[k]!r}" if k in _GROUP_OF else ""
+            raise PresetError(f"{path}: unknown field {group}.{k}{where}")
+    return entries
+
+
+def _entry(path: Path, key: str, name: str, e: object) -> dict[str, object]:
+    """One ``{"value", "source"}`` entry, checked; its value as the preset holds it."""
+    if not isinstance(e, dict) or set(e) != {"value", "source"}:
+        raise PresetError(f"{path}: {key} must be {{\"value\": ..., \"source\": ...}}")
+    if not isinstance(e["source"], str) or not e["source"].strip():
+        raise PresetError(f"{path}: {key} needs a source (\"kind: where it comes from\")")
+    return {"value": _check_value(path, key, name, e["value"]), "source": e["source"]}
+
+
+def load_shared(path: str | Path | None = None) -> Shared:
+    """The entries of the shared file at ``path`` [:data:`SHARED_FILE`] by field;
+    :class:`PresetError` (one line) if malformed."""
+    p = Path(path) if path is not None else SHARED_FILE
+    return _parse_shared(p, _read_json(p, "shared preset file"))
+
+
+def _parse_shared(p: Path, raw: object) -> Shared:
+    if not isinstance(raw, dict) or set(raw) - {"description", *GROUPS}:
+        raise PresetError(f"{p}: the shared file holds \"description\" and groups of "
+                          f"{', '.join(GROUPS)}")
+    out: Shared = {}
+    for group, names in GROUPS.items():
+        for n, e in _entries(p, raw, group, names, optional=True).items():
+            out[n] = _entry(p, f"{group}.{n}", n, e)
+    return out
+
+
+def _parse(path: Path, raw: object, shared: Shared | None = None
+           ) -> tuple[GPUPreset, dict[str, PartitionOpFactors]]:
+    """A preset file's content -> the preset and its partition op factors (by spec hash), the
+    fields it leaves out taken from ``shared`` [the shared file's]; :class:`PresetError` with
+    one line naming the file and the field otherwise."""
+    if shared is None:
+        shared = _shared()
     if not isinstance(raw, dict):
         raise PresetError(f"{path}: a GPU file holds one JSON object")
     name = raw.get("name")
@@ -325,25 +384,15 @@ def _parse(path: Path, raw: object) -> tuple[GPUPreset, dict[str, PartitionOpFac
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
     for group, names in GROUPS.items():
-        entries = raw.get(group)
-        if not isinstance(entries, dict):
-            raise PresetError(f"{path}: missing group {group!r} (an object of "
-                              "{\"field\": {\"value\": ..., \"source\": ...}})")
-        for k in entries:
-            if k not in names:
-                where = f"; it belongs in {_GROUP_OF[k]!r}" if k in _GROUP_OF else ""
-                raise PresetError(f"{path}: unknown field {group}.{k}{where}")
+        entries = _entries(path, raw, group, names, optional=all(n in shared for n in names))
         for n in names:
             key = f"{group}.{n}"
             e = entries.get(n)
-            if e is None:
+            if e is None and n not in shared:
                 raise PresetError(f"{path}: missing field {key}")
-            if not isinstance(e, dict) or set(e) != {"value", "source"}:
-                raise PresetError(f"{path}: {key} must be {{\"value\": ..., \"source\": ...}}")
-            if not isinstance(e["source"], str) or not e["source"].strip():
-                raise PresetError(f"{path}: {key} needs a source (\"kind: where it comes from\")")
-            values[n] = _check_value(path, key, n, e["value"])
-            sources[n] = e["source"]
+            checked = shared[n] if e is None else _entry(path, key, n, e)
+            values[n] = checked["value"]
+            sources[n] = str(checked["source"])
     factors: dict[str, PartitionOpFactors] = {}
     pof = raw.get("partition_op_factors", [])
     if not isinstance(pof, list):
@@ -363,18 +412,23 @@ def _parse(path: Path, raw: object) -> tuple[GPUPreset, dict[str, PartitionOpFac
     return preset, factors
 
 
-def load_preset_file(path: str | Path) -> tuple[GPUPreset, dict[str, PartitionOpFactors]]:
-    """Read one GPU file (see :data:`GROUPS`); :class:`PresetError` (one line) if malformed."""
-    p = Path(path)
+def _read_json(p: Path, what: str) -> object:
     try:
-        raw = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except FileNotFoundError:
-        raise PresetError(f"{p}: no such GPU file") from None
+        raise PresetError(f"{p}: no such {what}") from None
     except json.JSONDecodeError as e:
         raise PresetError(f"{p}: not valid JSON ({e.msg}, line {e.lineno})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise PresetError(f"{p}: unreadable ({type(e).__name__})") from None
-    return _parse(p, raw)
+
+
+def load_preset_file(path: str | Path, shared: Shared | None = None
+                     ) -> tuple[GPUPreset, dict[str, PartitionOpFactors]]:
+    """Read one GPU file (see :data:`GROUPS`), the fields it leaves out taken from ``shared``
+    [the shared file's, :data:`SHARED_FILE`]; :class:`PresetError` (one line) if malformed."""
+    p = Path(path)
+    return _parse(p, _read_json(p, "GPU file"), shared)
 
 
 def preset_files() -> list[Path]:
@@ -392,6 +446,15 @@ def preset_files() -> list[Path]:
 
 _cache: tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
              dict[str, Path]] | None = None
+_shared_cache: Shared | None = None
+
+
+def _shared() -> Shared:
+    """The shared file's entries, read once (:func:`reload_presets` forgets them)."""
+    global _shared_cache
+    if _shared_cache is None:
+        _shared_cache = load_shared()
+    return _shared_cache
 
 
 def _loaded() -> tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
@@ -416,8 +479,9 @@ def _loaded() -> tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFa
 def reload_presets() -> None:
     """Forget the loaded presets (after ``$KAREUS_GPU_DIR`` or a file changed); the next use
     reads the files again."""
-    global _cache
+    global _cache, _shared_cache
     _cache = None
+    _shared_cache = None
     globals().pop("PRESETS", None)
 
 
@@ -456,12 +520,14 @@ def _dumps(raw: dict[str, Any]) -> str:
     """A GPU file's text: groups in order, one line per value (so a refit's diff is one line
     per value); floats as Python's repr (exact)."""
     d = json.dumps
-    lines = ["{", f'  "name": {d(raw["name"])},']
+    lines = ["{"] + ([f'  "name": {d(raw["name"])},'] if "name" in raw else [])
     if "description" in raw:
         lines.append(f'  "description": {d(raw["description"])},')
     blocks = []
     for group in GROUPS:
-        entries = raw[group]
+        entries = raw.get(group)
+        if not entries:  # a group the shared file holds whole, or one it has nothing of
+            continue
         body = ",\n".join(f'    {d(k)}: {{"value": {d(e["value"])}, "source": {d(e["source"])}}}'
                           for k, e in entries.items())
         blocks.append(f'  {d(group)}: {{\n{body}\n  }}')
@@ -474,16 +540,22 @@ def _dumps(raw: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + ",\n".join(blocks) + "\n}\n"
 
 
-def preset_to_dict(preset: GPUPreset,
-                   op_factors: dict[str, PartitionOpFactors] | None = None) -> dict[str, Any]:
-    """The file form of ``preset`` (every field with its source)."""
+def preset_to_dict(preset: GPUPreset, op_factors: dict[str, PartitionOpFactors] | None = None,
+                   shared: Shared | None = None) -> dict[str, Any]:
+    """The file form of ``preset``: every field with its source, but for those equal (value and
+    source) to the shared file's (``shared``, [:data:`SHARED_FILE`'s]), which it takes from
+    there."""
+    shared = _shared() if shared is None else shared
     raw: dict[str, Any] = {"name": preset.name}
     for group, names in GROUPS.items():
         raw[group] = {}
         for n in names:
-            v = getattr(preset, n)
-            raw[group][n] = {"value": list(v) if isinstance(v, tuple) else v,
-                             "source": preset.sources.get(n, "")}
+            v, source = getattr(preset, n), preset.sources.get(n, "")
+            same = shared.get(n)
+            if same is None or not (type(same["value"]) is type(v) and same["value"] == v
+                                    and same["source"] == source):
+                raw[group][n] = {"value": list(v) if isinstance(v, tuple) else v,
+                                 "source": source}
     if op_factors:
         raw["partition_op_factors"] = [
             {"spec_sha256": h, "op_work": list(f.op_work), "op_host": list(f.op_host),
@@ -497,8 +569,9 @@ def write_preset(preset: GPUPreset, path: str | Path,
     from kareus.atomic import atomic_write_text
 
     p = Path(path)
-    text = _dumps(preset_to_dict(preset, op_factors))
-    _parse(p, json.loads(text))
+    shared = _shared()
+    text = _dumps(preset_to_dict(preset, op_factors, shared))
+    _parse(p, json.loads(text), shared)
     atomic_write_text(p, text)
 
 
@@ -510,25 +583,32 @@ def fitted_value(v: float) -> float:
 
 def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
                        op_factors: dict[str, PartitionOpFactors] | None = None,
-                       path: str | Path | None = None, write: bool = True) -> str:
-    """Set fields of preset ``name``'s file (``{field: (value, source)}``; ``op_factors``: per-op
+                       path: str | Path | None = None, write: bool = True,
+                       shared_path: str | Path | None = None) -> str:
+    """Set fields of preset ``name`` (``{field: (value, source)}``; ``op_factors``: per-op
     partition factors by spec hash, replacing those of the same spec) and return the unified
-    diff. A value the refit leaves unchanged keeps its line, source included, so the diff shows
-    what moved. ``path``: the file [the one the preset was read from]; ``write=False``: only the diff.
-    The result must read back (:class:`PresetError` otherwise); the loaded presets are
-    reloaded after a write."""
+    diff. A field the GPU file takes from the shared file (it does not set it itself) is set in
+    the shared file, for every GPU; the others in the GPU file. A value the refit leaves unchanged
+    keeps its line, source included, so the diff shows what moved. ``path``: the GPU file [the one
+    the preset was read from]; ``shared_path``: the shared file [:data:`SHARED_FILE`];
+    ``write=False``: only the diff. The results must read back (:class:`PresetError` otherwise);
+    the loaded presets are reloaded after a write."""
     import difflib
 
     p = Path(path) if path is not None else preset_path(name)
-    old = p.read_text()
-    raw = json.loads(old)
+    sp = Path(shared_path) if shared_path is not None else SHARED_FILE
+    old, old_shared = p.read_text(), sp.read_text()
+    raw, raw_shared = json.loads(old), json.loads(old_shared)
     for field_name, (value, source) in changes.items():
         if field_name not in _GROUP_OF:
             raise PresetError(f"unknown preset parameter {field_name!r}")
+        group = _GROUP_OF[field_name]
+        own = field_name in raw.get(group, {}) or field_name not in raw_shared.get(group, {})
+        target = raw if own else raw_shared
         value = list(value) if isinstance(value, tuple) else value
-        entry = raw[_GROUP_OF[field_name]].get(field_name)
+        entry = target.setdefault(group, {}).get(field_name)
         if not (isinstance(entry, dict) and entry.get("value") == value):
-            raw[_GROUP_OF[field_name]][field_name] = {"value": value, "source": source}
+            target[group][field_name] = {"value": value, "source": source}
     old_factors = {f.get("spec_sha256"): f for f in raw.get("partition_op_factors", [])
                    if isinstance(f, dict)}
     for h, f in (op_factors or {}).items():
@@ -539,12 +619,17 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
                               "op_host": list(f.op_host), "source": f.source}
     if old_factors:
         raw["partition_op_factors"] = list(old_factors.values())
-    new = _dumps(raw)
-    _parse(p, json.loads(new))
-    if write and new != old:
+    new, new_shared = _dumps(raw), _dumps(raw_shared)
+    # both must read back, the GPU file on the new shared values
+    _parse(p, json.loads(new), _parse_shared(sp, json.loads(new_shared)))
+    if write and (new != old or new_shared != old_shared):
         from kareus.atomic import atomic_write_text
 
-        atomic_write_text(p, new)
+        if new_shared != old_shared:
+            atomic_write_text(sp, new_shared)
+        if new != old:
+            atomic_write_text(p, new)
         reload_presets()
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                        str(p), str(p)))
+    return "".join(difflib.unified_diff(old_shared.splitlines(True), new_shared.splitlines(True),
+                                        str(sp), str(sp))) + \
+        "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(p), str(p)))
