@@ -221,18 +221,18 @@ def test_refitting_a_shared_value_is_a_one_file_diff(tmp_path):
     assert shared.read_text() == shared_before
 
 
-def test_a_malformed_shared_file_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+def test_a_malformed_shared_file_is_refused_in_one_line(tmp_path):
     bad = tmp_path / "host.json"
     raw = json.loads(P.SHARED_FILE.read_text())
     raw["host"]["host_eager_op_s"]["value"] = -1.0
     bad.write_text(json.dumps(raw))
-    monkeypatch.setattr(P, "SHARED_FILE", bad)
-    P.reload_presets()
-    try:
-        assert main(["gpus"]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and str(bad) in err
-        assert "host.host_eager_op_s must be a non-negative number" in err
-    finally:
-        monkeypatch.undo()
-        P.reload_presets()
+    with pytest.raises(PresetError) as e:
+        P.load_shared(bad)
+    assert len(str(e.value).splitlines()) == 1 and str(bad) in str(e.value)
+    assert "host.host_eager_op_s must be a non-negative number" in str(e.value)
+    bad.write_text(json.dumps({"host": {}, "name": "x"}))
+    with pytest.raises(PresetError, match="the shared file holds"):
+        P.load_shared(bad)
+    bad.write_text(json.dumps({"host": {"knee_mhz": {"value": 1, "source": "x: y"}}}))
+    with pytest.raises(PresetError, match="unknown field host.knee_mhz; it belongs in 'power'"):
+        P.load_shared(bad)
