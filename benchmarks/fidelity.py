@@ -295,7 +295,9 @@ def _nanobatching_ratio_errors(df: pd.DataFrame) -> np.ndarray:
 
 def _least_squares(bounds: dict[str, tuple[float, float]], start: dict[str, float],
                    resid_of: Callable[[dict[str, float]], np.ndarray],
-                   tol: float = 1e-3) -> dict[str, float]:
+                   tol: float = 1e-3, max_nfev: int = 30) -> dict[str, float]:
+    """Least squares of ``resid_of`` over ``bounds`` from ``start``; ``max_nfev``: the fit's
+    budget (residual evaluations)."""
     from scipy.optimize import least_squares
 
     names = list(bounds)
@@ -304,7 +306,7 @@ def _least_squares(bounds: dict[str, tuple[float, float]], start: dict[str, floa
     x0 = np.clip([start[n] for n in names], lo, hi)
     # x_scale="jac": the parameters span nine orders of magnitude (W, fractions, s)
     res = least_squares(lambda x: resid_of(dict(zip(names, map(float, x)))), x0,
-                        bounds=(lo, hi), diff_step=3e-2, ftol=tol, xtol=tol, max_nfev=30,
+                        bounds=(lo, hi), diff_step=3e-2, ftol=tol, xtol=tol, max_nfev=max_nfev,
                         x_scale="jac")
     return dict(zip(names, map(float, res.x)))
 

@@ -144,7 +144,8 @@ class _Model:
 
 
 def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float | None = None,
-              power_limit_w: float | None = None, clock_limits: bool = True) -> CalibrationResult:
+              power_limit_w: float | None = None, clock_limits: bool = True,
+              max_nfev: int = 4000) -> CalibrationResult:
     """Fit the GPU-level laws and per-instruction scales to a validated profile.
 
     Args:
@@ -155,6 +156,8 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
         clock_limits: Also fit the sustained-clock ceiling and the average power the cap holds
             (at most ``power_limit_w``); ``False`` is the earlier law (no ceiling, the cap at the
             board limit).
+        max_nfev: The fit's budget: residual evaluations each of the three least-squares starts
+            (one per knee guess) may spend.
     """
     static_w = preset.static_power_w if static_power_w is None else static_power_w
     cap_w = preset.power_limit_w if power_limit_w is None else power_limit_w
@@ -207,7 +210,7 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
     for knee in (0.65, 0.75, 0.85):  # the knee's loss surface has local minima
         x_law[1] = knee * f_max
         x0 = np.concatenate([x_law, np.log(tau0), np.log(alpha0)])
-        r = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=4000)
+        r = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=max_nfev)
         if fit is None or r.cost < fit.cost:
             fit = r
     law, tau, alpha = unpack(fit.x)
