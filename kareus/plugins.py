@@ -72,7 +72,8 @@ class Problem:
 
 @runtime_checkable
 class Optimizer(Protocol):
-    """The plugin protocol."""
+    """The plugin protocol. An optimizer with settings also has a class attribute ``Settings``
+    (a dataclass) and a constructor taking its instance (see the module docstring)."""
 
     name: str
 
@@ -171,11 +172,6 @@ class OptimizerSettings:
     def check(self) -> None:
         """Raise :class:`InputError` (one line naming the setting) for a value out of range."""
 
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        """The settings this class declares, in order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
-
 
 def require(ok: bool, name: str, what: str, value: object) -> None:
     """:class:`InputError` ``setting NAME must be WHAT, got VALUE`` unless ``ok``: the one form of
@@ -198,7 +194,7 @@ def settings_class(cls: type) -> type | None:
 def make_settings(settings_cls: type, options: Mapping[str, object], owner: str) -> object:
     """An instance of ``settings_cls`` from ``options``: the keys it declares (the others are
     another optimizer's, and ignored), each converted to its field's type (:func:`coerce_setting`;
-    an :class:`OptimizerSettings` does it itself), defaults for the rest. Any bad value is
+    an :class:`OptimizerSettings` does it itself), defaults for the rest. A bad value is
     :class:`InputError` ``OWNER: setting ...`` (one line); a field without a default must be
     given."""
     kinds = _field_types(settings_cls)
@@ -229,8 +225,8 @@ def settings_view(name: str, options: Mapping[str, object]) -> dict[str, object]
     if declared is None:
         return {}
     settings = make_settings(declared, options, name)
-    return {k: getattr(settings, k) for k in options
-            if k in {f.name for f in dataclasses.fields(declared)}}
+    names = {f.name for f in dataclasses.fields(declared)}
+    return {k: getattr(settings, k) for k in options if k in names}
 
 
 @runtime_checkable
