@@ -5,7 +5,7 @@ shape beyond its parallel degrees. Each option's value is passed as a keyword to
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import click
 
@@ -50,7 +50,11 @@ JOB_SHAPE_OPTIONS = [
 ]
 
 
-def job_shape_options(f: Callable[..., Any]) -> Callable[..., Any]:
+#: A click command function being decorated.
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def job_shape_options(f: F) -> F:
     """Apply :data:`JOB_SHAPE_OPTIONS` (passed as keywords)."""
     for opt in reversed(JOB_SHAPE_OPTIONS):
         f = opt(f)
