@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.suite.options import JOB_SHAPE_OPTIONS, SET_OPTION
+
+if TYPE_CHECKING:
+    from kareus.hardware.presets import GPUPreset
+    from kareus.json_types import JsonObject
+
+#: A click command function being decorated.
+F = TypeVar("F", bound=Callable[..., object])
 
 
 #: The job fields commands report (``--json``'s ``parallel``).
@@ -35,7 +42,7 @@ def warn(messages: list[str]) -> None:
         click.echo(f"warning: {m}", err=True)
 
 
-def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def workload_options(f: F) -> F:
     """``--workload``, the parallelism overrides, the job's shape and ``--strict``, shared by
     every command taking a workload (``strict`` is passed as its own argument, the overrides as
     keywords)."""
@@ -63,11 +70,13 @@ def build_workload(workload: str, **overrides: object):  # noqa: ANN201
     return make_workload(workload, **overrides)
 
 
-def render(*args: Any, **kwargs: Any) -> str:
+def render(columns: Sequence[str], rows: Iterable[Sequence[object]], *,
+           title: str | None = None, caption: str | None = None,
+           left: Iterable[str] = ()) -> str:
     """A table as text (:func:`kareus.suite.tables.render`, imported when first used)."""
     from kareus.suite.tables import render as _render
 
-    return _render(*args, **kwargs)
+    return _render(columns, rows, title=title, caption=caption, left=left)
 
 
 def _emit(obj: object, as_json: bool, text: Callable[[], str]) -> None:
@@ -296,7 +305,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
 
         raise AllOptimizersFailed(f"optimizer {optimizer_name} failed: {run.error}")
     g = problem.graph
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     chosen = None
     if time_budget_s is not None or energy_budget_j is not None:
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
@@ -563,7 +572,7 @@ def _load_spec(spec_path: str | None, option: str):  # noqa: ANN202
     return PartitionSpec.load(spec_path)
 
 
-def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: Any,
+def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPreset,
                          out_path: str | None, figure_path: str | None, as_json: bool,
                          write_preset: bool = False) -> None:
     """``kareus calibrate --partition-sweep``: fit, report, write the calibration atomically."""
@@ -704,9 +713,9 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
     _emit(obj, as_json, text)
 
 
-def _gpu_measure(preset: Any, workload: str, layers: int | None, clocks: str | None,
+def _gpu_measure(preset: GPUPreset, workload: str, layers: int | None, clocks: str | None,
                  out_dir: str, partitions: bool, allow: bool, static_power: float | None,
-                 strict: bool = False, layout: dict[str, int] | None = None) -> dict:
+                 strict: bool = False, layout: dict[str, int] | None = None) -> JsonObject:
     """``kareus calibrate --gpu-measure``: profile on the GPU backend, fit, report the error.
     ``layout``: the job's parallelism and shape (``tp``, ``pp``, ``dp``, ``mbs``, ``seq``,
     ``microbatches``; the workload's defaults otherwise, e.g. TP 8)."""

@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from kareus.errors import PlanError
-from kareus.graph import Instruction, IterationGraph, one_f_one_b
+from kareus.graph import Direction, Instruction, IterationGraph, one_f_one_b
+from kareus.json_types import JsonObject, construct
 
 
 #: ``comm_sms`` value in partition grids that means "the collective library's default" (NCCL
@@ -95,20 +96,20 @@ class PartitionSchedule:
             return f"threads per block {b} must be a multiple of 32 in 32..{max_threads}"
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The schedule as JSON (``comm_sms``/``block_size`` null: the library's kernel / the
         GPU's default threads per block; ``wait_after`` null: the partition's last op)."""
         return {"comm_sms": self.comm_sms, "block_size": self.block_size,
                 "launch_slot": self.launch_slot, "wait_after": self.wait_after}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> "PartitionSchedule":
+    def from_json(d: object) -> "PartitionSchedule":
         """Inverse of :meth:`to_json`; missing fields take their defaults. Raises
         :class:`PlanError` for an unknown field (:meth:`problem`, through
         :meth:`IterationPlan.validate`, checks the values)."""
-        return PartitionSchedule(**_fields(d, "partition schedule", (),
-                                           ("comm_sms", "block_size", "launch_slot",
-                                            "wait_after")))
+        return construct(PartitionSchedule, _fields(d, "partition schedule", (),
+                                                    ("comm_sms", "block_size", "launch_slot",
+                                                     "wait_after")))
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class InstructionPlan:
     def schedule_map(self) -> dict[str, PartitionSchedule]:
         return dict(self.schedules)
 
-    def validate(self, graph: IterationGraph, key: tuple[int, str], gpu: "PlanLimits", *,
+    def validate(self, graph: IterationGraph, key: tuple[int, Direction], gpu: "PlanLimits", *,
                  max_comm_sms: int | None = None, block_size_settable: bool = True,
                  where: object = None) -> None:
         """Raise :class:`PlanError` (one line) unless this plan can run instructions of type
@@ -146,7 +147,7 @@ class InstructionPlan:
         ``gpu.comm_max_sms``; threads per block only where ``block_size_settable``).
         ``where`` names the instruction in the message (default: ``key``)."""
         where = key if where is None else where
-        ig = graph.instruction_graphs.get(key)  # type: ignore[call-overload]
+        ig = graph.instruction_graphs.get(key)
         if ig is None:
             raise PlanError(f"unknown instruction {key}; the graph has "
                             f"{sorted(graph.instruction_graphs)}")
@@ -171,28 +172,31 @@ class InstructionPlan:
                 raise PlanError(f"{where}: partition {pkey}: the backend runs NCCL kernels, "
                                 f"whose threads per block cannot be set (got {s.block_size})")
 
-    def to_json(self, ins: Instruction) -> dict[str, Any]:
+    def to_json(self, ins: Instruction) -> JsonObject:
         """One entry of the plan's JSON form: this plan as the plan of ``ins``."""
         return {"instruction": ins.direction, "microbatch": ins.microbatch,
                 "clock_mhz": self.clock_mhz, "nanobatched": self.nanobatched,
                 "partitions": {k: s.to_json() for k, s in self.schedules}}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any], stage: int) -> tuple[Instruction, "InstructionPlan"]:
+    def from_json(d: object, stage: int) -> tuple[Instruction, "InstructionPlan"]:
         """Inverse of :meth:`to_json` for an entry of stage ``stage``; raises
         :class:`PlanError` on a malformed entry."""
-        d = _fields(d, "instruction", ("instruction", "microbatch", "clock_mhz"),
+        f = _fields(d, "instruction", ("instruction", "microbatch", "clock_mhz"),
                     ("nanobatched", "partitions"))
-        direction, mb, clock = d["instruction"], d["microbatch"], d["clock_mhz"]
-        if direction not in ("forward", "backward") or not _is_int(mb) or not _is_number(clock):
+        direction, mb, clock = f["instruction"], f["microbatch"], f["clock_mhz"]
+        if direction not in ("forward", "backward") or not isinstance(mb, int) \
+                or isinstance(mb, bool) or not isinstance(clock, (int, float)) \
+                or isinstance(clock, bool):
             raise PlanError(f"plan JSON: bad instruction entry {direction!r} microbatch {mb!r} "
                             f"clock {clock!r} (forward|backward, an integer, MHz)")
-        nano = d.get("nanobatched", False)
-        parts = d.get("partitions", {})
+        nano = f.get("nanobatched", False)
+        parts = f.get("partitions", {})
         if not isinstance(nano, bool) or not isinstance(parts, Mapping):
             raise PlanError("plan JSON: nanobatched must be true or false and partitions an "
                             "object")
-        return (Instruction(stage, mb, direction),
+        d_: Direction = "forward" if direction == "forward" else "backward"
+        return (Instruction(stage, mb, d_),
                 InstructionPlan.make(clock, nano, {str(k): PartitionSchedule.from_json(v)
                                                    for k, v in parts.items()}))
 
@@ -264,9 +268,9 @@ class IterationPlan:
                 ip.validate(graph, ins.type_key, gpu, max_comm_sms=max_comm_sms,
                             block_size_settable=block_size_settable, where=ins)
 
-    def to_json(self) -> dict[str, Any]:
-        """The plan's JSON form (see the module docstring); instructions per stage in 1F1B
-        program order when the plan covers a whole 1F1B schedule, else by microbatch."""
+    def stage_programs(self) -> list[tuple[int, list[Instruction]]]:
+        """The plan's instructions per stage (by stage): in 1F1B program order when the plan
+        covers a whole 1F1B schedule, else by microbatch."""
         ins = list(self.instructions)
         stages: dict[int, list[Instruction]] = {}
         if ins:
@@ -277,30 +281,39 @@ class IterationPlan:
             else:
                 for i in sorted(ins, key=lambda i: (i.stage, i.microbatch, i.direction)):
                     stages.setdefault(i.stage, []).append(i)
+        return sorted(stages.items())
+
+    def to_json(self) -> JsonObject:
+        """The plan's JSON form (see the module docstring); instructions per stage as
+        :meth:`stage_programs` orders them."""
         return {"label": self.label, "power_limit_w": self.power_limit_w,
                 "stages": [{"stage": s, "instructions": [self.instructions[i].to_json(i)
                                                          for i in seq]}
-                           for s, seq in sorted(stages.items())]}
+                           for s, seq in self.stage_programs()]}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> "IterationPlan":
+    def from_json(d: object) -> "IterationPlan":
         """Inverse of :meth:`to_json`; raises :class:`PlanError` (one line) on malformed JSON
         (it does not check the plan against a graph: :meth:`validate` does)."""
-        d = _fields(d, "plan", ("stages",), ("label", "power_limit_w"))
-        label, lim = d.get("label", ""), d.get("power_limit_w")
-        if not isinstance(label, str) or not (lim is None or _is_number(lim)):
+        f = _fields(d, "plan", ("stages",), ("label", "power_limit_w"))
+        label, lim = f.get("label", ""), f.get("power_limit_w")
+        if not isinstance(label, str) or not (
+                lim is None or (isinstance(lim, (int, float)) and not isinstance(lim, bool))):
             raise PlanError(f"plan JSON: label must be a string and power_limit_w null or "
                             f"watts, got {label!r}, {lim!r}")
-        if not isinstance(d["stages"], list):
+        stages = f["stages"]
+        if not isinstance(stages, list):
             raise PlanError("plan JSON: stages must be a list")
         instructions: dict[Instruction, InstructionPlan] = {}
-        for st in d["stages"]:
-            st = _fields(st, "stage", ("stage", "instructions"), ())
-            if not _is_int(st["stage"]) or not isinstance(st["instructions"], list):
+        for entry_of_stage in stages:
+            st = _fields(entry_of_stage, "stage", ("stage", "instructions"), ())
+            stage, entries = st["stage"], st["instructions"]
+            if not isinstance(stage, int) or isinstance(stage, bool) \
+                    or not isinstance(entries, list):
                 raise PlanError("plan JSON: a stage needs an integer stage and a list of "
                                 "instructions")
-            for entry in st["instructions"]:
-                ins, ip = InstructionPlan.from_json(entry, st["stage"])
+            for entry in entries:
+                ins, ip = InstructionPlan.from_json(entry, stage)
                 if ins in instructions:
                     raise PlanError(f"plan JSON: {ins} appears twice")
                 instructions[ins] = ip
@@ -332,7 +345,7 @@ def _is_number(v: object) -> bool:
 
 
 def _fields(d: object, what: str, required: tuple[str, ...], optional: tuple[str, ...]
-            ) -> dict[str, Any]:
+            ) -> dict[str, object]:
     """``d`` as a dict after checking it is a JSON object with the ``required`` keys and no
     keys beyond ``required + optional``; raises :class:`PlanError`."""
     if not isinstance(d, Mapping):

@@ -17,7 +17,15 @@ from kareus.backends.base import Backend
 from kareus.backends.gpu import GPUBackend
 from kareus.backends.gpu.backend import aggregate_iteration
 from kareus.backends.gpu.device import FakeDevice
-from kareus.backends.gpu.measure import MeasureConfig
+from kareus.backends.gpu.measure import MeasureConfig, WindowResult
+from kareus.backends.gpu.results import (
+    InstructionSpan,
+    PartitionResult,
+    PlanResult,
+    RankInfo,
+    StaticPowerResult,
+    result_from_dict,
+)
 from kareus.backends.gpu.runner import modes as runner_modes
 from kareus.backends.gpu.serialize import (
     NCCL_MAX_CTAS,
@@ -70,19 +78,20 @@ def test_plan_end_to_end_on_cpu(tiny, shared_fake):
     g = b.bind(tiny)
     res = b.evaluate_plan(g, IterationPlan.uniform(g, 1980.0))
     rank = b.last_run[0]
-    t = rank["time_s"] / rank["steps"]
-    assert res.time_s == pytest.approx(t) and rank["steps"] >= 2
+    assert isinstance(rank, PlanResult)
+    t = rank.window.time_s / rank.window.steps
+    assert res.time_s == pytest.approx(t) and rank.window.steps >= 2
     # the fake draws 300 W: total = measured, dynamic = measured - P_s * t (kareus.energy)
-    assert res.energy.total_j == pytest.approx(rank["energy_j"] / rank["steps"])
+    assert res.energy.total_j == pytest.approx(rank.window.energy_j / rank.window.steps)
     assert res.energy.total_j == pytest.approx(300.0 * t, rel=1e-2)
     assert res.energy.dynamic_j == pytest.approx(dynamic_from_measured(300.0 * t, 110.0, t),
                                                  rel=1e-2)
     assert res.energy.static_j == pytest.approx(110.0 * t)
     assert set(res.instruction_times) == {Instruction(0, m, d) for m in range(2)
                                           for d in ("forward", "backward")}
-    assert not rank["clocks_locked"] and "current clocks" in rank["clock_control"]
+    assert not rank.info.clocks_locked and "current clocks" in rank.info.clock_control
     assert shared_fake.calls == []  # clock control off: nothing touched
-    assert len(rank["losses"]) == 2 and all(3.0 < x < 6.0 for x in rank["losses"])
+    assert len(rank.losses) == 2 and all(3.0 < x < 6.0 for x in rank.losses)
 
 
 def test_plan_locks_clock_per_instruction_and_restores(tiny, shared_fake):
@@ -99,7 +108,9 @@ def test_plan_locks_clock_per_instruction_and_restores(tiny, shared_fake):
     body = calls[1:-2]
     assert len(body) % len(one) == 0 and body == one * (len(body) // len(one))
     assert calls[-2:] == ["reset_clock", "power_limit 700"]
-    assert b.last_run[0]["clocks_locked"] and b.last_run[0]["power_limit_applied"]
+    rank = b.last_run[0]
+    assert isinstance(rank, PlanResult)
+    assert rank.info.clocks_locked and rank.power_limit_applied
 
 
 def test_instruction_and_partition_on_cpu(tiny, shared_fake):
@@ -124,9 +135,10 @@ def test_instruction_and_partition_on_cpu(tiny, shared_fake):
     # good share of it on a loaded machine (1.3x the fake's 300 W seen under a parallel test
     # run): hold the accounting on what each rank read; test_plan_end_to_end_on_cpu holds the
     # 300 W over long windows
-    rows = [r["rows"][0] for r in b.last_run]
-    assert t == max(r["time_s"] / r["steps"] for r in rows) > 0
-    measured = float(np.mean([r["energy_j"] / r["steps"] for r in rows]))
+    rows = [r.rows[0].window for r in b.last_run if isinstance(r, PartitionResult)]
+    assert len(rows) == len(b.last_run)
+    assert t == max(r.time_s / r.steps for r in rows) > 0
+    measured = float(np.mean([r.energy_j / r.steps for r in rows]))
     assert measured > 0 and e == pytest.approx(dynamic_from_measured(measured, 110.0, t))
     with pytest.raises(PlanError, match="window"):
         b.evaluate_partition(part, np.array([1980.0]), np.array([6]), np.array([[99, 99]]))
@@ -175,12 +187,15 @@ def test_aggregate_iteration_time_max_energy_sum():
                                             microbatches=2))
     ranks = []
     for r in range(4):
-        ranks.append({"rank": r, "stage": r // 2, "tp_rank": r % 2, "dp_rank": 0,
-                      "time_s": 10.0 + r, "energy_j": 4000.0 + 100 * r, "steps": 10,
-                      "instruction_times": [[0, "forward", 0.0, 0.1]]})
+        info = RankInfo(rank=r, world=4, stage=r // 2, tp_rank=r % 2, dp_rank=0, gpu_index=r,
+                        gpu_name="fake", clocks_locked=False, clock_control="off")
+        ranks.append(PlanResult(info, WindowResult(10.0 + r, 4000.0 + 100 * r, 10),
+                                power_limit_applied=False,
+                                instruction_times=(InstructionSpan(0, "forward", 0.0, 0.1),),
+                                losses=()))
     res = aggregate_iteration(g, ranks, static_power_w=100.0)
     assert res.time_s == pytest.approx(1.3)  # max over ranks of window / iterations
-    assert res.energy.total_j == pytest.approx(sum(r["energy_j"] / 10 for r in ranks))
+    assert res.energy.total_j == pytest.approx(sum(r.window.energy_j / 10 for r in ranks))
     assert res.energy.static_j == pytest.approx(4 * 100.0 * 1.3)
     assert res.per_gpu_energy_j == {0: pytest.approx(405.0), 1: pytest.approx(425.0)}
     assert res.per_gpu_dynamic_j[0] == pytest.approx(405.0 - 130.0)
@@ -188,6 +203,14 @@ def test_aggregate_iteration_time_max_energy_sum():
                                           Instruction(1, 0, "forward")}
     with pytest.raises(RuntimeError):
         aggregate_iteration(g, ranks[:3], 100.0)
+    # the rank<r>.json form: flat, in the order the worker always wrote it
+    d = ranks[1].to_dict()
+    assert list(d) == ["rank", "world", "stage", "tp_rank", "dp_rank", "gpu_index", "gpu_name",
+                       "clocks_locked", "clock_control", "time_s", "energy_j", "steps",
+                       "sm_clock_mhz", "power_limit_applied", "instruction_times", "losses",
+                       "job_mode"]
+    assert d["instruction_times"] == [[0, "forward", 0.0, 0.1]] and d["job_mode"] == "plan"
+    assert result_from_dict(json.loads(json.dumps(d)), PlanResult) == ranks[1]
 
 
 @pytest.mark.parametrize("name,kw", [("qwen3-1.7b", {}), ("gpt3-xl", dict(tp=2, dp=2, pp=4)),
@@ -230,23 +253,37 @@ class _FakeLauncher(GPUBackend):
         return [sys.executable, "-c", self.script, str(out)]
 
 
+#: A static-power rank record (rank filled in by the script).
+_STATIC_REC = {"world": 2, "stage": 0, "tp_rank": 0, "dp_rank": 0, "gpu_index": 0,
+               "gpu_name": "fake", "clocks_locked": False, "clock_control": "off",
+               "role": "blocked_recv", "trials": [{"time_s": 1.0, "energy_j": 100.0,
+                                                   "power_w": 100.0}],
+               "power_w": 100.0, "job_mode": "static_power"}
+
+
 @pytest.mark.parametrize("script,error", [
     ("import sys,json,os; o=sys.argv[1]; os.makedirs(o); "
-     "[json.dump({'rank': r}, open(f'{o}/rank{r}.json','w')) for r in range(2)]", None),
+     f"[json.dump({{**{_STATIC_REC!r}, 'rank': r}}, open(f'{{o}}/rank{{r}}.json','w')) "
+     "for r in range(2)]", None),
     ("print('[rank1]: error: GPU 1 is busy'); raise SystemExit(1)", InputError),
     ("print('Traceback: boom'); raise SystemExit(1)", RuntimeError),
     ("import sys,json,os; o=sys.argv[1]; os.makedirs(o); "
      "json.dump({'rank': 0}, open(f'{o}/rank0.json','w'))", RuntimeError),
+    ("import sys,json,os; o=sys.argv[1]; os.makedirs(o); "
+     "[json.dump({'rank': r, 'job_mode': 'plan'}, open(f'{o}/rank{r}.json','w')) "
+     "for r in range(2)]", ValueError),
 ])
 def test_launcher_results_and_errors(script, error):
     b = _FakeLauncher(H200, visible_gpus=2, device="cpu")
     b.script = script
     job = Job("static_power")
     if error is None:
-        assert [r["rank"] for r in b.run_job(job, 2)] == [0, 1]
+        ranks = b.run_job(job, 2, StaticPowerResult)
+        assert [r.info.rank for r in ranks] == [0, 1]
+        assert json.dumps(ranks[0].to_dict()) == json.dumps({"rank": 0, **_STATIC_REC})
     else:
         with pytest.raises(error) as e:
-            b.run_job(job, 2)
+            b.run_job(job, 2, StaticPowerResult)
         if error is InputError:
             assert str(e.value) == "GPU 1 is busy"
 

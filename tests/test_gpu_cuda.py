@@ -200,7 +200,7 @@ def test_backend_measures_a_plan_on_one_gpu():
     g = b.bind(w)
     for nano in (False, True):
         res = b.evaluate_plan(g, IterationPlan.uniform(g, b.gpu.clock_max_mhz, nano))
-        rank = b.last_run[0]
+        rank = b.last_run[0].to_dict()
         assert res.time_s > 0 and res.energy.total_j > 0
         assert 30.0 < res.energy.total_j / res.time_s < 1500.0
         assert res.energy.total_j == pytest.approx(rank["energy_j"] / rank["steps"])

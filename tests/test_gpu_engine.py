@@ -222,8 +222,9 @@ def _worker(rank: int, port: int, out: str) -> None:
                       dtype="float32", fake_device=True)
             r = execute(job, os.path.join(out, f"{tag}-{nano}"))
             result[f"t-{tag}-{nano}"] = time.monotonic() - t0
-            result[f"{tag}-{nano}"] = {"losses": r["losses"], "times": r["instruction_times"],
-                                       "steps": r["steps"], "stage": r["stage"]}
+            d = r.to_dict()
+            result[f"{tag}-{nano}"] = {"losses": d["losses"], "times": d["instruction_times"],
+                                       "steps": d["steps"], "stage": d["stage"]}
     dist.destroy_process_group()
     with open(os.path.join(out, f"worker{rank}.json"), "w") as fh:
         json.dump(result, fh)

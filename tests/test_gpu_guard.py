@@ -140,7 +140,7 @@ def test_settings_snapshot_records_refusals():
 
     nvml.nvmlDeviceGetMigMode = refuse
     snap = snapshot(nvml)
-    assert snap["mig_mode"].startswith("unavailable:") and snap["persistence_mode"] == 1
+    assert str(snap.mig_mode).startswith("unavailable:") and snap.persistence_mode == 1
     assert difference(snap, snapshot(nvml)) == {}
 
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import replace
 
 from kareus.graph import (
+    Collective,
     CommOp,
     ComputeOp,
     Direction,
@@ -81,11 +82,15 @@ def gemm_op(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
     )
 
 
-def _comm(name: str, collective: str, nbytes: float, group: int,
+#: An instruction type's directions, in build order.
+_DIRECTIONS: tuple[Direction, Direction] = ("forward", "backward")
+
+
+def _comm(name: str, collective: Collective, nbytes: float, group: int,
           placement: tuple[int, int]) -> CommOp:
     """A collective over ``group`` ranks placed on ``placement = (nodes, ranks per node)``."""
     nodes, per_node = placement
-    return CommOp(name, collective, float(nbytes), group, nodes == 1,  # type: ignore[arg-type]
+    return CommOp(name, collective, float(nbytes), group, nodes == 1,
                   nodes=nodes, ranks_per_node=per_node)
 
 
@@ -200,7 +205,7 @@ class _LayerOps:
             return None
         return _comm(name, "all_reduce", self.eb * self.t * self.m.hidden, self.tp, self.tp_place)
 
-    def _cp_kv(self, name: str, collective: str) -> CommOp | None:
+    def _cp_kv(self, name: str, collective: Collective) -> CommOp | None:
         if self.cp == 1:
             return None
         gathered = self.eb * 2 * self.b * self.seq * self.hkv * self.m.head_dim  # K and V, full seq
@@ -469,19 +474,19 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
     half = _LayerOps(m, w, p.mbs // nb) if p.splits_into_nanobatches else None
     graphs: dict[tuple[int, Direction], InstructionGraph] = {}
     for stage, layers in enumerate(w.stage_layers()):
-        for direction in ("forward", "backward"):
-            blocks = _instruction_ops(full, direction)  # type: ignore[arg-type]
+        for direction in _DIRECTIONS:
+            blocks = _instruction_ops(full, direction)
             sequential = tuple(
                 Segment(compute, comm) for _, _, compute, comm in _flatten(blocks)
             )
             partitions: tuple[Partition, ...] = ()
             if half is not None:
-                segs = _flatten(_instruction_ops(half, direction))  # type: ignore[arg-type]
+                segs = _flatten(_instruction_ops(half, direction))
                 partitions = _partition_chain(segs, segs, has_cp=p.cp > 1)
             graphs[(stage, direction)] = InstructionGraph(
-                stage=stage, direction=direction, layers=layers,  # type: ignore[arg-type]
+                stage=stage, direction=direction, layers=layers,
                 sequential=sequential, partitions=partitions,
-                extra=_extra_segments(w, stage, direction),  # type: ignore[arg-type]
+                extra=_extra_segments(w, stage, direction),
             )
     p2p = None
     if p.pp > 1:

@@ -46,8 +46,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal, Protocol
 
 from workloads.errors import WorkloadError
 from workloads.models import MODELS, ModelSpec
@@ -100,7 +101,7 @@ def workload_ref(name: str) -> str:
     return str(config_file(name).resolve())
 
 
-def read_raw(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+def read_raw(path: str | os.PathLike[str]) -> tuple[Path, dict[str, object]]:
     """The config file ``path`` names and its JSON object (raises :class:`WorkloadError`)."""
     file = config_file(path)
     try:
@@ -114,7 +115,7 @@ def read_raw(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     return file, raw
 
 
-def refusal(raw: dict[str, Any]) -> str | None:
+def refusal(raw: Mapping[str, object]) -> str | None:
     """Why the architecture ``raw`` describes is unsupported (``None``: it is supported)."""
     model_type = raw.get("model_type")
     if raw.get("is_encoder_decoder"):
@@ -130,7 +131,7 @@ def refusal(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def model_name(file: Path, raw: dict[str, Any]) -> str:
+def model_name(file: Path, raw: Mapping[str, object]) -> str:
     """The derived model's name (rule in the module docstring)."""
     given = raw.get("_name_or_path")
     base = ""
@@ -163,7 +164,7 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
     except ImportError:
         raise WorkloadError(f"reading a Hugging Face config needs transformers: {EXTRA_HINT}") \
             from None
-    model_type = raw["model_type"]
+    model_type = str(raw["model_type"])  # a supported family's name (refusal() checked it)
     if model_type not in CONFIG_MAPPING:
         import transformers
 
@@ -189,10 +190,10 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
     return _spec(file, raw, cfg)
 
 
-def _check_raw(file: Path, raw: dict[str, Any], alias: dict[str, str]) -> None:
+def _check_raw(file: Path, raw: Mapping[str, object], alias: Mapping[str, str]) -> None:
     """Sizes the file gives must be positive integers that divide as attention needs, checked
     before transformers (some of its versions divide by them, or accept them silently)."""
-    def get(field: str) -> tuple[str, Any]:
+    def get(field: str) -> tuple[str, object]:
         key = alias.get(field, field)
         return key, raw.get(key)
 
@@ -205,6 +206,7 @@ def _check_raw(file: Path, raw: dict[str, Any], alias: dict[str, str]) -> None:
                             f"give them (transformers would fill in its "
                             f"{raw['model_type']} defaults, a different model)")
 
+    sizes: dict[str, tuple[str, int | None]] = {}  # field -> (the file's key, its value)
     for field, optional in (("hidden_size", False), ("num_attention_heads", False),
                             ("num_hidden_layers", False), ("vocab_size", False),
                             ("num_key_value_heads", True), ("head_dim", True),
@@ -212,11 +214,13 @@ def _check_raw(file: Path, raw: dict[str, Any], alias: dict[str, str]) -> None:
                             ("max_position_embeddings", True)):
         key, value = get(field)
         if value is None and (optional or key not in raw):
+            sizes[field] = key, None
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise WorkloadError(f"{file}: {key} must be a positive integer, got {value!r}")
-    (hk, hidden), (ak, heads), (kk, kv) = (get("hidden_size"), get("num_attention_heads"),
-                                           get("num_key_value_heads"))
+        sizes[field] = key, value
+    (hk, hidden), (ak, heads), (kk, kv) = (sizes["hidden_size"], sizes["num_attention_heads"],
+                                           sizes["num_key_value_heads"])
     if heads is not None and kv is not None and heads % kv:
         raise WorkloadError(f"{file}: {ak} = {heads} is not divisible by {kk} = {kv}")
     if raw.get("head_dim") is None and hidden is not None and heads is not None and hidden % heads:
@@ -224,7 +228,27 @@ def _check_raw(file: Path, raw: dict[str, Any], alias: dict[str, str]) -> None:
                             "(and no head_dim is given)")
 
 
-def _spec(file: Path, raw: dict[str, Any], cfg: Any) -> ModelSpec:
+class _HFConfig(Protocol):
+    """What :func:`_spec` reads of every transformers config (the family's own fields are
+    read with ``getattr``)."""
+
+    @property
+    def model_type(self) -> str: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
     """Map a transformers config of a supported family to a validated :class:`ModelSpec`."""
     family = cfg.model_type
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads
@@ -236,31 +260,35 @@ def _spec(file: Path, raw: dict[str, Any], cfg: Any) -> ModelSpec:
                                 "attention heads (and no head_dim is given)")
         head_dim = hidden // heads
     context = getattr(cfg, "max_position_embeddings", None) or NATIVE_SEQ_CAP
-    common: dict[str, Any] = dict(
-        name=model_name(file, raw), hidden=hidden, heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
-        native_seq=min(context, NATIVE_SEQ_CAP),
-        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)))
+    native_seq = min(context, NATIVE_SEQ_CAP)
+    tied_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+    mlp: Literal["gelu", "swiglu"]
+    norm: Literal["layernorm", "rmsnorm"]
+    qk_norm = alibi = embedding_norm = False
     if family == "bloom":
-        common["native_seq"] = _BLOOM_SEQ
-        common["tied_embeddings"] = True
-        spec = ModelSpec(**common, ffn=4 * hidden, mlp="gelu", norm="layernorm", rope=False,
-                         alibi=True, embedding_norm=True)
+        native_seq, tied_embeddings = _BLOOM_SEQ, True
+        ffn, mlp, norm, rope, alibi, embedding_norm = 4 * hidden, "gelu", "layernorm", False, \
+            True, True
     elif family in _LLAMA_LIKE:
         act = getattr(cfg, "hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise WorkloadError(f"{file}: hidden_act {act!r} is not supported for {family} "
                                 "(gated MLP: SwiGLU, silu, only)")
-        spec = ModelSpec(**common, ffn=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm",
-                         qk_norm=family == "qwen3", rope=True)
+        ffn, mlp, norm = getattr(cfg, "intermediate_size"), "swiglu", "rmsnorm"
+        qk_norm, rope = family == "qwen3", True
     else:  # gpt2, gpt_neox
         act = getattr(cfg, "activation_function" if family == "gpt2" else "hidden_act", "gelu")
         if not str(act).startswith("gelu"):
             raise WorkloadError(f"{file}: activation {act!r} is not supported for {family} "
                                 "(GELU only)")
-        ffn = (cfg.n_inner or 4 * hidden) if family == "gpt2" else cfg.intermediate_size
-        spec = ModelSpec(**common, ffn=ffn, mlp="gelu", norm="layernorm",
-                         rope=family == "gpt_neox")
+        ffn = (getattr(cfg, "n_inner") or 4 * hidden) if family == "gpt2" \
+            else getattr(cfg, "intermediate_size")
+        mlp, norm, rope = "gelu", "layernorm", family == "gpt_neox"
+    spec = ModelSpec(name=model_name(file, raw), hidden=hidden, heads=heads, kv_heads=kv_heads,
+                     head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
+                     native_seq=native_seq, tied_embeddings=tied_embeddings, ffn=ffn, mlp=mlp,
+                     norm=norm, qk_norm=qk_norm, rope=rope, alibi=alibi,
+                     embedding_norm=embedding_norm)
     _check_spec(file, spec)
     return spec
 

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kareus.graph import CommOp, ComputeOp, Partition
+from kareus.graph import Collective, CommOp, ComputeOp, Partition
 from workloads.errors import WorkloadError
 from workloads.graph_builder import attention_op, gemm_op, label_slots, memory_op
 
@@ -38,7 +38,7 @@ _REQUIRED = {"model", "tp", "batch_size", "nanobatch_size", "seq_len", "dtype", 
 _MODEL = {"hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
           "attention", "position_embedding", "norm", "head_dim"}
 _COMM = {"kind", "group_size", "bytes", "library"}
-_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+_COLLECTIVES: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 #: Fields that only describe (free text): they do not enter the spec's hash.
 _FREE_TEXT = {"description", "window", "energy"}
 
@@ -81,7 +81,7 @@ class PartitionSpec:
     seq: int
     dtype: str
     ops: tuple[str, ...]
-    comm_kind: str
+    comm_kind: Collective
     comm_group: int
     comm_bytes: int
     causal: bool
@@ -151,9 +151,10 @@ class PartitionSpec:
         if unknown_ops:
             raise _bad(path, f"unknown op(s) {', '.join(unknown_ops)}; known: "
                              f"{', '.join(_OP_BUILDERS)}")
-        kind = comm.get("kind")
-        if kind not in _COLLECTIVES:
-            raise _bad(path, f"comm.kind {kind!r} is not one of {', '.join(_COLLECTIVES)}")
+        kind_name = comm.get("kind")
+        kind = next((c for c in _COLLECTIVES if c == kind_name), None)
+        if kind is None:
+            raise _bad(path, f"comm.kind {kind_name!r} is not one of {', '.join(_COLLECTIVES)}")
         group = _int(comm, "group_size", "comm.", path)
         nbytes = _int(comm, "bytes", "comm.", path)
         if group < 2:
@@ -185,7 +186,7 @@ class PartitionSpec:
         """The partition the simulator runs: the ops of one nanobatch, the collective of the
         other."""
         ops = [_OP_BUILDERS[name](self) for name in self.ops]
-        comm = CommOp(f"tp_{self.comm_kind}", self.comm_kind, float(self.comm_bytes),  # type: ignore[arg-type]
+        comm = CommOp(f"tp_{self.comm_kind}", self.comm_kind, float(self.comm_bytes),
                       self.comm_group, intra_node=True)
         return Partition(key="spec/0", compute=label_slots(ops), comm=comm)
 

@@ -60,14 +60,14 @@ class _AllReduceForward(torch.autograd.Function):
     """All-reduce in forward, identity in backward (the output of a row-parallel layer)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor,  # type: ignore[override]
+    def forward(ctx, x: Tensor,
                 all_reduce_: Callable[[Tensor], object]) -> Tensor:
         out = x.clone()
         all_reduce_(out)
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return grad, None
 
 
@@ -76,13 +76,13 @@ class _AllReduceBackward(torch.autograd.Function):
     layer: each rank's input gradient is a partial sum over its shard of the columns)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor,  # type: ignore[override]
+    def forward(ctx, x: Tensor,
                 all_reduce_: Callable[[Tensor], object]) -> Tensor:
         ctx.all_reduce_ = all_reduce_
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         out = grad.clone()
         ctx.all_reduce_(out)
         return out, None
@@ -336,6 +336,15 @@ class GPTStage(nn.Module):
                 nn.init.normal_(emb.weight, 0.0, 0.02)
         if self.out is not None and self.out.weight is not getattr(self.wte, "weight", None):
             nn.init.normal_(self.out.weight, 0.0, 0.02)
+
+    def transformer_layers(self) -> list[TransformerLayer]:
+        """The stage's transformer layers, in order (``layers``, typed)."""
+        out: list[TransformerLayer] = []
+        for lay in self.layers:
+            if not isinstance(lay, TransformerLayer):  # pragma: no cover - built above
+                raise TypeError(f"stage layer is a {type(lay).__name__}")
+            out.append(lay)
+        return out
 
     def forward(self, x: Tensor, allreduce: Hook | None = None,
                 grad_allreduce: Hook | None = None) -> Tensor:

@@ -25,6 +25,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import SupportsFloat, SupportsIndex
 
 import pandas as pd
 
@@ -72,8 +73,10 @@ def _pct_range(values: list[float], digits: int = 1) -> str:
 
 
 def _num(x: object) -> float:
+    if not isinstance(x, (str, bytes, SupportsFloat, SupportsIndex)):
+        return math.nan  # what float() refuses with a TypeError
     try:
-        v = float(x)  # type: ignore[arg-type]
+        v = float(x)
     except (TypeError, ValueError):
         return math.nan
     return v

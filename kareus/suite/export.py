@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from kareus.graph import Instruction, IterationGraph, Partition
+from kareus.graph import IterationGraph, Partition
+from kareus.json_types import JsonObject
 from kareus.plan import IterationPlan, PartitionSchedule
 
 
@@ -22,7 +23,7 @@ def zeus_frequency_schedule(graph: IterationGraph, plan: IterationPlan
             for _, seq in sorted(graph.schedule().items())]
 
 
-def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
+def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> JsonObject:
     """The deployment view of ``plan`` (``schedules.json``): the plan's JSON form
     (:meth:`IterationPlan.to_json`; per stage, in 1F1B order, every instruction's clock,
     nanobatched and per partition key the communication SMs, ``null``: the collective library's
@@ -30,17 +31,21 @@ def partition_schedules(graph: IterationGraph, plan: IterationPlan) -> dict:
     on the partition's ops (launch before op ``launch_slot``, wait after op ``wait_after``; -1,
     -1: sequential) and the labels of those ops (``launch_before``, ``wait_after_op``, e.g.
     ``linear_0``). The plan's power limit is not part of it."""
-    form = plan.to_json()
-    for st in form["stages"]:
-        for row in st["instructions"]:
-            ins = Instruction(st["stage"], row["microbatch"], row["instruction"])
+    stages: list[JsonObject] = []
+    for stage, seq in plan.stage_programs():
+        rows: list[JsonObject] = []
+        for ins in seq:
+            ip = plan.instructions[ins]
             parts = {p.key: p for p in graph.instruction_graphs[ins.type_key].partitions}
-            for key, s in plan.instructions[ins].schedules:
-                row["partitions"][key].update(_deployed_window(s, parts.get(key)))
-    return {"workload": graph.workload, "label": form["label"], "stages": form["stages"]}
+            row = ip.to_json(ins)
+            row["partitions"] = {key: {**s.to_json(), **_deployed_window(s, parts.get(key))}
+                                 for key, s in ip.schedules}
+            rows.append(row)
+        stages.append({"stage": stage, "instructions": rows})
+    return {"workload": graph.workload, "label": plan.label, "stages": stages}
 
 
-def _deployed_window(s: PartitionSchedule, part: Partition | None) -> dict:
+def _deployed_window(s: PartitionSchedule, part: Partition | None) -> JsonObject:
     """The window of ``s`` resolved on ``part``'s ops, and the labels of its two ops."""
     n = len(part.compute) if part is not None else 0
     start, end = s.window(n) if n else (s.launch_slot, s.wait_after)

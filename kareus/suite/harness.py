@@ -169,7 +169,8 @@ def pick_within(run: OptimizerRun, *, time_budget_s: float | None = None,
             raise InputError(f"no {run.name} plan finishes within {time_budget_s:.4g} s; the "
                              f"fastest takes {pts[0].time_s:.4g} s")
         return min(ok, key=lambda p: (p.energy_j, p.time_s))
-    ok = [p for p in pts if p.energy_j <= energy_budget_j]  # type: ignore[operator]
+    assert energy_budget_j is not None  # exactly one budget is given
+    ok = [p for p in pts if p.energy_j <= energy_budget_j]
     if not ok:
         least = min(p.energy_j for p in pts)
         raise InputError(f"no {run.name} plan uses at most {energy_budget_j:.6g} J; the most "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 import click
 
@@ -54,7 +54,11 @@ JOB_SHAPE_OPTIONS = [
 ]
 
 
-def job_shape_options(f: Callable[..., Any]) -> Callable[..., Any]:
+#: A click command function being decorated.
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def job_shape_options(f: F) -> F:
     """Apply :data:`JOB_SHAPE_OPTIONS` (passed as keywords)."""
     for opt in reversed(JOB_SHAPE_OPTIONS):
         f = opt(f)

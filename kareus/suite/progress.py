@@ -11,27 +11,31 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from kareus.progress import SILENT, Progress, ProgressTask
 
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress, TaskID
+
 
 class _RichTask:
-    def __init__(self, bar: object, task_id: object) -> None:
+    def __init__(self, bar: RichProgress, task_id: TaskID) -> None:
         self._bar, self._id = bar, task_id
 
     def advance(self, amount: int = 1) -> None:
-        self._bar.advance(self._id, amount)  # type: ignore[attr-defined]
+        self._bar.advance(self._id, amount)
 
     def done(self) -> None:
-        self._bar.remove_task(self._id)  # type: ignore[attr-defined]
+        self._bar.remove_task(self._id)
 
 
 class _RichProgress:
-    def __init__(self, bar: object) -> None:
+    def __init__(self, bar: RichProgress) -> None:
         self._bar = bar
 
     def start(self, description: str, total: int | None = None) -> ProgressTask:
-        return _RichTask(self._bar, self._bar.add_task(description, total=total))  # type: ignore[attr-defined]
+        return _RichTask(self._bar, self._bar.add_task(description, total=total))
 
 
 def on_terminal() -> bool:

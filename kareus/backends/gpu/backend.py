@@ -29,14 +29,24 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
 from kareus.backends.gpu.measure import MeasureConfig
+from kareus.backends.gpu.results import (
+    InstructionResult,
+    PartitionResult,
+    PlanResult,
+    PowerTrial,
+    RankResult,
+    StaticPowerResult,
+    result_from_dict,
+)
 from kareus.backends.gpu.serialize import (
     NCCL_MAX_CTAS,
     Job,
@@ -47,8 +57,14 @@ from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.errors import InputError, PlanError
 from kareus.graph import Direction, Instruction, IterationGraph, Partition
 from kareus.hardware.presets import GPUPreset
+from kareus.json_types import JsonObject
 from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
 from workloads.parallel import Workload
+
+if TYPE_CHECKING:
+    from kareus.backends.gpu.environment import Environment
+
+R = TypeVar("R", bound=RankResult)
 
 _CLOCK_OFF = ("clock control off (no --allow-clock-control): plans run at the GPU's current "
               "clocks; plan clocks and power limits are not applied")
@@ -92,18 +108,22 @@ class GPUBackend:
         self.seed = seed
         self.gpu_name = gpu_name
         self._bound: list[tuple[IterationGraph, Workload]] = []
-        #: Raw per-rank results of the last job.
-        self.last_run: list[dict[str, Any]] = []
+        #: Per-rank results of the last job, by rank.
+        self.last_run: list[RankResult] = []
 
     # ------------------------------------------------------------------ creation
     @classmethod
-    def create(cls, gpu: GPUPreset, *, allow_clock_control: bool = False, env: Any = None,
-               announce: bool = True, accept_unlisted_gpu: bool = False,
-               **kwargs: Any) -> "GPUBackend":
+    def create(cls, gpu: GPUPreset, *, allow_clock_control: bool = False,
+               env: Environment | None = None, announce: bool = True,
+               accept_unlisted_gpu: bool = False, static_power_w: float | None = None,
+               measure: MeasureConfig | None = None, fake_device: bool = False
+               ) -> "GPUBackend":
         """A backend for the visible GPUs, after checking that they can run ``gpu``: raises
         :class:`InputError` (one line naming what is missing and the fix) without CUDA, without
         zeus/NVML, or when the visible GPU is not the preset's part (``accept_unlisted_gpu``: a
-        GPU no preset describes runs with ``gpu``; see ``check_environment``)."""
+        GPU no preset describes runs with ``gpu``; see ``check_environment``). ``env``: what
+        :func:`~kareus.backends.gpu.environment.probe_environment` found (probed here by
+        default); the other arguments are the constructor's."""
         from kareus.backends.gpu.environment import check_environment, probe_environment
 
         env = env if env is not None else probe_environment()
@@ -112,11 +132,12 @@ class GPUBackend:
             from kareus.backends.gpu.device import open_device
             from kareus.errors import ClockPermissionError
 
-            ok, why = open_device(0, fake=bool(kwargs.get("fake_device"))).control_permission()
+            ok, why = open_device(0, fake=fake_device).control_permission()
             if not ok:
                 raise ClockPermissionError(f"--allow-clock-control: {why}")
         backend = cls(gpu, allow_clock_control=allow_clock_control,
-                      visible_gpus=env.cuda_devices, gpu_name=name, **kwargs)
+                      static_power_w=static_power_w, measure=measure, fake_device=fake_device,
+                      visible_gpus=env.cuda_devices, gpu_name=name)
         if announce:
             print(f"gpu backend: {env.cuda_devices} x {name} (preset {gpu.name}); "
                   f"{backend.clock_note}", file=sys.stderr)
@@ -134,7 +155,7 @@ class GPUBackend:
         """One line saying whether plan clocks are applied."""
         return _CLOCK_ON if self.allow_clock_control else _CLOCK_OFF
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Settings worth reporting next to GPU results."""
         return {"backend": self.name, "gpu": self.gpu.name, "gpu_name": self.gpu_name,
                 "clock_control": self.allow_clock_control, "clock_note": self.clock_note,
@@ -161,15 +182,18 @@ class GPUBackend:
         return w
 
     # ------------------------------------------------------------------ running jobs
-    def _job(self, mode: str, **kw: Any) -> Job:
-        return Job(mode=mode, measure=self.measure, allow_clock_control=self.allow_clock_control,
-                   device=self.device, dtype=self.dtype, fake_device=self.fake_device,
-                   seed=self.seed, **kw)
+    def _job(self, mode: str, workload: Workload) -> Job:
+        """A job of ``mode`` on ``workload`` with this backend's settings (the mode's own
+        fields are set with :func:`dataclasses.replace`)."""
+        return Job(mode=mode, workload=workload, measure=self.measure,
+                   allow_clock_control=self.allow_clock_control, device=self.device,
+                   dtype=self.dtype, fake_device=self.fake_device, seed=self.seed)
 
-    def run_job(self, job: Job, nprocs: int, graph: IterationGraph | None = None
-                ) -> list[dict[str, Any]]:
-        """Run ``job`` on ``nprocs`` GPUs; returns the per-rank results, sorted by rank. Nothing
-        is returned unless every rank wrote its result."""
+    def run_job(self, job: Job, nprocs: int, kind: type[R], graph: IterationGraph | None = None
+                ) -> list[R]:
+        """Run ``job`` on ``nprocs`` GPUs; returns the per-rank results (each a ``kind``, the
+        record of the job's mode), sorted by rank. Nothing is returned unless every rank wrote
+        its result."""
         if nprocs > self.visible_gpus:
             raise InputError(f"the job needs {nprocs} GPUs but {self.visible_gpus} are "
                              "visible; lower the parallelism (--tp/--pp/--dp)")
@@ -187,8 +211,8 @@ class GPUBackend:
             if len(files) != nprocs:
                 raise RuntimeError(f"GPU job {job.mode}: {len(files)} of {nprocs} ranks "
                                    "reported a result")
-            results = [json.loads(f.read_text()) for f in files]
-        self.last_run = results
+            results = [result_from_dict(json.loads(f.read_text()), kind) for f in files]
+        self.last_run = list(results)
         return results
 
     def launch_command(self, nprocs: int, job_path: Path, out: Path) -> list[str]:
@@ -228,7 +252,8 @@ class GPUBackend:
         w = self.workload_for(graph)
         plan.validate(graph, self.gpu, max_comm_sms=self.comm_sms_limit - 1,
                       block_size_settable=False)
-        ranks = self.run_job(self._job("plan", workload=w, plan=plan), graph.num_gpus, graph)
+        ranks = self.run_job(replace(self._job("plan", w), plan=plan), graph.num_gpus,
+                             PlanResult, graph)
         return aggregate_iteration(graph, ranks, self.static_power_w)
 
     def p2p_time(self, graph: IterationGraph) -> float:
@@ -243,12 +268,12 @@ class GPUBackend:
         plan.validate(graph, key, self.gpu, max_comm_sms=self.comm_sms_limit - 1,
                       block_size_settable=False)
         w = self.workload_for(graph)
-        job = self._job("instruction", workload=w, stage=key[0], direction=key[1],
-                        clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
-                        schedules={k: s.to_json() for k, s in plan.schedules})
-        ranks = self.run_job(job, w.parallel.tp, graph)
-        t = max(r["time_s"] / r["steps"] for r in ranks)
-        e = float(np.mean([r["energy_j"] / r["steps"] for r in ranks]))
+        job = replace(self._job("instruction", w), stage=key[0], direction=key[1],
+                      clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
+                      schedules={k: s.to_json() for k, s in plan.schedules})
+        ranks = self.run_job(job, w.parallel.tp, InstructionResult, graph)
+        t = max(r.window.time_s / r.window.steps for r in ranks)
+        e = float(np.mean([r.window.energy_j / r.window.steps for r in ranks]))
         return InstructionCost(t, dynamic_from_measured(e, self.static_power_w, t))
 
     def _find_partition(self, partition: Partition) -> tuple[IterationGraph, Workload, int,
@@ -288,15 +313,15 @@ class GPUBackend:
         grid = [(c, kk, a, b) for c, kk, (a, b) in
                 itertools.product(f.tolist(), k.tolist(), win.tolist())] if has_comm else \
             [(c, int(k[0]), 0, n - 1) for c in f.tolist()]
-        job = self._job("partition", workload=w, stage=stage, direction=d, partition_index=idx,
-                        points=[list(p) for p in grid])
-        ranks = self.run_job(job, w.parallel.tp, graph)
+        job = replace(self._job("partition", w), stage=stage, direction=d, partition_index=idx,
+                      points=[list(p) for p in grid])
+        ranks = self.run_job(job, w.parallel.tp, PartitionResult, graph)
         t = np.zeros((f.size, k.size, win.shape[0]))
         e = np.zeros_like(t)
-        rows = [r["rows"] for r in ranks]
+        rows = [r.rows for r in ranks]
         for j, (c, kk, a, b) in enumerate(grid):
-            tt = max(rr[j]["time_s"] / rr[j]["steps"] for rr in rows)
-            ee = float(np.mean([rr[j]["energy_j"] / rr[j]["steps"] for rr in rows]))
+            tt = max(rr[j].window.time_s / rr[j].window.steps for rr in rows)
+            ee = float(np.mean([rr[j].window.energy_j / rr[j].window.steps for rr in rows]))
             dyn = dynamic_from_measured(ee, self.static_power_w, tt)
             fi = int(np.flatnonzero(f == c)[0])
             if has_comm:
@@ -314,20 +339,20 @@ class GPUBackend:
         graph, w, stage, d, idx = self._find_partition(partition)
         if not 0 <= op_index < len(partition.compute):
             raise PlanError(f"op index {op_index} outside 0..{len(partition.compute) - 1}")
-        job = self._job("partition", workload=w, stage=stage, direction=d, partition_index=idx,
-                        points=[[clock_mhz, 0, 0, len(partition.compute) - 1]], op_index=op_index)
-        ranks = self.run_job(job, w.parallel.tp, graph)
-        t = max(r["rows"][0]["time_s"] / r["rows"][0]["steps"] for r in ranks)
-        e = float(np.mean([r["rows"][0]["energy_j"] / r["rows"][0]["steps"] for r in ranks]))
+        job = replace(self._job("partition", w), stage=stage, direction=d, partition_index=idx,
+                      points=[[clock_mhz, 0, 0, len(partition.compute) - 1]], op_index=op_index)
+        ranks = self.run_job(job, w.parallel.tp, PartitionResult, graph)
+        t = max(r.rows[0].window.time_s / r.rows[0].window.steps for r in ranks)
+        e = float(np.mean([r.rows[0].window.energy_j / r.rows[0].window.steps for r in ranks]))
         return t, dynamic_from_measured(e, self.static_power_w, t)
 
     # ------------------------------------------------------------------ static power
     def measure_static_power(self, window_s: float = 5.0, trials: int = 3,
-                             cooldown_s: float = 2.0) -> dict[str, Any]:
+                             cooldown_s: float = 2.0) -> StaticPowerMeasurement:
         """Blocked-on-P2P power the way the Perseus/Kareus authors measured it (two GPUs: one
-        blocked in a receive, its peer asleep; energy counter over the window). Returns
-        ``static_power_w`` (the blocked GPU), ``idle_power_w`` (the sleeping one) and the
-        trials. Does not change :attr:`static_power_w`; assign it to use the result."""
+        blocked in a receive, its peer asleep; energy counter over the window): see
+        :class:`StaticPowerMeasurement`. Does not change :attr:`static_power_w`; assign it to
+        use the result."""
         job = Job(mode="static_power",
                   measure=MeasureConfig(warmup_s=0, warmup_steps=0, window_s=window_s,
                                         min_steps=trials, cooldown_s=cooldown_s),
@@ -336,12 +361,37 @@ class GPUBackend:
         if self.visible_gpus < 2:
             raise InputError("measuring static power needs 2 GPUs (one blocked in a receive, "
                              f"one sleeping peer); {self.visible_gpus} visible")
-        r = self.run_job(job, 2)
-        return {"static_power_w": r[0]["power_w"], "idle_power_w": r[1]["power_w"],
-                "window_s": window_s, "trials": r[0]["trials"], "gpu_name": r[0]["gpu_name"]}
+        r = self.run_job(job, 2, StaticPowerResult)
+        return StaticPowerMeasurement(static_power_w=r[0].power_w, idle_power_w=r[1].power_w,
+                                      window_s=window_s, trials=r[0].trials,
+                                      gpu_name=r[0].info.gpu_name)
 
 
-def aggregate_iteration(graph: IterationGraph, ranks: Sequence[dict[str, Any]],
+@dataclass(frozen=True)
+class StaticPowerMeasurement:
+    """What :meth:`GPUBackend.measure_static_power` measured.
+
+    Attributes:
+        static_power_w: Mean power of the GPU blocked in a P2P receive (W).
+        idle_power_w: Mean power of its sleeping peer (W).
+        window_s: Length of each trial's window asked for (s).
+        trials: The blocked GPU's windows.
+        gpu_name: Its name as NVML reports it.
+    """
+
+    static_power_w: float
+    idle_power_w: float
+    window_s: float
+    trials: tuple[PowerTrial, ...]
+    gpu_name: str
+
+    def to_dict(self) -> JsonObject:
+        return {"static_power_w": self.static_power_w, "idle_power_w": self.idle_power_w,
+                "window_s": self.window_s, "trials": [t.to_dict() for t in self.trials],
+                "gpu_name": self.gpu_name}
+
+
+def aggregate_iteration(graph: IterationGraph, ranks: Sequence[PlanResult],
                         static_power_w: float) -> IterationResult:
     """One iteration from per-rank windows: time = max over ranks of window time / iterations;
     each GPU's dynamic energy = its measured energy per iteration minus static power times that
@@ -349,21 +399,23 @@ def aggregate_iteration(graph: IterationGraph, ranks: Sequence[dict[str, Any]],
     measured sum over GPUs)."""
     if len(ranks) != graph.num_gpus:
         raise RuntimeError(f"{len(ranks)} rank results for {graph.num_gpus} GPUs")
-    t = max(r["time_s"] / r["steps"] for r in ranks)
-    dyn = {r["rank"]: dynamic_from_measured(r["energy_j"] / r["steps"], static_power_w, t)
+    t = max(r.window.time_s / r.window.steps for r in ranks)
+    dyn = {r.info.rank: dynamic_from_measured(r.window.energy_j / r.window.steps,
+                                              static_power_w, t)
            for r in ranks}
     energy = iteration_energy(sum(dyn.values()), graph.num_gpus, static_power_w, t)
     per_dyn: dict[int, float] = {}
     per_tot: dict[int, float] = {}
     for s in range(graph.stages):
-        rs = [r for r in ranks if r["stage"] == s]
-        per_dyn[s] = float(np.mean([dyn[r["rank"]] for r in rs]))
-        per_tot[s] = float(np.mean([r["energy_j"] / r["steps"] for r in rs]))
+        rs = [r for r in ranks if r.info.stage == s]
+        per_dyn[s] = float(np.mean([dyn[r.info.rank] for r in rs]))
+        per_tot[s] = float(np.mean([r.window.energy_j / r.window.steps for r in rs]))
     times: dict[Instruction, tuple[float, float]] = {}
     for r in ranks:
-        if r.get("tp_rank", 0) == 0 and r.get("dp_rank", 0) == 0:
-            for m, d, a, b in r.get("instruction_times", []):
-                times[Instruction(r["stage"], int(m), d)] = (float(a), float(b))
+        if r.info.tp_rank == 0 and r.info.dp_rank == 0:
+            for span in r.instruction_times:
+                times[Instruction(r.info.stage, int(span.microbatch), span.direction)] = (
+                    float(span.start_s), float(span.end_s))
     return IterationResult(energy=energy, num_gpus=graph.num_gpus,
                            gpus_per_stage=graph.gpus_per_stage, per_gpu_dynamic_j=per_dyn,
                            per_gpu_energy_j=per_tot, instruction_times=times,

@@ -21,19 +21,21 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kareus.atomic import atomic_write_json, atomic_write_text
 from kareus.backends.gpu.backend import GPUBackend
+from kareus.backends.gpu.results import InstructionResult, PlanResult
 from kareus.energy import measured_energy
 from kareus.errors import InputError
+from kareus.graph import Direction
 from kareus.hardware.presets import GPUPreset
 from kareus.hardware.profile import validate_profile
+from kareus.json_types import JsonObject
 from kareus.plan import InstructionPlan
 from workloads.parallel import Workload
 
@@ -50,8 +52,8 @@ def _observed_clock(backend: GPUBackend, requested: float) -> float:
     sampled during the window (the request if nothing was sampled)."""
     if backend.allow_clock_control:
         return requested
-    seen = [r.get("sm_clock_mhz") for r in backend.last_run]
-    seen = [c for c in seen if c]
+    seen = [r.window.sm_clock_mhz for r in backend.last_run
+            if isinstance(r, (InstructionResult, PlanResult)) and r.window.sm_clock_mhz]
     return float(np.mean(seen)) if seen else requested
 
 
@@ -80,8 +82,46 @@ def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / meas - 1)) * 100) if len(meas) else float("nan")
 
 
+@dataclass(frozen=True)
+class InstructionComparison:
+    """One profile row (an instruction type at a clock) measured and simulated: time of one
+    instruction (s) and energy of one GPU over it (J, static included)."""
+
+    stage: int
+    instruction: str
+    frequency: int
+    time_measured: float
+    time_sim: float
+    energy_measured: float
+    energy_sim: float
+    time_err_pct: float
+    energy_err_pct: float
+
+    def to_dict(self) -> JsonObject:
+        return {"stage": self.stage, "instruction": self.instruction,
+                "frequency": self.frequency, "time_measured": self.time_measured,
+                "time_sim": self.time_sim, "energy_measured": self.energy_measured,
+                "energy_sim": self.energy_sim, "time_err_pct": self.time_err_pct,
+                "energy_err_pct": self.energy_err_pct}
+
+
+@dataclass(frozen=True)
+class SimulatorError:
+    """The simulator (with preset ``preset``) against a measured profile: each row, and the
+    mean absolute percentage errors of time and energy (%)."""
+
+    preset: str
+    rows: tuple[InstructionComparison, ...]
+    time_mape_pct: float
+    energy_mape_pct: float
+
+    def to_dict(self) -> JsonObject:
+        return {"preset": self.preset, "rows": [r.to_dict() for r in self.rows],
+                "time_mape_pct": self.time_mape_pct, "energy_mape_pct": self.energy_mape_pct}
+
+
 def simulator_error(profile: pd.DataFrame, workload: Workload, preset: GPUPreset,
-                    static_power_w: float, *, nanobatched: bool = False) -> dict[str, Any]:
+                    static_power_w: float, *, nanobatched: bool = False) -> SimulatorError:
     """The simulator's instruction time and energy (one GPU, static included) at each profile
     row's clock, against the measurement: rows and mean absolute percentage errors."""
     from kareus.backends.sim import SimulatorBackend
@@ -94,21 +134,42 @@ def simulator_error(profile: pd.DataFrame, workload: Workload, preset: GPUPreset
         c = sim.evaluate_instruction(graph, (int(r.stage), r.instruction),
                                      InstructionPlan.make(float(r.frequency), nanobatched))
         e = measured_energy(c.dynamic_energy_j, static_power_w, c.time_s)
-        out.append({"stage": int(r.stage), "instruction": r.instruction,
-                    "frequency": int(r.frequency), "time_measured": float(r.time),
-                    "time_sim": c.time_s, "energy_measured": float(r.energy), "energy_sim": e,
-                    "time_err_pct": 100 * (c.time_s / r.time - 1),
-                    "energy_err_pct": 100 * (e / r.energy - 1)})
-    t = np.array([o["time_sim"] for o in out])
-    tm = np.array([o["time_measured"] for o in out])
-    e = np.array([o["energy_sim"] for o in out])
-    em = np.array([o["energy_measured"] for o in out])
-    return {"preset": preset.name, "rows": out, "time_mape_pct": _mape(t, tm),
-            "energy_mape_pct": _mape(e, em)}
+        out.append(InstructionComparison(
+            stage=int(r.stage), instruction=r.instruction, frequency=int(r.frequency),
+            time_measured=float(r.time), time_sim=c.time_s, energy_measured=float(r.energy),
+            energy_sim=e, time_err_pct=100 * (c.time_s / r.time - 1),
+            energy_err_pct=100 * (e / r.energy - 1)))
+    t = np.array([o.time_sim for o in out])
+    tm = np.array([o.time_measured for o in out])
+    es = np.array([o.energy_sim for o in out])
+    em = np.array([o.energy_measured for o in out])
+    return SimulatorError(preset.name, tuple(out), _mape(t, tm), _mape(es, em))
+
+
+@dataclass(frozen=True)
+class OpMeasurement:
+    """One compute op of a partition measured alone at a clock (MHz), beside the simulator's
+    time (s) and energy (J, static included) of the same op on all SMs."""
+
+    direction: str
+    partition: str
+    op: str
+    kind: str
+    clock_mhz: float
+    time_measured: float
+    energy_measured: float
+    time_sim: float
+    energy_sim: float
+
+    def to_dict(self) -> JsonObject:
+        return {"direction": self.direction, "partition": self.partition, "op": self.op,
+                "kind": self.kind, "clock_mhz": self.clock_mhz,
+                "time_measured": self.time_measured, "energy_measured": self.energy_measured,
+                "time_sim": self.time_sim, "energy_sim": self.energy_sim}
 
 
 def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
-                stage: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+                stage: int = 0, limit: int | None = None) -> list[OpMeasurement]:
     """Each compute op of one layer's forward and backward partitions (nanobatch 0) alone, next
     to the simulator's time and energy (static included) for the same op on all SMs; the first
     ``limit`` ops only when given."""
@@ -116,31 +177,54 @@ def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
 
     graph = backend.bind(workload)
     sim = SimulatorBackend(backend.gpu)
-    rows = []
+    rows: list[OpMeasurement] = []
     for d in ("forward", "backward"):
         parts = graph.instruction_graphs[(stage, d)].partitions
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         for part in parts:
             if not part.key.endswith("/0"):
                 continue
             for i, op in enumerate(part.compute):
                 if (part.key, op.name) in seen or (limit is not None and len(rows) >= limit):
                     continue
-                seen.add((part.key, op.name))  # type: ignore[arg-type]
+                seen.add((part.key, op.name))
                 t, dyn = backend.measure_partition_op(part, i, clock_mhz)
                 obs = snap_to_grid(_observed_clock(backend, clock_mhz), backend.gpu)
                 ts = sim.kernel_time(op, obs, backend.gpu.sms)
                 _, p_total = sim.kernel_power(op, obs)
-                rows.append({"direction": d, "partition": part.key, "op": op.name,
-                             "kind": op.kind, "clock_mhz": obs, "time_measured": t,
-                             "energy_measured": measured_energy(dyn, backend.static_power_w, t),
-                             "time_sim": ts, "energy_sim": p_total * ts})
+                rows.append(OpMeasurement(
+                    direction=d, partition=part.key, op=op.name, kind=op.kind, clock_mhz=obs,
+                    time_measured=t,
+                    energy_measured=measured_energy(dyn, backend.static_power_w, t),
+                    time_sim=ts, energy_sim=p_total * ts))
     return rows
+
+
+@dataclass(frozen=True)
+class PartitionComparison:
+    """One partition at one (clock MHz, communication SMs, launch slot) point, measured and
+    simulated: time (s) and dynamic energy per GPU (J)."""
+
+    partition: str
+    clock_mhz: float
+    comm_sms: int
+    slot: int
+    time_measured: float
+    dynamic_energy_measured: float
+    time_sim: float
+    dynamic_energy_sim: float
+
+    def to_dict(self) -> JsonObject:
+        return {"partition": self.partition, "clock_mhz": self.clock_mhz,
+                "comm_sms": self.comm_sms, "slot": self.slot,
+                "time_measured": self.time_measured,
+                "dynamic_energy_measured": self.dynamic_energy_measured,
+                "time_sim": self.time_sim, "dynamic_energy_sim": self.dynamic_energy_sim}
 
 
 def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequence[float],
                        comm_sms: Sequence[int], slots: Sequence[int], stage: int = 0,
-                       direction: str = "forward") -> list[dict[str, Any]]:
+                       direction: Direction = "forward") -> list[PartitionComparison]:
     """Every partition of one layer of ``(stage, direction)`` over the (clock, SMs, launch slot)
     grid, the collective waited for at the partition's end, next to the simulator's prediction
     (time, dynamic energy per GPU)."""
@@ -148,7 +232,7 @@ def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequ
 
     graph = backend.bind(workload)
     sim = SimulatorBackend(backend.gpu)
-    rows = []
+    rows: list[PartitionComparison] = []
     for part in graph.instruction_graphs[(stage, direction)].partitions:
         n = len(part.compute)
         ok_slots = np.array([s for s in slots if s < n] or [0])
@@ -165,12 +249,12 @@ def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequ
                                       k, windows)
         for fi, kk, si in np.ndindex(got.time_s.shape):
             pf = 0 if obs else fi
-            rows.append({"partition": part.key, "clock_mhz": float(f[fi]),
-                         "comm_sms": int(k[kk]), "slot": int(ok_slots[si]),
-                         "time_measured": float(got.time_s[fi, kk, si]),
-                         "dynamic_energy_measured": float(got.dynamic_energy_j[fi, kk, si]),
-                         "time_sim": float(pred.time_s[pf, kk, si]),
-                         "dynamic_energy_sim": float(pred.dynamic_energy_j[pf, kk, si])})
+            rows.append(PartitionComparison(
+                partition=part.key, clock_mhz=float(f[fi]), comm_sms=int(k[kk]),
+                slot=int(ok_slots[si]), time_measured=float(got.time_s[fi, kk, si]),
+                dynamic_energy_measured=float(got.dynamic_energy_j[fi, kk, si]),
+                time_sim=float(pred.time_s[pf, kk, si]),
+                dynamic_energy_sim=float(pred.dynamic_energy_j[pf, kk, si])))
     return rows
 
 
@@ -178,7 +262,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
                 clocks_mhz: Sequence[float] | None = None, nanobatched: bool = False,
                 ops: bool = True, partitions: bool = False,
                 partition_sms: Sequence[int] = (6, 12, 24), partition_slots: Sequence[int] = (0, 2)
-                ) -> dict[str, Any]:
+                ) -> JsonObject:
     """Profile ``workload`` on the GPUs, fit the preset, report the simulator's error.
 
     Args:
@@ -215,15 +299,16 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
     buf = io.StringIO()
     profile.to_csv(buf, index=False)
     atomic_write_text(out / "profile.csv", buf.getvalue())
-    report: dict[str, Any] = {
+    as_given = simulator_error(profile, workload, preset, backend.static_power_w,
+                               nanobatched=nanobatched)
+    sim_error: JsonObject = {"preset": as_given.to_dict()}
+    report: JsonObject = {
         "gpu": preset.name, "workload": workload.name, "layers": workload.model.layers,
         "parallel": asdict(workload.parallel), "backend": backend.describe(),
         "clocks_requested_mhz": clocks_mhz,
         "clocks_profiled_mhz": sorted(int(f) for f in profile.frequency.unique()),
         "profile": str(out / "profile.csv"),
-        "simulator_error": {"preset": simulator_error(profile, workload, preset,
-                                                      backend.static_power_w,
-                                                      nanobatched=nanobatched)},
+        "simulator_error": sim_error,
     }
     if profile.frequency.nunique() >= 4:
         # the fitted preset feeds the simulator, which applies neither a sustained-clock ceiling
@@ -232,7 +317,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
                         clock_limits=False)
         # the same fit on the preset's own simulation of these instructions maps the aggregated
         # law's power onto the simulator's parameters
-        simulated = pd.DataFrame(report["simulator_error"]["preset"]["rows"]).rename(
+        simulated = pd.DataFrame([r.to_dict() for r in as_given.rows]).rename(
             columns={"time_sim": "time", "energy_sim": "energy"})
         ref = calibrate(simulated[["stage", "instruction", "frequency", "time", "energy"]],
                         preset, static_power_w=backend.static_power_w, clock_limits=False)
@@ -246,8 +331,8 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
                          "energy_mape_pct": res.energy_mape_pct, **asdict(res.law),
                          "sm_dyn_power_w": fitted.sm_dyn_power_w}
         report["fitted_preset"] = str(out / "fitted_preset.json")
-        report["simulator_error"]["fitted"] = simulator_error(
-            profile, workload, fitted, backend.static_power_w, nanobatched=nanobatched)
+        sim_error["fitted"] = simulator_error(
+            profile, workload, fitted, backend.static_power_w, nanobatched=nanobatched).to_dict()
     else:
         report["fit"] = None
         report["fit_skipped"] = (f"{profile.frequency.nunique()} distinct clock(s) measured; "
@@ -255,18 +340,18 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
                                  "--allow-clock-control and several --clocks)")
     if ops and workload.parallel.nanobatches > 1:
         rows = measure_ops(backend, workload, max(clocks_mhz))
-        report["ops"] = rows
+        report["ops"] = [r.to_dict() for r in rows]
         by_kind: dict[str, dict[str, float]] = {}
-        for kind in sorted({r["kind"] for r in rows}):
-            rs = [r for r in rows if r["kind"] == kind]
+        for kind in sorted({r.kind for r in rows}):
+            rs = [r for r in rows if r.kind == kind]
             by_kind[kind] = {
-                "time_mape_pct": _mape(np.array([r["time_sim"] for r in rs]),
-                                       np.array([r["time_measured"] for r in rs])),
-                "energy_mape_pct": _mape(np.array([r["energy_sim"] for r in rs]),
-                                         np.array([r["energy_measured"] for r in rs]))}
+                "time_mape_pct": _mape(np.array([r.time_sim for r in rs]),
+                                       np.array([r.time_measured for r in rs])),
+                "energy_mape_pct": _mape(np.array([r.energy_sim for r in rs]),
+                                         np.array([r.energy_measured for r in rs]))}
         report["ops_error_by_kind"] = by_kind
     if partitions and workload.parallel.nanobatches > 1:
-        report["partitions"] = measure_partitions(backend, workload, [max(clocks_mhz)],
-                                                  partition_sms, partition_slots)
+        report["partitions"] = [r.to_dict() for r in measure_partitions(
+            backend, workload, [max(clocks_mhz)], partition_sms, partition_slots)]
     atomic_write_json(out / "report.json", report)
     return report

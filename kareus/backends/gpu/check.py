@@ -22,13 +22,14 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import click
 
+from kareus.backends.gpu.device import Device
 from kareus.errors import InputError
+from kareus.json_types import JsonObject
 
 
 def _log(lines: list[str], msg: str) -> None:
@@ -40,7 +41,7 @@ def _pct(pred: float, meas: float) -> float:
     return 100.0 * (pred / meas - 1.0)
 
 
-def _readings(dev: Any, *methods: str) -> dict[str, float | None]:
+def _readings(dev: Device, *methods: str) -> dict[str, float | None]:
     """Informational NVML readings, keyed by device method name; ``None`` where the driver
     refuses one (e.g. NOT_SUPPORTED in a VM), so a reading never stops the check."""
     out: dict[str, float | None] = {}
@@ -56,8 +57,57 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}"
 
 
-def run_check(args: SimpleNamespace) -> dict[str, Any]:
-    """The check itself; returns the JSON record (also written to ``--out``)."""
+@dataclass(frozen=True)
+class CheckArgs:
+    """The check's command-line options (seconds for ``warmup``, ``window``, ``cooldown``)."""
+
+    out: str
+    workload: str = "qwen3-1.7b"
+    layers: int = 4
+    mbs: int = 4
+    seq: int = 2048
+    microbatches: int = 4
+    warmup: float = 3.0
+    window: float = 5.0
+    cooldown: float = 2.0
+    gpu: str | None = None
+    nanobatched: bool = True
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """One plan measured beside the simulator: the record's ``runs`` entry (``measured``: the
+    iteration's time (s) and energies (J), mean power per GPU (W), the window; the simulated
+    points at the observed and at the maximum clock; the simulator's errors, %)."""
+
+    plan: str
+    wall_s: float
+    measured: JsonObject
+    simulated_at_current_clock: JsonObject
+    simulated_at_max_clock: JsonObject
+    error_pct: dict[str, float]
+    #: Whether the measured time and energy are positive and finite.
+    positive: bool
+
+    def to_dict(self) -> JsonObject:
+        return {"plan": self.plan, "wall_s": self.wall_s, "measured": self.measured,
+                "simulated_at_current_clock": self.simulated_at_current_clock,
+                "simulated_at_max_clock": self.simulated_at_max_clock,
+                "error_pct": self.error_pct}
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    """The check's record (``gpu_check.json``): whether it passed, and what it measured."""
+
+    ok: bool
+    record: JsonObject
+    runs: tuple[PlanCheck, ...]
+    log: tuple[str, ...]
+
+
+def run_check(args: CheckArgs) -> CheckRecord:
+    """The check itself; returns its record (written to ``--out`` by :func:`check`)."""
     from kareus.backends.base import Point
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.calibrate import snap_to_grid
@@ -65,6 +115,7 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
     from kareus.backends.gpu.device import open_device
     from kareus.backends.gpu.environment import match_preset, probe_environment
     from kareus.backends.gpu.measure import MeasureConfig
+    from kareus.backends.gpu.results import PlanResult
     from kareus.backends.gpu.serialize import reduced_workload
     from kareus.backends.sim import SimulatorBackend
     from kareus.hardware.presets import get_preset
@@ -98,7 +149,7 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
                 f"seq {w.parallel.seq}, {w.parallel.microbatches} microbatches, bf16, full "
                 "recomputation")
     sim = SimulatorBackend(preset)
-    runs = []
+    runs: list[PlanCheck] = []
     for label, nano in (("megatron", False), ("nanobatched", True)):
         if nano and not args.nanobatched:
             continue
@@ -107,46 +158,51 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
         res = backend.evaluate_plan(graph, plan)
         wall = time.monotonic() - t0
         rank = backend.last_run[0]
-        clock = rank.get("sm_clock_mhz") or before["max_sm_clock_mhz"] or preset.clock_max_mhz
+        if not isinstance(rank, PlanResult):  # pragma: no cover - evaluate_plan runs plan jobs
+            raise RuntimeError(f"a plan job answered with a {type(rank).__name__}")
+        clock = rank.window.sm_clock_mhz or before["max_sm_clock_mhz"] or preset.clock_max_mhz
         f_sim = snap_to_grid(float(clock), preset)
         pred = sim.evaluate_plan(graph, IterationPlan.uniform(graph, f_sim, nanobatched=nano))
         pred_max = sim.evaluate_plan(graph, plan)
         m, p = res.energy, pred.energy
-        run = {
-            "plan": label, "wall_s": wall,
-            "measured": {**Point.from_result(res).to_dict(),
-                         "avg_power_w": m.total_j / m.time_s / res.num_gpus,
-                         "steps": rank["steps"], "window_s": rank["time_s"],
-                         "mean_sm_clock_mhz": clock, "losses": rank.get("losses")},
-            "simulated_at_current_clock": {**Point.from_result(pred).to_dict(),
-                                           "clock_mhz": f_sim,
-                                           "avg_power_w": p.total_j / p.time_s / pred.num_gpus},
-            "simulated_at_max_clock": {**Point.from_result(pred_max).to_dict(),
-                                       "clock_mhz": preset.clock_max_mhz},
-            "error_pct": {"time": _pct(p.time_s, m.time_s),
-                          "energy": _pct(p.total_j, m.total_j),
-                          "dynamic_energy": _pct(p.dynamic_j, m.dynamic_j),
-                          "avg_power": _pct(p.total_j / p.time_s, m.total_j / m.time_s)},
-        }
+        point = Point.from_result(res)
+        run = PlanCheck(
+            plan=label, wall_s=wall,
+            measured={**point.to_dict(),
+                      "avg_power_w": m.total_j / m.time_s / res.num_gpus,
+                      "steps": rank.window.steps, "window_s": rank.window.time_s,
+                      "mean_sm_clock_mhz": clock, "losses": list(rank.losses)},
+            simulated_at_current_clock={**Point.from_result(pred).to_dict(),
+                                        "clock_mhz": f_sim,
+                                        "avg_power_w": p.total_j / p.time_s / pred.num_gpus},
+            simulated_at_max_clock={**Point.from_result(pred_max).to_dict(),
+                                    "clock_mhz": preset.clock_max_mhz},
+            error_pct={"time": _pct(p.time_s, m.time_s),
+                       "energy": _pct(p.total_j, m.total_j),
+                       "dynamic_energy": _pct(p.dynamic_j, m.dynamic_j),
+                       "avg_power": _pct(p.total_j / p.time_s, m.total_j / m.time_s)},
+            positive=all(math.isfinite(x) and x > 0 for x in (point.time_s, point.energy_j)))
         runs.append(run)
         # a kill keeps every finished plan: the record so far, replaced atomically
         atomic_write_json(Path(args.out) / "gpu_check.json",
                           {"ok": False, "partial": True, "gpu_name": name, "preset": preset.name,
-                           "gpu_before": before, "runs": runs, "log": lines})
+                           "gpu_before": before, "runs": [r.to_dict() for r in runs],
+                           "log": lines})
         _log(lines, f"[{label}] measured {m.time_s * 1e3:.1f} ms/iter, {m.total_j:.1f} J/iter "
                     f"({m.total_j / m.time_s:.0f} W avg, SM clock {clock:.0f} MHz, "
-                    f"{rank['steps']} iters in {rank['time_s']:.1f} s); simulator at "
+                    f"{rank.window.steps} iters in {rank.window.time_s:.1f} s); simulator at "
                     f"{f_sim:.0f} MHz: {p.time_s * 1e3:.1f} ms, {p.total_j:.1f} J -> error time "
-                    f"{run['error_pct']['time']:+.1f} %, energy {run['error_pct']['energy']:+.1f} %")
-    ok = all(math.isfinite(r["measured"][k]) and r["measured"][k] > 0
-             for r in runs for k in ("time_s", "energy_j"))
+                    f"{run.error_pct['time']:+.1f} %, energy {run.error_pct['energy']:+.1f} %")
+    ok = all(r.positive for r in runs)
     after = _readings(dev, "sm_clock_mhz", "power_limit_w")
-    record = {"ok": ok, "gpu_name": name, "preset": preset.name, "host": platform.node(),
-              "backend": backend.describe(), "gpu_before": before, "gpu_after": after,
-              "workload": {"name": w.name, "layers": w.model.layers, "mbs": w.parallel.mbs,
-                           "seq": w.parallel.seq, "microbatches": w.parallel.microbatches},
-              "static_power_w_assumed": backend.static_power_w, "runs": runs, "log": lines}
-    return record
+    record: JsonObject = {
+        "ok": ok, "gpu_name": name, "preset": preset.name, "host": platform.node(),
+        "backend": backend.describe(), "gpu_before": before, "gpu_after": after,
+        "workload": {"name": w.name, "layers": w.model.layers, "mbs": w.parallel.mbs,
+                     "seq": w.parallel.seq, "microbatches": w.parallel.microbatches},
+        "static_power_w_assumed": backend.static_power_w, "runs": [r.to_dict() for r in runs],
+        "log": lines}
+    return CheckRecord(ok, record, tuple(runs), tuple(lines))
 
 
 @click.command(help=__doc__.split("\n\n")[0])
@@ -166,30 +222,34 @@ def run_check(args: SimpleNamespace) -> dict[str, Any]:
                    "describes (e.g. an H200 NVL) with this preset.")
 @click.option("--no-nanobatched", "nanobatched", is_flag=True, flag_value=False, default=True,
               help="Measure the default plan only.")
-def check(**params: Any) -> int:
+def check(out: str, workload: str, layers: int, mbs: int, seq: int, microbatches: int,
+          warmup: float, window: float, cooldown: float, gpu: str | None,
+          nanobatched: bool) -> int:
     """Run the check, write its record to ``--out`` and return the exit status."""
-    args = SimpleNamespace(**params)
+    args = CheckArgs(out=out, workload=workload, layers=layers, mbs=mbs, seq=seq,
+                     microbatches=microbatches, warmup=warmup, window=window, cooldown=cooldown,
+                     gpu=gpu, nanobatched=nanobatched)
     from kareus.atomic import atomic_write_json, atomic_write_text
 
-    out = Path(args.out)
+    out_dir = Path(args.out)
     try:
-        record = run_check(args)
+        result = run_check(args)
     except InputError as e:
         msg = f"error: {e}".splitlines()[0]
         print(msg, file=sys.stderr)
-        atomic_write_json(out / "gpu_check.json", {"ok": False, "error": msg})
+        atomic_write_json(out_dir / "gpu_check.json", {"ok": False, "error": msg})
         return e.exit_status
     except Exception as e:  # a failure on the GPU itself: keep the traceback, leave a record
         traceback.print_exc()
         msg = f"failed: {type(e).__name__}: {e}".splitlines()[0]
-        atomic_write_json(out / "gpu_check.json", {"ok": False, "error": msg,
-                                                   "traceback": traceback.format_exc()})
+        atomic_write_json(out_dir / "gpu_check.json", {"ok": False, "error": msg,
+                                                       "traceback": traceback.format_exc()})
         return 1
-    atomic_write_json(out / "gpu_check.json", record)
-    atomic_write_text(out / "gpu_check.log", "\n".join(record["log"]) + "\n")
-    print(json.dumps({"ok": record["ok"], "runs": [
-        {"plan": r["plan"], "error_pct": r["error_pct"]} for r in record["runs"]]}, indent=1))
-    return 0 if record["ok"] else 1
+    atomic_write_json(out_dir / "gpu_check.json", result.record)
+    atomic_write_text(out_dir / "gpu_check.log", "\n".join(result.log) + "\n")
+    print(json.dumps({"ok": result.ok, "runs": [
+        {"plan": r.plan, "error_pct": r.error_pct} for r in result.runs]}, indent=1))
+    return 0 if result.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,11 +23,15 @@ import atexit
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
+from typing import TypeAlias
 
 from kareus.backends.gpu.device import Device
 from kareus.errors import ClockPermissionError, DeviceError
+
+#: A signal disposition as :func:`signal.getsignal` returns it (``None``: not set from Python).
+_Handler: TypeAlias = "Callable[[int, FrameType | None], object] | int | signal.Handlers | None"
 
 #: Signals whose arrival restores the clocks before the process acts on them.
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -64,7 +68,7 @@ class ClockController:
         self._orig_limits: dict[int, float] = {}  # device position -> W read on entry
         self._changed_limits: set[int] = set()
         self._supported: dict[int, list[int]] = {}
-        self._prev_handlers: dict[int, object] = {}
+        self._prev_handlers: dict[int, _Handler] = {}
         self._entered = False
         self._lock = threading.RLock()
         self.requested: list[float] = []  # every clock asked for (MHz), allowed or not
@@ -173,7 +177,7 @@ class ClockController:
     def _uninstall(self) -> None:
         for sig, prev in self._prev_handlers.items():
             try:
-                signal.signal(sig, prev)  # type: ignore[arg-type]
+                signal.signal(sig, prev)
             except (ValueError, TypeError):  # pragma: no cover - not main thread / odd handler
                 pass
         self._prev_handlers.clear()

@@ -22,12 +22,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from kareus.backends.gpu.device import Device
 from kareus.backends.gpu.measure import ClockSampler, CounterMeter
 from kareus.graph import ComputeOp
 from kareus.hardware.presets import GPUPreset
+from kareus.json_types import JsonObject
+from workloads.parallel import Workload
+
+if TYPE_CHECKING:
+    import torch
+
+    from kareus.backends.sim import SimulatorBackend
 
 KERNEL = r"""
 extern "C" __global__ void comm_like(const float4* __restrict__ src, float4* __restrict__ dst,
@@ -48,6 +55,15 @@ extern "C" __global__ void comm_like(const float4* __restrict__ src, float4* __r
 """
 
 
+class _Kernel(Protocol):
+    """A kernel compiled by ``torch.cuda._compile_kernel``."""
+
+    def set_shared_memory_config(self, shared_mem_bytes: int) -> None: ...
+
+    def __call__(self, *, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 args: list[object], shared_mem: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class OpCase:
     """One compute op to run beside the collective: its name, the graph's op (for the
@@ -55,10 +71,10 @@ class OpCase:
 
     name: str
     op: ComputeOp
-    make_step: Callable[[str], Callable[[], None]]
+    make_step: Callable[[str], Callable[[], object]]
 
 
-def op_cases(workload: Any, device: str) -> list[OpCase]:
+def op_cases(workload: Workload, device: str) -> list[OpCase]:
     """The GEMM (``linear_fc1``), causal attention and elementwise op (``bda``, the residual
     add) of one layer of ``workload`` (TP 1), as the graph describes them and as torch runs them
     (bf16 on CUDA, float32 on CPU)."""
@@ -74,18 +90,18 @@ def op_cases(workload: Any, device: str) -> list[OpCase]:
     t = p.mbs * p.seq
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
-    def gemm(dev: str) -> Callable[[], None]:
+    def gemm(dev: str) -> Callable[[], object]:
         x = torch.randn(t, m.hidden, device=dev, dtype=dtype)
         w = torch.randn(m.hidden, m.ffn, device=dev, dtype=dtype)
         return lambda: torch.mm(x, w)
 
-    def attention(dev: str) -> Callable[[], None]:
+    def attention(dev: str) -> Callable[[], object]:
         q = torch.randn(p.mbs, m.heads, p.seq, m.head_dim, device=dev, dtype=dtype)
         kv = torch.randn(p.mbs, m.kv_heads, p.seq, m.head_dim, device=dev, dtype=dtype)
         return lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True,
                                                       enable_gqa=m.kv_heads != m.heads)
 
-    def elementwise(dev: str) -> Callable[[], None]:
+    def elementwise(dev: str) -> Callable[[], object]:
         a = torch.randn(t, m.hidden, device=dev, dtype=dtype)
         b = torch.randn(t, m.hidden, device=dev, dtype=dtype)
         return lambda: torch.add(a, b)
@@ -107,7 +123,7 @@ class CommLike:
         self.n4 = nbytes // 16
         self.src = torch.ones(self.n4 * 4, device=device, dtype=torch.float32)
         self.dst = torch.zeros_like(self.src)
-        self.kernel: Any = None
+        self.kernel: _Kernel | None = None
         if device == "cuda":
             self.kernel = torch.cuda._compile_kernel(KERNEL, "comm_like")
             props = torch.cuda.get_device_properties(0)
@@ -127,7 +143,7 @@ class CommLike:
         b.synchronize()
         return max(a.elapsed_time(b) / 2e3, 1e-6)
 
-    def launch(self, k: int, iters: int) -> Any:
+    def launch(self, k: int, iters: int) -> torch.Tensor:
         """Queue one kernel on ``k`` SMs (CUDA) and return the tensor its blocks write their SM
         ids to."""
         import torch
@@ -141,19 +157,70 @@ class CommLike:
         return smids
 
 
-def predict(sim: Any, preset: GPUPreset, op: ComputeOp, clock_mhz: float, k: int
-            ) -> dict[str, float]:
+@dataclass(frozen=True)
+class SimulatedContention:
+    """The simulator's time of an op beside a collective on ``k`` SMs (s): alone on all SMs, on
+    the SMs left, the preset's contention factor, the op's time beside the collective and its
+    slowdown against alone."""
+
+    time_alone_s: float
+    time_on_sms_left_s: float
+    contention_factor: float
+    time_s: float
+    slowdown: float
+
+    def to_dict(self) -> JsonObject:
+        return {"time_alone_s": self.time_alone_s, "time_on_sms_left_s": self.time_on_sms_left_s,
+                "contention_factor": self.contention_factor, "time_s": self.time_s,
+                "slowdown": self.slowdown}
+
+
+def predict(sim: SimulatorBackend, preset: GPUPreset, op: ComputeOp, clock_mhz: float, k: int
+            ) -> SimulatedContention:
     """The simulator's time of ``op`` beside a collective on ``k`` SMs at ``clock_mhz``: on the
     SMs left, and with the preset's contention factor."""
     alone = sim.kernel_time(op, clock_mhz, preset.sms)
     left = sim.kernel_time(op, clock_mhz, preset.sms - k) if k else alone
-    factor = 1.0 + getattr(preset, f"overlap_slowdown_{op.kind}") * k / preset.sms
-    return {"time_alone_s": alone, "time_on_sms_left_s": left, "contention_factor": factor,
-            "time_s": left * factor, "slowdown": left * factor / alone}
+    factor = 1.0 + float(getattr(preset, f"overlap_slowdown_{op.kind}")) * k / preset.sms
+    return SimulatedContention(time_alone_s=alone, time_on_sms_left_s=left,
+                               contention_factor=factor, time_s=left * factor,
+                               slowdown=left * factor / alone)
+
+
+@dataclass(frozen=True)
+class ContentionRow:
+    """One op measured beside the collective on ``comm_sms`` SMs (0: alone): per-call time (s),
+    its slowdown against alone, the window's length (s), energy (J), power (W) and mean SM
+    clock (MHz), the distinct SMs the collective's blocks ran on (``None``: not measured, CPU)
+    and whether they prove it held ``comm_sms`` SMs, and the simulator's prediction."""
+
+    op: str
+    graph_op: str
+    kind: str
+    comm_sms: int
+    distinct_sms: int | None
+    sms_proven: bool | None
+    time_per_call_s: float
+    slowdown: float | None
+    window_s: float
+    energy_j: float
+    power_w: float | None
+    sm_clock_mhz: float | None
+    calls: int
+    simulated: SimulatedContention
+
+    def to_dict(self) -> JsonObject:
+        return {"op": self.op, "graph_op": self.graph_op, "kind": self.kind,
+                "comm_sms": self.comm_sms, "distinct_sms": self.distinct_sms,
+                "sms_proven": self.sms_proven, "time_per_call_s": self.time_per_call_s,
+                "slowdown": self.slowdown, "window_s": self.window_s, "energy_j": self.energy_j,
+                "power_w": self.power_w, "sm_clock_mhz": self.sm_clock_mhz, "calls": self.calls,
+                "simulated": self.simulated.to_dict()}
 
 
 def measure_case(case: OpCase, ks: list[int], dev: Device, device: str, comm: CommLike | None,
-                 window_s: float, sim: Any, preset: GPUPreset) -> list[dict[str, Any]]:
+                 window_s: float, sim: SimulatorBackend, preset: GPUPreset
+                 ) -> list[ContentionRow]:
     """``case``'s op alone (k = 0) and beside the collective on each ``k``: per-call time,
     window energy and power, SMs proven, and the simulator's prediction."""
     import torch
@@ -170,7 +237,7 @@ def measure_case(case: OpCase, ks: list[int], dev: Device, device: str, comm: Co
     sync()
     per_call = max((time.perf_counter() - t0) / 5, 1e-6)
     calls = max(5, int(window_s / per_call))
-    rows = []
+    rows: list[ContentionRow] = []
     base: float | None = None
     for k in ks:
         stop = threading.Event()
@@ -217,10 +284,10 @@ def measure_case(case: OpCase, ks: list[int], dev: Device, device: str, comm: Co
         pred = predict(sim, preset, case.op, snap_to_grid(f, preset), k)
         if k == 0:
             base = t_op
-        rows.append({"op": case.name, "graph_op": case.op.name, "kind": case.op.kind,
-                     "comm_sms": k, "distinct_sms": distinct,
-                     "sms_proven": (distinct == k) if smids is not None else None,
-                     "time_per_call_s": t_op, "slowdown": t_op / base if base else None,
-                     "window_s": t, "energy_j": e, "power_w": e / t if t > 0 else None,
-                     "sm_clock_mhz": clock, "calls": calls, "simulated": pred})
+        rows.append(ContentionRow(
+            op=case.name, graph_op=case.op.name, kind=case.op.kind, comm_sms=k,
+            distinct_sms=distinct, sms_proven=(distinct == k) if smids is not None else None,
+            time_per_call_s=t_op, slowdown=t_op / base if base else None, window_s=t,
+            energy_j=e, power_w=e / t if t > 0 else None, sm_clock_mhz=clock, calls=calls,
+            simulated=pred))
     return rows

@@ -15,11 +15,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
+from kareus.backends.gpu.nvml_api import NvmlHandle, NvmlLike, import_pynvml
 from kareus.errors import ClockPermissionError, DeviceError
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: What to do when clock control is refused for lack of rights (shared by every message).
 PERMISSION_HINT = (
@@ -87,17 +91,64 @@ class Device(Protocol):
 # --------------------------------------------------------------------------------- real device
 
 
-def _zeus_gpus():  # noqa: ANN202 - zeus types are optional
+def zeus_gpus() -> ZeusGpus:
+    """Zeus's GPU manager (``zeus.device.get_gpus()``), as zeus raises its errors."""
+    from zeus.device import get_gpus
+
+    gpus: ZeusGpus = get_gpus()
+    return gpus
+
+
+def _zeus_gpus() -> ZeusGpus:
     """Zeus's GPU manager; raises :class:`DeviceError` if NVML cannot be initialised."""
     try:
-        from zeus.device import get_gpus
         from zeus.device.gpu.common import ZeusBaseGPUError
     except ImportError as e:
         raise DeviceError(f"zeus is not installed ({e}); pip install zeus nvidia-ml-py") from None
     try:
-        return get_gpus()
+        return zeus_gpus()
     except ZeusBaseGPUError as e:
         raise DeviceError(f"NVML unavailable: {e}") from None
+
+
+class ZeusGpu(Protocol):
+    """The methods of one of zeus's GPU objects (``zeus.device.gpu.nvidia.NVIDIAGPU``) used
+    here. Units as zeus's (NVML's): MHz, mW, mJ."""
+
+    handle: NvmlHandle
+
+    def get_name(self) -> str: ...
+
+    def get_supported_memory_clocks(self) -> list[int]: ...
+
+    def get_supported_graphics_clocks(self, memory_clock_mhz: int | None = None) -> list[int]: ...
+
+    def set_gpu_locked_clocks(self, min_clock_mhz: int, max_clock_mhz: int) -> None: ...
+
+    def reset_gpu_locked_clocks(self) -> None: ...
+
+    def get_power_management_limit(self) -> int: ...
+
+    def set_power_management_limit(self, power_limit_mw: int) -> None: ...
+
+    def get_total_energy_consumption(self) -> int: ...
+
+    def get_instant_power_usage(self) -> int: ...
+
+
+class ZeusGpus(Protocol):
+    """zeus's GPU manager (``zeus.device.get_gpus()``), as used here."""
+
+    @property
+    def gpus(self) -> Sequence[ZeusGpu]: ...
+
+    def __len__(self) -> int: ...
+
+    def get_name(self, index: int) -> str: ...
+
+
+def _name_of(fn: Callable[..., object]) -> str:
+    return getattr(fn, "__name__", "?")
 
 
 class ZeusDevice:
@@ -115,47 +166,45 @@ class ZeusDevice:
             raise DeviceError(f"GPU {index} not visible (NVML sees {len(self._gpus)})")
         self._gpu = self._gpus.gpus[index]
 
-    def _call(self, fn: Callable, *args: object) -> object:
+    def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         from zeus.device.gpu.common import ZeusBaseGPUError, ZeusGPUNoPermissionError
 
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except ZeusGPUNoPermissionError as e:
             raise ClockPermissionError(f"GPU {self.index}: NVML refused ({e}); "
                                        f"{PERMISSION_HINT}") from None
         except ZeusBaseGPUError as e:
             raise DeviceError(f"GPU {self.index}: {type(e).__name__}: {e}") from None
 
-    def _nvml(self, fn_name: str, *args: object) -> object:
-        import pynvml
-
+    def _nvml(self, fn: Callable[Concatenate[NvmlHandle, P], T], *args: P.args,
+              **kwargs: P.kwargs) -> T:
+        nvml = import_pynvml()
         try:
-            return getattr(pynvml, fn_name)(self._gpu.handle, *args)
-        except pynvml.NVMLError as e:
-            if getattr(e, "value", None) == pynvml.NVML_ERROR_NO_PERMISSION:
+            return fn(self._gpu.handle, *args, **kwargs)
+        except nvml.NVMLError as e:
+            if getattr(e, "value", None) == nvml.NVML_ERROR_NO_PERMISSION:
                 raise ClockPermissionError(f"GPU {self.index}: {e}; {PERMISSION_HINT}") from None
-            raise DeviceError(f"GPU {self.index}: {fn_name}: {e}") from None
+            raise DeviceError(f"GPU {self.index}: {_name_of(fn)}: {e}") from None
 
     def name(self) -> str:
         return str(self._call(self._gpu.get_name))
 
     def memory_bytes(self) -> int:
-        return int(self._nvml("nvmlDeviceGetMemoryInfo").total)  # type: ignore[attr-defined]
+        return int(self._nvml(import_pynvml().nvmlDeviceGetMemoryInfo).total)
 
     def sm_clock_mhz(self) -> float:
-        import pynvml
-
-        return float(self._nvml("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM))  # type: ignore[arg-type]
+        nvml = import_pynvml()
+        return float(self._nvml(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM))
 
     def max_sm_clock_mhz(self) -> float:
-        import pynvml
-
-        return float(self._nvml("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM))  # type: ignore[arg-type]
+        nvml = import_pynvml()
+        return float(self._nvml(nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM))
 
     def supported_sm_clocks_mhz(self) -> list[int]:
         mem = self._call(self._gpu.get_supported_memory_clocks)
-        top = max(mem) if mem else None  # type: ignore[type-var, arg-type]
-        return sorted((int(c) for c in self._call(self._gpu.get_supported_graphics_clocks, top)),  # type: ignore[union-attr]
+        top = max(mem) if mem else None
+        return sorted((int(c) for c in self._call(self._gpu.get_supported_graphics_clocks, top)),
                       reverse=True)
 
     def lock_sm_clock(self, mhz: int) -> None:
@@ -165,16 +214,16 @@ class ZeusDevice:
         self._call(self._gpu.reset_gpu_locked_clocks)
 
     def power_limit_w(self) -> float:
-        return float(self._call(self._gpu.get_power_management_limit)) / 1e3  # type: ignore[arg-type]
+        return float(self._call(self._gpu.get_power_management_limit)) / 1e3
 
     def set_power_limit_w(self, watts: float) -> None:
         self._call(self._gpu.set_power_management_limit, int(round(watts * 1e3)))
 
     def energy_j(self) -> float:
-        return float(self._call(self._gpu.get_total_energy_consumption)) / 1e3  # type: ignore[arg-type]
+        return float(self._call(self._gpu.get_total_energy_consumption)) / 1e3
 
     def power_w(self) -> float:
-        return float(self._call(self._gpu.get_instant_power_usage)) / 1e3  # type: ignore[arg-type]
+        return float(self._call(self._gpu.get_instant_power_usage)) / 1e3
 
     def control_permission(self) -> tuple[bool, str]:
         if os.environ.get("ZEUSD_SOCK_PATH") or getattr(self._gpu, "_disable_sys_admin_warning",
@@ -195,76 +244,76 @@ class NvmlDevice:
     :class:`~kareus.backends.gpu.fake_nvml.FakeNvml` in tests).
 
     Args:
-        index: GPU index in NVML's numbering.
+        index: GPU index in CUDA's numbering (NVML's is :attr:`nvml_index`).
         nvml: The bindings module (default: ``import pynvml``, initialised here).
     """
 
-    def __init__(self, index: int, nvml: object | None = None) -> None:
+    def __init__(self, index: int, nvml: NvmlLike | None = None) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml  # type: ignore[no-redef]
+                nvml = import_pynvml()
             except ImportError as e:
                 raise DeviceError(f"nvidia-ml-py is not installed ({e}); pip install "
                                   "nvidia-ml-py") from None
         self.index = index
         self.nvml = nvml
-        err = getattr(nvml, "NVMLError", Exception)
+        #: The card's index in NVML's numbering (``CUDA_VISIBLE_DEVICES`` followed).
+        self.nvml_index = nvml_index(index)
         try:
-            nvml.nvmlInit()  # type: ignore[attr-defined]
-            self.handle = nvml.nvmlDeviceGetHandleByIndex(  # type: ignore[attr-defined]
-                nvml_index(index))
-        except err as e:  # type: ignore[misc]
+            nvml.nvmlInit()
+            self.handle = nvml.nvmlDeviceGetHandleByIndex(self.nvml_index)
+        except nvml.NVMLError as e:
             raise DeviceError(f"NVML unavailable for GPU {index}: {e}") from None
 
-    def _nvml(self, fn_name: str, *args: object) -> object:
+    def _nvml(self, fn: Callable[Concatenate[NvmlHandle, P], T], *args: P.args,
+              **kwargs: P.kwargs) -> T:
         nvml = self.nvml
         try:
-            return getattr(nvml, fn_name)(self.handle, *args)
-        except nvml.NVMLError as e:  # type: ignore[attr-defined]
-            if getattr(e, "value", None) == getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4):
+            return fn(self.handle, *args, **kwargs)
+        except nvml.NVMLError as e:
+            if getattr(e, "value", None) == nvml.NVML_ERROR_NO_PERMISSION:
                 raise ClockPermissionError(f"GPU {self.index}: {e}; {PERMISSION_HINT}") from None
-            raise DeviceError(f"GPU {self.index}: {fn_name}: {e}") from None
+            raise DeviceError(f"GPU {self.index}: {_name_of(fn)}: {e}") from None
 
     def name(self) -> str:
-        n = self._nvml("nvmlDeviceGetName")
+        n = self._nvml(self.nvml.nvmlDeviceGetName)
         return n.decode() if isinstance(n, bytes) else str(n)
 
     def memory_bytes(self) -> int:
-        return int(self._nvml("nvmlDeviceGetMemoryInfo").total)  # type: ignore[attr-defined]
+        return int(self._nvml(self.nvml.nvmlDeviceGetMemoryInfo).total)
 
     def memory_used_bytes(self) -> int:
         """Device memory in use, all processes (bytes)."""
-        return int(self._nvml("nvmlDeviceGetMemoryInfo").used)  # type: ignore[attr-defined]
+        return int(self._nvml(self.nvml.nvmlDeviceGetMemoryInfo).used)
 
     def sm_clock_mhz(self) -> float:
-        return float(self._nvml("nvmlDeviceGetClockInfo", self.nvml.NVML_CLOCK_SM))  # type: ignore[attr-defined, arg-type]
+        return float(self._nvml(self.nvml.nvmlDeviceGetClockInfo, self.nvml.NVML_CLOCK_SM))
 
     def max_sm_clock_mhz(self) -> float:
-        return float(self._nvml("nvmlDeviceGetMaxClockInfo", self.nvml.NVML_CLOCK_SM))  # type: ignore[attr-defined, arg-type]
+        return float(self._nvml(self.nvml.nvmlDeviceGetMaxClockInfo, self.nvml.NVML_CLOCK_SM))
 
     def supported_sm_clocks_mhz(self) -> list[int]:
-        mem = self._nvml("nvmlDeviceGetSupportedMemoryClocks")
-        top = max(mem)  # type: ignore[call-overload]
-        return sorted((int(c) for c in self._nvml("nvmlDeviceGetSupportedGraphicsClocks",  # type: ignore[union-attr]
-                                                   top)), reverse=True)
+        top = max(self._nvml(self.nvml.nvmlDeviceGetSupportedMemoryClocks))
+        return sorted((int(c) for c in self._nvml(self.nvml.nvmlDeviceGetSupportedGraphicsClocks,
+                                                  top)), reverse=True)
 
     def lock_sm_clock(self, mhz: int) -> None:
-        self._nvml("nvmlDeviceSetGpuLockedClocks", int(mhz), int(mhz))
+        self._nvml(self.nvml.nvmlDeviceSetGpuLockedClocks, int(mhz), int(mhz))
 
     def reset_sm_clock(self) -> None:
-        self._nvml("nvmlDeviceResetGpuLockedClocks")
+        self._nvml(self.nvml.nvmlDeviceResetGpuLockedClocks)
 
     def power_limit_w(self) -> float:
-        return float(self._nvml("nvmlDeviceGetPowerManagementLimit")) / 1e3  # type: ignore[arg-type]
+        return float(self._nvml(self.nvml.nvmlDeviceGetPowerManagementLimit)) / 1e3
 
     def set_power_limit_w(self, watts: float) -> None:
-        self._nvml("nvmlDeviceSetPowerManagementLimit", int(round(watts * 1e3)))
+        self._nvml(self.nvml.nvmlDeviceSetPowerManagementLimit, int(round(watts * 1e3)))
 
     def energy_j(self) -> float:
-        return float(self._nvml("nvmlDeviceGetTotalEnergyConsumption")) / 1e3  # type: ignore[arg-type]
+        return float(self._nvml(self.nvml.nvmlDeviceGetTotalEnergyConsumption)) / 1e3
 
     def power_w(self) -> float:
-        return float(self._nvml("nvmlDeviceGetPowerUsage")) / 1e3  # type: ignore[arg-type]
+        return float(self._nvml(self.nvml.nvmlDeviceGetPowerUsage)) / 1e3
 
     def control_permission(self) -> tuple[bool, str]:
         if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -33,15 +33,24 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from kareus.atomic import atomic_write_json, atomic_write_text
 from kareus.errors import InputError
+from kareus.json_types import Json, JsonObject
+
+if TYPE_CHECKING:
+    from kareus.backends.gpu.backend import GPUBackend
+    from kareus.backends.gpu.device import NvmlDevice
+    from kareus.backends.gpu.nvml_api import NvmlLike
+    from kareus.backends.gpu.nvml_guard import NvmlGuard
+    from kareus.backends.gpu.settings import CardSettings
+    from kareus.hardware.presets import GPUPreset
 
 PHASES = ("env", "power", "pytest", "workload", "contention", "fault")
 MODELS = ("gpt3-xl", "llama3.2-3b")
@@ -82,10 +91,16 @@ class Card:
     """The GPU under test: its NVML bindings (real or fake), a device over them, and torch's
     device string."""
 
-    nvml: Any
-    dev: Any
+    nvml: NvmlLike
+    dev: NvmlDevice
     device: str
     fake: bool
+
+    def settings(self) -> CardSettings:
+        """The card's settings now."""
+        from kareus.backends.gpu.settings import snapshot
+
+        return snapshot(self.nvml, self.dev.nvml_index)
 
     def memory_used_bytes(self) -> int:
         return int(self.nvml.nvmlDeviceGetMemoryInfo(self.dev.handle).used)
@@ -105,8 +120,8 @@ class Run:
     out: Path
     card: Card
     cfg: Settings
-    guard: Any
-    settings_before: dict[str, Any]
+    guard: NvmlGuard
+    settings_before: CardSettings
     lines: list[str] = field(default_factory=list)
 
     def log(self, msg: str) -> None:
@@ -118,7 +133,7 @@ class Run:
 # ============================================================================== phases
 
 
-def phase_env(run: Run) -> dict[str, Any]:
+def phase_env(run: Run) -> JsonObject:
     """Versions, the card, the guard and the energy counter's update period."""
     import torch
 
@@ -126,7 +141,7 @@ def phase_env(run: Run) -> dict[str, Any]:
 
     nvml, dev = run.card.nvml, run.card.dev
 
-    def text(fn: Callable[[], Any]) -> Any:
+    def text(fn: Callable[[], str | bytes | int]) -> str | int:
         try:
             v = fn()
             return v.decode() if isinstance(v, bytes) else v
@@ -135,27 +150,34 @@ def phase_env(run: Run) -> dict[str, Any]:
 
     cuda = run.card.device == "cuda"
     props = torch.cuda.get_device_properties(0) if cuda else None
-    rec = {
+    rec: JsonObject = {
         "host": platform.node(), "python": sys.version.split()[0], "fake_device": run.card.fake,
         "driver": text(nvml.nvmlSystemGetDriverVersion),
         "nvml": text(nvml.nvmlSystemGetNVMLVersion),
         "cuda_driver": text(nvml.nvmlSystemGetCudaDriverVersion),
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "nccl": text(lambda: ".".join(map(str, torch.cuda.nccl.version()))) if cuda else None,
-        "zeus": text(lambda: __import__("zeus").__version__),
+        "zeus": text(_zeus_version),
         "gpu_name": dev.name(), "memory_bytes": dev.memory_bytes(),
         "sms": props.multi_processor_count if props else None,
         "shared_memory_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
         "max_sm_clock_mhz": dev.max_sm_clock_mhz(), "sm_clock_mhz": dev.sm_clock_mhz(),
         "compile_kernel": hasattr(torch.cuda, "_compile_kernel"),
-        "energy_counter": counter_update_period(dev, 1.0 if not run.card.fake else 0.2),
-        "guard": run.guard.describe(), "settings_before": run.settings_before,
+        "energy_counter": (counter := counter_update_period(
+            dev, 1.0 if not run.card.fake else 0.2)).to_dict(),
+        "guard": run.guard.describe(), "settings_before": run.settings_before.to_dict(),
     }
-    rec["ok"] = bool(rec["energy_counter"]["works"]) and run.guard.active
+    rec["ok"] = bool(counter.works) and run.guard.active
     return rec
 
 
-def phase_power(run: Run) -> dict[str, Any]:
+def _zeus_version() -> str:
+    import importlib
+
+    return str(importlib.import_module("zeus").__version__)
+
+
+def phase_power(run: Run) -> JsonObject:
     """Idle and spin-wait power; GEMM and HBM ceilings with their power and clock."""
     from kareus.backends.gpu import probes
     from kareus.backends.gpu.measure import MeasureConfig
@@ -172,7 +194,7 @@ def phase_power(run: Run) -> dict[str, Any]:
             "ok": all(r.time_s > 0 and r.energy_j > 0 for r in res)}
 
 
-def phase_pytest(run: Run) -> dict[str, Any]:
+def phase_pytest(run: Run) -> JsonObject:
     """The CUDA tests under the guard (clock control off), with a wall-clock limit."""
     env = {k: v for k, v in os.environ.items() if k != "KAREUS_ALLOW_CLOCK_CONTROL"}
     cmd = [sys.executable, "-m", "kareus.backends.gpu.guarded", "pytest", "-m", "gpu", "-q",
@@ -196,7 +218,7 @@ def phase_pytest(run: Run) -> dict[str, Any]:
             "wall_s": time.monotonic() - t0, "log_tail": out[-6000:], "ok": rc == 0}
 
 
-def _backend(run: Run, preset: Any) -> Any:
+def _backend(run: Run, preset: GPUPreset) -> GPUBackend:
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.measure import MeasureConfig
 
@@ -208,18 +230,19 @@ def _backend(run: Run, preset: Any) -> Any:
     return GPUBackend.create(preset, measure=mc, announce=False, accept_unlisted_gpu=True)
 
 
-def _preset(run: Run) -> Any:
+def _preset(run: Run) -> GPUPreset:
     from kareus.backends.gpu.environment import match_preset
     from kareus.hardware.presets import get_preset
 
     return get_preset(match_preset(run.card.dev.name(), run.card.dev.memory_bytes()) or "h200")
 
 
-def phase_workload(run: Run) -> dict[str, Any]:
+def phase_workload(run: Run) -> JsonObject:
     """Each model: the default plan's iteration, each instruction and each op at the card's
     clock, beside the simulator's h200 prediction at the clock observed."""
     from kareus.backends.base import Point
     from kareus.backends.gpu.calibrate import _observed_clock, measure_ops, snap_to_grid
+    from kareus.backends.gpu.results import PlanResult
     from kareus.backends.gpu.serialize import reduced_workload
     from kareus.backends.sim import SimulatorBackend
     from kareus.energy import measured_energy
@@ -229,10 +252,11 @@ def phase_workload(run: Run) -> dict[str, Any]:
     preset = _preset(run)
     backend = _backend(run, preset)
     sim = SimulatorBackend(preset)
-    models: dict[str, Any] = {}
+    models: dict[str, JsonObject] = {}
+    oks: dict[str, bool] = {}
     path = run.out / "workload.json"
     for name in c.models:
-        rec: dict[str, Any] = {}
+        rec: JsonObject = {}
         try:
             w = reduced_workload(name, c.layers, tp=1, pp=1, dp=1, mbs=c.mbs, seq=c.seq,
                                  microbatches=c.microbatches)
@@ -241,42 +265,46 @@ def phase_workload(run: Run) -> dict[str, Any]:
             res = backend.evaluate_plan(g, plan)
             f = snap_to_grid(_observed_clock(backend, preset.clock_max_mhz), preset)
             pred = sim.evaluate_plan(g, IterationPlan.uniform(g, f))
-            rec["iteration"] = {"measured": Point.from_result(res).to_dict(),
-                                "simulated": Point.from_result(pred).to_dict(),
-                                "clock_mhz": f, "losses": backend.last_run[0].get("losses")}
-            rec["instructions"] = []
+            rank0 = backend.last_run[0]
+            measured, simulated = Point.from_result(res), Point.from_result(pred)
+            rec["iteration"] = {"measured": measured.to_dict(), "simulated": simulated.to_dict(),
+                                "clock_mhz": f, "losses": list(rank0.losses)
+                                if isinstance(rank0, PlanResult) else None}
+            instructions: list[JsonObject] = []
+            rec["instructions"] = instructions
             for key in sorted(g.instruction_graphs):
                 cost = backend.evaluate_instruction(g, key, InstructionPlan.make(
                     preset.clock_max_mhz))
                 fi = snap_to_grid(_observed_clock(backend, preset.clock_max_mhz), preset)
                 sc = sim.evaluate_instruction(g, key, InstructionPlan.make(fi))
-                rec["instructions"].append({
+                instructions.append({
                     "stage": key[0], "direction": key[1], "clock_mhz": fi,
                     "time_measured": cost.time_s, "time_sim": sc.time_s,
                     "energy_measured": measured_energy(cost.dynamic_energy_j,
                                                        backend.static_power_w, cost.time_s),
                     "energy_sim": measured_energy(sc.dynamic_energy_j, preset.static_power_w,
                                                   sc.time_s)})
-            rec["ops"] = measure_ops(backend, w, preset.clock_max_mhz, limit=c.max_ops)
-            it = rec["iteration"]
-            run.log(f"  {name}: {it['measured']['time_s'] * 1e3:.1f} ms / "
-                    f"{it['measured']['energy_j']:.1f} J per iteration measured; simulator at "
-                    f"{f:.0f} MHz {it['simulated']['time_s'] * 1e3:.1f} ms / "
-                    f"{it['simulated']['energy_j']:.1f} J; {len(rec['ops'])} ops")
-            rec["ok"] = True
+            ops = measure_ops(backend, w, preset.clock_max_mhz, limit=c.max_ops)
+            rec["ops"] = [o.to_dict() for o in ops]
+            run.log(f"  {name}: {measured.time_s * 1e3:.1f} ms / "
+                    f"{measured.energy_j:.1f} J per iteration measured; simulator at "
+                    f"{f:.0f} MHz {simulated.time_s * 1e3:.1f} ms / "
+                    f"{simulated.energy_j:.1f} J; {len(ops)} ops")
+            rec["ok"] = oks[name] = True
         except Exception as e:  # noqa: BLE001 - keep the other model's measurement
-            rec.update(ok=False, error=f"{type(e).__name__}: {e}".splitlines()[0],
-                       traceback=traceback.format_exc()[-4000:])
-            run.log(f"  {name}: failed: {rec['error']}")
+            error = f"{type(e).__name__}: {e}".splitlines()[0]
+            rec.update(ok=False, error=error, traceback=traceback.format_exc()[-4000:])
+            oks[name] = False
+            run.log(f"  {name}: failed: {error}")
         models[name] = rec
         atomic_write_json(path, {"models": models, "partial": True, "ok": False})
     return {"preset": preset.name, "backend": backend.describe(), "models": models,
-            "ok": all(m["ok"] for m in models.values())}
+            "ok": all(oks.values())}
 
 
-def phase_contention(run: Run) -> dict[str, Any]:
+def phase_contention(run: Run) -> JsonObject:
     """A communication-like kernel on k SMs beside three ops, against the simulator's law."""
-    from kareus.backends.gpu.contention import CommLike, measure_case, op_cases
+    from kareus.backends.gpu.contention import CommLike, ContentionRow, measure_case, op_cases
     from kareus.backends.gpu.serialize import reduced_workload
     from kareus.backends.sim import SimulatorBackend
 
@@ -286,43 +314,48 @@ def phase_contention(run: Run) -> dict[str, Any]:
                          microbatches=1)
     comm = CommLike(run.card.device, nbytes=(256 << 20) if not run.card.fake else (1 << 16))
     sim = SimulatorBackend(preset)
-    rows: list[dict[str, Any]] = []
+    rows: list[ContentionRow] = []
     for case in op_cases(w, run.card.device):
         rows += measure_case(case, list(c.contention_ks), run.card.dev, run.card.device, comm,
                              c.contention_window_s, sim, preset)
         for r in rows[-len(c.contention_ks):]:
-            run.log(f"  {r['op']} k={r['comm_sms']}: {r['time_per_call_s'] * 1e6:.0f} us "
-                    f"(x{r['slowdown'] or 0:.3f}; simulator x{r['simulated']['slowdown']:.3f})"
-                    f", SMs proven {r['sms_proven']}")
-    proven = [r["sms_proven"] for r in rows if r["comm_sms"] and r["sms_proven"] is not None]
-    return {"workload": w.name, "preset": preset.name, "rows": rows,
+            run.log(f"  {r.op} k={r.comm_sms}: {r.time_per_call_s * 1e6:.0f} us "
+                    f"(x{r.slowdown or 0:.3f}; simulator x{r.simulated.slowdown:.3f})"
+                    f", SMs proven {r.sms_proven}")
+    proven = [r.sms_proven for r in rows if r.comm_sms and r.sms_proven is not None]
+    return {"workload": w.name, "preset": preset.name, "rows": [r.to_dict() for r in rows],
             "all_sms_proven": all(proven) if proven else None,
-            "ok": all(r["time_per_call_s"] > 0 for r in rows) and all(proven)}
+            "ok": all(r.time_per_call_s > 0 for r in rows) and all(proven)}
 
 
-def phase_fault(run: Run) -> dict[str, Any]:
+def phase_fault(run: Run) -> JsonObject:
     """SIGTERM and SIGKILL mid-measurement; settings compared around each."""
     import signal
 
     from kareus.backends.gpu.fault import one_kill
-    from kareus.backends.gpu.settings import difference, snapshot
+    from kareus.backends.gpu.settings import difference
 
     import tempfile
 
-    kills = []
+    kills: list[JsonObject] = []
+    oks: list[bool] = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        before = snapshot(run.card.nvml, run.card.dev.handle)
+        before = run.card.settings()
         with tempfile.TemporaryDirectory(prefix=f"kareus-fault-{sig.name}-") as tmp:
             r = one_kill(sig, Path(tmp), run.card.device, run.card)
-        r["settings_changed"] = difference(before, snapshot(run.card.nvml, run.card.dev.handle))
-        r["ok"] = r["ok"] and not r["settings_changed"]
-        run.log(f"  {sig.name}: kept {r['windows_kept']} windows, intact {r['record_intact']},"
-                f" memory freed after {r['memory_freed_after_s']} s, ok {r['ok']}")
-        kills.append(r)
-    return {"kills": kills, "ok": all(k["ok"] for k in kills)}
+        changed = difference(before, run.card.settings())
+        ok = r.ok and not changed
+        kill = r.to_dict()
+        kill["settings_changed"] = changed
+        kill["ok"] = ok
+        run.log(f"  {sig.name}: kept {r.windows_kept} windows, intact {r.record_intact},"
+                f" memory freed after {r.memory_freed_after_s} s, ok {ok}")
+        kills.append(kill)
+        oks.append(ok)
+    return {"kills": kills, "ok": all(oks)}
 
 
-RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
+RUNNERS: dict[str, Callable[[Run], JsonObject]] = {
     "env": phase_env, "power": phase_power, "pytest": phase_pytest,
     "workload": phase_workload, "contention": phase_contention, "fault": phase_fault}
 
@@ -371,7 +404,7 @@ def open_card(fake: bool) -> Card:
 def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
     """Guard, snapshot, the phases (each record written when it ends), the summary."""
     from kareus.backends.gpu.nvml_guard import ENV_VAR, activate
-    from kareus.backends.gpu.settings import difference, snapshot
+    from kareus.backends.gpu.settings import difference
 
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -385,8 +418,8 @@ def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
         return 1
     os.environ[ENV_VAR] = "1"  # processes we start guard themselves
     os.environ.pop("KAREUS_ALLOW_CLOCK_CONTROL", None)
-    before = snapshot(card.nvml, card.dev.handle)
-    prev: dict[str, Any] = {}
+    before = card.settings()
+    prev: dict[str, Json] = {}
     if (out / "summary.json").exists():
         try:
             prev = json.loads((out / "summary.json").read_text()).get("phases", {})
@@ -397,7 +430,7 @@ def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
         run.lines = (out / "log.txt").read_text().splitlines()
     run.log(f"== device check on {card.dev.name()}{' (fake, CPU)' if fake else ''}: "
             f"{', '.join(phases)}; NVML guard on ({len(guard.blocked)} setters blocked)")
-    status: dict[str, Any] = dict(prev)
+    status: dict[str, Json] = dict(prev)
     for name in phases:
         path = out / f"{name}.json"
         if path.exists() and len(phases) == len(PHASES):
@@ -409,20 +442,22 @@ def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
         try:
             rec = RUNNERS[name](run)
         except Exception as e:  # noqa: BLE001 - record the failure, go on to the next phase
-            rec = {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0],
-                   "traceback": traceback.format_exc()[-4000:]}
-            run.log(f"   failed: {rec['error']}")
-        rec["wall_s"] = time.monotonic() - t0
+            error = f"{type(e).__name__}: {e}".splitlines()[0]
+            rec = {"ok": False, "error": error, "traceback": traceback.format_exc()[-4000:]}
+            run.log(f"   failed: {error}")
+        wall = time.monotonic() - t0
+        rec["wall_s"] = wall
         atomic_write_json(path, rec)
-        status[name] = {"ok": rec["ok"], "wall_s": rec["wall_s"]}
-        run.log(f"   {name}: ok={rec['ok']} in {rec['wall_s']:.1f} s")
-    after = snapshot(card.nvml, card.dev.handle)
+        status[name] = {"ok": rec["ok"], "wall_s": wall}
+        run.log(f"   {name}: ok={rec['ok']} in {wall:.1f} s")
+    after = card.settings()
     changed = difference(before, after)
     attempts = list(guard.attempts)
-    ok = all(s.get("ok") for p, s in status.items() if p in phases) and not changed \
-        and not attempts
+    ok = all(isinstance(s, Mapping) and s.get("ok") for p, s in status.items() if p in phases) \
+        and not changed and not attempts
     atomic_write_json(out / "summary.json", {
-        "ok": ok, "phases": status, "settings_before": before, "settings_after": after,
+        "ok": ok, "phases": status, "settings_before": before.to_dict(),
+        "settings_after": after.to_dict(),
         "settings_changed": changed, "blocked_setter_attempts": attempts,
         "fake_device": fake, "wall_s": time.monotonic() - t_start})
     if changed:

@@ -8,8 +8,9 @@ it and the fix. :func:`match_preset` maps an NVML GPU name to the preset describ
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from kareus.backends.gpu.nvml_api import NvmlHandle, import_pynvml
 from kareus.errors import InputError
 from kareus.hardware.presets import GPUPreset
 
@@ -47,18 +48,20 @@ def probe_environment() -> Environment:
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    env = dict(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cuda_devices=n)
+    env = Environment(torch_version=torch.__version__, torch_cuda=torch.version.cuda,
+                      cuda_devices=n)
     try:
-        import pynvml
+        pynvml = import_pynvml()
     except Exception as e:  # noqa: BLE001 - ImportError
-        return Environment(**env, zeus_error=f"{type(e).__name__}: {e}")  # type: ignore[arg-type]
+        return replace(env, zeus_error=f"{type(e).__name__}: {e}")
     from kareus.backends.gpu.device import nvml_index, zeus_available
 
     try:
+        handles: list[NvmlHandle]
         if zeus_available():
-            from zeus.device import get_gpus
+            from kareus.backends.gpu.device import zeus_gpus
 
-            gpus = get_gpus()
+            gpus = zeus_gpus()
             names = tuple(str(gpus.get_name(i)) for i in range(len(gpus)))
             handles = [g.handle for g in gpus.gpus]
         else:
@@ -66,11 +69,10 @@ def probe_environment() -> Environment:
             count = n or pynvml.nvmlDeviceGetCount()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(nvml_index(i)) for i in range(count)]
             names = tuple(_text(pynvml.nvmlDeviceGetName(h)) for h in handles)
-        mem = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(h).total)  # type: ignore[attr-defined]
-                    for h in handles)
+        mem = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in handles)
     except Exception as e:  # noqa: BLE001 - ZeusGPUInitError, NVMLError, zeus refusing pynvml
-        return Environment(**env, nvml_error=str(e) or type(e).__name__)  # type: ignore[arg-type]
-    return Environment(**env, gpu_names=names, gpu_memory=mem)  # type: ignore[arg-type]
+        return replace(env, nvml_error=str(e) or type(e).__name__)
+    return replace(env, gpu_names=names, gpu_memory=mem)
 
 
 def _text(v: object) -> str:

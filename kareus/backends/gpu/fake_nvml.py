@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType, SimpleNamespace
-from typing import Any
+from types import ModuleType
+
+from kareus.backends.gpu.nvml_api import NvmlHandle, NvmlProcess
 
 
 class NVMLError(Exception):
@@ -21,6 +22,15 @@ class NVMLError(Exception):
     def __init__(self, value: int) -> None:
         super().__init__(f"NVML error {value}")
         self.value = value
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """``nvmlDeviceGetMemoryInfo``'s result (bytes)."""
+
+    total: int
+    used: int
+    free: int
 
 
 @dataclass
@@ -42,7 +52,7 @@ class FakeGpu:
     mig: tuple[int, int] = (0, 0)
     ecc: tuple[int, int] = (1, 1)
     app_clocks: tuple[int, int] = (1980, 3201)
-    processes: list[Any] = field(default_factory=list)
+    processes: list[NvmlProcess] = field(default_factory=list)
 
 
 class FakeNvml(ModuleType):
@@ -71,17 +81,23 @@ class FakeNvml(ModuleType):
         self._energy_mj = [1.0e9 for _ in self.gpus]  # since "driver load"
         self._last = [self._t0 for _ in self.gpus]
         self.calls: list[str] = []
-        self._nvmlGetFunctionPointer_cache: dict[str, Any] = {}
+        self._nvmlGetFunctionPointer_cache: dict[str, Callable[..., object]] = {}
         # a module lists its own attributes only: put the functions and constants there
         for name in dir(type(self)):
             if name.startswith(("nvml", "NVML", "_nvmlGetFunctionPointer")):
                 setattr(self, name, getattr(self, name))
 
     # ------------------------------------------------------------------ plumbing
-    def _gpu(self, handle: Any) -> FakeGpu:
-        return self.gpus[int(handle)]
+    def _index(self, handle: NvmlHandle) -> int:
+        """The card a handle names (the fake's handles are the cards' indices)."""
+        if not isinstance(handle, int):
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
+        return handle
 
-    def _nvmlGetFunctionPointer(self, name: str) -> Callable[..., Any]:
+    def _gpu(self, handle: NvmlHandle) -> FakeGpu:
+        return self.gpus[self._index(handle)]
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Callable[..., object]:
         """The C function ``name`` (here: the module's Python function of that name)."""
         fn = getattr(self, name, None)
         if fn is None:
@@ -114,19 +130,19 @@ class FakeNvml(ModuleType):
         return index
 
     # ------------------------------------------------------------------ getters
-    def nvmlDeviceGetName(self, h: Any) -> str:
+    def nvmlDeviceGetName(self, h: NvmlHandle) -> str:
         return self._gpu(h).name
 
-    def nvmlDeviceGetMemoryInfo(self, h: Any) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: NvmlHandle) -> MemoryInfo:
         g = self._gpu(h)
-        return SimpleNamespace(total=g.memory_total, used=g.memory_used,
-                               free=g.memory_total - g.memory_used)
+        return MemoryInfo(total=g.memory_total, used=g.memory_used,
+                          free=g.memory_total - g.memory_used)
 
-    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+    def nvmlDeviceGetPowerUsage(self, h: NvmlHandle) -> int:
         return self._gpu(h).power_mw
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
-        i = int(h)
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: NvmlHandle) -> int:
+        i = self._index(h)
         now = self._time()
         steps = int((now - self._last[i]) / self.update_period_s)
         if steps > 0:
@@ -135,105 +151,105 @@ class FakeNvml(ModuleType):
             self._last[i] += dt
         return int(self._energy_mj[i])
 
-    def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
+    def nvmlDeviceGetClockInfo(self, h: NvmlHandle, kind: int) -> int:
         g = self._gpu(h)
         if kind == self.NVML_CLOCK_MEM:
             return g.mem_clock_mhz
         return g.locked[1] if g.locked else g.clocks_mhz[0]
 
-    def nvmlDeviceGetMaxClockInfo(self, h: Any, kind: int) -> int:
+    def nvmlDeviceGetMaxClockInfo(self, h: NvmlHandle, kind: int) -> int:
         g = self._gpu(h)
         return g.mem_clock_mhz if kind == self.NVML_CLOCK_MEM else max(g.clocks_mhz)
 
-    def nvmlDeviceGetSupportedMemoryClocks(self, h: Any) -> list[int]:
+    def nvmlDeviceGetSupportedMemoryClocks(self, h: NvmlHandle) -> list[int]:
         return [self._gpu(h).mem_clock_mhz]
 
-    def nvmlDeviceGetSupportedGraphicsClocks(self, h: Any, mem: int) -> list[int]:
+    def nvmlDeviceGetSupportedGraphicsClocks(self, h: NvmlHandle, mem: int) -> list[int]:
         return list(self._gpu(h).clocks_mhz)
 
-    def nvmlDeviceGetPowerManagementLimit(self, h: Any) -> int:
+    def nvmlDeviceGetPowerManagementLimit(self, h: NvmlHandle) -> int:
         return self._gpu(h).power_limit_mw
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: NvmlHandle) -> int:
         return self._gpu(h).power_limit_mw
 
-    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: Any) -> int:
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: NvmlHandle) -> int:
         return self._gpu(h).default_power_limit_mw
 
-    def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
+    def nvmlDeviceGetPersistenceMode(self, h: NvmlHandle) -> int:
         return self._gpu(h).persistence
 
-    def nvmlDeviceGetComputeMode(self, h: Any) -> int:
+    def nvmlDeviceGetComputeMode(self, h: NvmlHandle) -> int:
         return self._gpu(h).compute_mode
 
-    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+    def nvmlDeviceGetMigMode(self, h: NvmlHandle) -> list[int]:
         return list(self._gpu(h).mig)
 
-    def nvmlDeviceGetEccMode(self, h: Any) -> list[int]:
+    def nvmlDeviceGetEccMode(self, h: NvmlHandle) -> list[int]:
         return list(self._gpu(h).ecc)
 
-    def nvmlDeviceGetApplicationsClock(self, h: Any, kind: int) -> int:
+    def nvmlDeviceGetApplicationsClock(self, h: NvmlHandle, kind: int) -> int:
         g = self._gpu(h)
         return g.app_clocks[1] if kind == self.NVML_CLOCK_MEM else g.app_clocks[0]
 
-    def nvmlDeviceGetDefaultApplicationsClock(self, h: Any, kind: int) -> int:
+    def nvmlDeviceGetDefaultApplicationsClock(self, h: NvmlHandle, kind: int) -> int:
         g = self._gpu(h)
         return g.mem_clock_mhz if kind == self.NVML_CLOCK_MEM else max(g.clocks_mhz)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+    def nvmlDeviceGetComputeRunningProcesses(self, h: NvmlHandle) -> list[NvmlProcess]:
         return list(self._gpu(h).processes)
 
     # ------------------------------------------------------------------ setters (they change)
     def _set(self, call: str) -> None:
         self.calls.append(call)
 
-    def nvmlDeviceSetGpuLockedClocks(self, h: Any, lo: int, hi: int) -> None:
+    def nvmlDeviceSetGpuLockedClocks(self, h: NvmlHandle, lo: int, hi: int) -> None:
         self._set(f"SetGpuLockedClocks {lo} {hi}")
         self._gpu(h).locked = (int(lo), int(hi))
 
-    def nvmlDeviceResetGpuLockedClocks(self, h: Any) -> None:
+    def nvmlDeviceResetGpuLockedClocks(self, h: NvmlHandle) -> None:
         self._set("ResetGpuLockedClocks")
         self._gpu(h).locked = None
 
-    def nvmlDeviceSetMemoryLockedClocks(self, h: Any, lo: int, hi: int) -> None:
+    def nvmlDeviceSetMemoryLockedClocks(self, h: NvmlHandle, lo: int, hi: int) -> None:
         self._set(f"SetMemoryLockedClocks {lo} {hi}")
         self._gpu(h).mem_locked = (int(lo), int(hi))
 
-    def nvmlDeviceResetMemoryLockedClocks(self, h: Any) -> None:
+    def nvmlDeviceResetMemoryLockedClocks(self, h: NvmlHandle) -> None:
         self._set("ResetMemoryLockedClocks")
         self._gpu(h).mem_locked = None
 
-    def nvmlDeviceSetApplicationsClocks(self, h: Any, mem: int, sm: int) -> None:
+    def nvmlDeviceSetApplicationsClocks(self, h: NvmlHandle, mem: int, sm: int) -> None:
         self._set(f"SetApplicationsClocks {mem} {sm}")
         self._gpu(h).app_clocks = (int(sm), int(mem))
 
-    def nvmlDeviceResetApplicationsClocks(self, h: Any) -> None:
+    def nvmlDeviceResetApplicationsClocks(self, h: NvmlHandle) -> None:
         self._set("ResetApplicationsClocks")
         g = self._gpu(h)
         g.app_clocks = (max(g.clocks_mhz), g.mem_clock_mhz)
 
-    def nvmlDeviceSetPowerManagementLimit(self, h: Any, mw: int) -> None:
+    def nvmlDeviceSetPowerManagementLimit(self, h: NvmlHandle, mw: int) -> None:
         self._set(f"SetPowerManagementLimit {mw}")
         self._gpu(h).power_limit_mw = int(mw)
 
-    def nvmlDeviceSetPersistenceMode(self, h: Any, mode: int) -> None:
+    def nvmlDeviceSetPersistenceMode(self, h: NvmlHandle, mode: int) -> None:
         self._set(f"SetPersistenceMode {mode}")
         self._gpu(h).persistence = int(mode)
 
-    def nvmlDeviceSetComputeMode(self, h: Any, mode: int) -> None:
+    def nvmlDeviceSetComputeMode(self, h: NvmlHandle, mode: int) -> None:
         self._set(f"SetComputeMode {mode}")
         self._gpu(h).compute_mode = int(mode)
 
-    def nvmlDeviceSetMigMode(self, h: Any, mode: int) -> int:
+    def nvmlDeviceSetMigMode(self, h: NvmlHandle, mode: int) -> int:
         self._set(f"SetMigMode {mode}")
         g = self._gpu(h)
         g.mig = (g.mig[0], int(mode))
         return 0
 
-    def nvmlDeviceSetEccMode(self, h: Any, mode: int) -> None:
+    def nvmlDeviceSetEccMode(self, h: NvmlHandle, mode: int) -> None:
         self._set(f"SetEccMode {mode}")
         g = self._gpu(h)
         g.ecc = (g.ecc[0], int(mode))
 
-    def nvmlDeviceClearEccErrorCounts(self, h: Any, kind: int) -> None:
+    def nvmlDeviceClearEccErrorCounts(self, h: NvmlHandle, kind: int) -> None:
         self._set(f"ClearEccErrorCounts {kind}")

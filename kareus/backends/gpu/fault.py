@@ -14,10 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from kareus.atomic import atomic_write_json
+from kareus.backends.gpu.device import Device
+from kareus.json_types import JsonObject
 
 #: Name of the child's incremental record.
 RECORD = "windows.json"
@@ -29,7 +33,8 @@ def child(out_dir: Path, device: str) -> None:  # pragma: no cover - runs in a s
 
     from kareus.backends.gpu.measure import CounterMeter, MeasureConfig, measure_window
 
-    dev: Any
+    dev: Device
+    sync: Callable[[], None]
     if device == "cuda":
         from kareus.backends.gpu.device import open_device
 
@@ -55,10 +60,50 @@ def _temp_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(f".{RECORD}."))
 
 
-def one_kill(sig: signal.Signals, folder: Path, device: str, card: Any,
-             timeout_s: float = 60.0) -> dict[str, Any]:
-    """Start a child, kill it with ``sig`` after two recorded windows, and check what it left.
-    ``card``: an object with ``memory_used_bytes()`` and ``pids()`` (NVML's compute processes)."""
+class WatchedCard(Protocol):
+    """What the fault test reads of the card: memory in use (bytes, all processes) and the
+    processes NVML lists on it."""
+
+    def memory_used_bytes(self) -> int: ...
+
+    def pids(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class KillResult:
+    """What one kill left: whether the child was measuring when killed, the windows on disk
+    before and after, whether the record is intact and no temporary file stayed (a SIGKILL
+    between write and rename may leave one), its exit status, the card's memory in use before
+    and after (bytes), how long the memory took to be freed (s; ``None``: not within 15 s), the
+    end of its stderr, and whether all of that is as it must be."""
+
+    signal: str
+    killed_while_measuring: bool
+    windows_before_kill: int
+    windows_kept: int
+    record_intact: bool
+    stray_temp_files: list[str]
+    exit_status: int | None
+    memory_used_before_bytes: int
+    memory_used_after_bytes: int
+    memory_freed_after_s: float | None
+    stderr_tail: str
+    ok: bool
+
+    def to_dict(self) -> JsonObject:
+        return {"signal": self.signal, "killed_while_measuring": self.killed_while_measuring,
+                "windows_before_kill": self.windows_before_kill,
+                "windows_kept": self.windows_kept, "record_intact": self.record_intact,
+                "stray_temp_files": self.stray_temp_files, "exit_status": self.exit_status,
+                "memory_used_before_bytes": self.memory_used_before_bytes,
+                "memory_used_after_bytes": self.memory_used_after_bytes,
+                "memory_freed_after_s": self.memory_freed_after_s,
+                "stderr_tail": self.stderr_tail, "ok": self.ok}
+
+
+def one_kill(sig: signal.Signals, folder: Path, device: str, card: WatchedCard,
+             timeout_s: float = 60.0) -> KillResult:
+    """Start a child, kill it with ``sig`` after two recorded windows, and check what it left."""
     folder.mkdir(parents=True, exist_ok=True)
     mem0 = card.memory_used_bytes()
     env = {**os.environ, "KAREUS_NVML_GUARD": "1"}
@@ -101,11 +146,11 @@ def one_kill(sig: signal.Signals, folder: Path, device: str, card: Any,
         time.sleep(0.2)
     ok = alive and seen >= 2 and intact and len(kept) >= 2 and freed_after is not None and \
         (not stray or sig == signal.SIGKILL)
-    return {"signal": sig.name, "killed_while_measuring": alive, "windows_before_kill": seen,
-            "windows_kept": len(kept), "record_intact": intact, "stray_temp_files": stray,
-            "exit_status": proc.returncode, "memory_used_before_bytes": mem0,
-            "memory_used_after_bytes": card.memory_used_bytes(), "memory_freed_after_s":
-            freed_after, "stderr_tail": (err or "")[-1500:], "ok": ok}
+    return KillResult(signal=sig.name, killed_while_measuring=alive, windows_before_kill=seen,
+                      windows_kept=len(kept), record_intact=intact, stray_temp_files=stray,
+                      exit_status=proc.returncode, memory_used_before_bytes=mem0,
+                      memory_used_after_bytes=card.memory_used_bytes(),
+                      memory_freed_after_s=freed_after, stderr_tail=(err or "")[-1500:], ok=ok)
 
 
 if __name__ == "__main__":  # pragma: no cover

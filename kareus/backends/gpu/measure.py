@@ -160,7 +160,7 @@ class ClockSampler:
         return sum(self._samples) / len(self._samples) if self._samples else None
 
 
-def measure_window(step: Callable[[], None], meter: Meter, cfg: MeasureConfig, *,
+def measure_window(step: Callable[[], object], meter: Meter, cfg: MeasureConfig, *,
                    sync: Callable[[], None] | None = None,
                    agree: Callable[[int], int] | None = None,
                    barrier: Callable[[], None] | None = None,

@@ -24,6 +24,7 @@ A process started with ``KAREUS_NVML_GUARD=1`` in its environment activates the 
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -31,7 +32,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+
+from kareus.json_types import JsonObject
 
 from kareus.errors import DeviceError
 
@@ -47,6 +49,11 @@ ENV_VAR = "KAREUS_NVML_GUARD"
 
 class SetterBlocked(DeviceError):
     """An NVML setter was called while the guard is active (the call never reached the card)."""
+
+
+def _mark_guarded(fn: Callable[..., object]) -> None:
+    """Tag ``fn`` as one of the guard's raising stand-ins (``__kareus_guard__``)."""
+    setattr(fn, "__kareus_guard__", True)
 
 
 def is_setter(name: str) -> bool:
@@ -65,12 +72,12 @@ class NvmlGuard:
         attempts: Every blocked call, as ``"name(args)"``, in order.
     """
 
-    module: ModuleType | None
+    module: object | None
     blocked: list[str] = field(default_factory=list)
     attempts: list[str] = field(default_factory=list)
-    _originals: dict[str, Callable[..., Any]] = field(default_factory=dict, repr=False)
-    _pointer_lookup: Callable[..., Any] | None = field(default=None, repr=False)
-    _rebound: list[tuple[Any, str, Any]] = field(default_factory=list, repr=False)
+    _originals: dict[str, Callable[..., object]] = field(default_factory=dict, repr=False)
+    _pointer_lookup: Callable[..., object] | None = field(default=None, repr=False)
+    _rebound: list[tuple[ModuleType, str, object]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def setters(self) -> list[str]:
@@ -89,15 +96,15 @@ class NvmlGuard:
         return bool(names) and all(getattr(getattr(mod, n), "__kareus_guard__", False)
                                    for n in names)
 
-    def _refuse(self, name: str) -> Callable[..., Any]:
-        def refused(*args: Any, **kwargs: Any) -> None:
+    def _refuse(self, name: str) -> Callable[..., None]:
+        def refused(*args: object, **kwargs: object) -> None:
             with self._lock:
                 self.attempts.append(f"{name}({', '.join(map(repr, args[1:] if args else ()))})")
             raise SetterBlocked(f"{name} refused: NVML setters are blocked for this run "
                                 "(kareus.backends.gpu.nvml_guard); the card's settings stay "
                                 "as they are")
         refused.__name__ = name
-        refused.__kareus_guard__ = True  # type: ignore[attr-defined]
+        _mark_guarded(refused)
         return refused
 
     def _activate(self) -> None:
@@ -114,13 +121,13 @@ class NvmlGuard:
         if callable(lookup) and not getattr(lookup, "__kareus_guard__", False):
             self._pointer_lookup = lookup
 
-            def guarded_lookup(name: str, *a: Any, **k: Any) -> Any:
+            def guarded_lookup(name: str, *a: object, **k: object) -> object:
                 if is_setter(str(name)):
                     self._refuse(str(name))()
                 return lookup(name, *a, **k)
 
-            guarded_lookup.__kareus_guard__ = True  # type: ignore[attr-defined]
-            mod._nvmlGetFunctionPointer = guarded_lookup  # type: ignore[attr-defined]
+            _mark_guarded(guarded_lookup)
+            setattr(mod, "_nvmlGetFunctionPointer", guarded_lookup)
             cache = getattr(mod, "_nvmlGetFunctionPointer_cache", None)
             if isinstance(cache, dict):
                 for key in [k for k in cache if is_setter(str(k))]:
@@ -134,9 +141,9 @@ class NvmlGuard:
             except TypeError:
                 continue
             for attr, val in items:
-                name = originals.get(id(val))
-                if name is not None and val is self._originals[name]:
-                    setattr(other, attr, getattr(mod, name))
+                orig = originals.get(id(val))
+                if orig is not None and val is self._originals[orig]:
+                    setattr(other, attr, getattr(mod, orig))
                     self._rebound.append((other, attr, val))
 
     def verify(self) -> list[str]:
@@ -173,7 +180,7 @@ class NvmlGuard:
         for name, fn in self._originals.items():
             setattr(mod, name, fn)
         if self._pointer_lookup is not None:
-            mod._nvmlGetFunctionPointer = self._pointer_lookup  # type: ignore[attr-defined]
+            setattr(mod, "_nvmlGetFunctionPointer", self._pointer_lookup)
         for other, attr, val in self._rebound:
             setattr(other, attr, val)
         self._originals.clear()
@@ -181,7 +188,7 @@ class NvmlGuard:
         self._pointer_lookup = None
         self.blocked.clear()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """What the guard covers, for a run's record."""
         return {"active": self.active,
                 "bindings": None if self.module is None else getattr(self.module, "__name__", "?"),
@@ -191,12 +198,12 @@ class NvmlGuard:
                 "attempts": list(self.attempts)}
 
 
-def activate(module: ModuleType | None = None) -> NvmlGuard:
+def activate(module: object | None = None) -> NvmlGuard:
     """Guard ``module`` (default: ``pynvml`` if importable) and return the guard. Guarding a
     module that is already guarded adds nothing new (its setters are already the raising ones)."""
     if module is None:
         try:
-            import pynvml as module  # type: ignore[no-redef]
+            module = importlib.import_module("pynvml")
         except ImportError:
             return NvmlGuard(None)
     guard = NvmlGuard(module)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from kareus.backends.gpu.device import Device
 from kareus.backends.gpu.measure import (
@@ -24,6 +23,7 @@ from kareus.backends.gpu.measure import (
     MeasureConfig,
     measure_window,
 )
+from kareus.json_types import JsonObject
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,28 @@ class ProbeResult:
     rate: float | None = None
     rate_unit: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> JsonObject:
+        return {"name": self.name, "time_s": self.time_s, "energy_j": self.energy_j,
+                "power_w": self.power_w, "steps": self.steps, "sm_clock_mhz": self.sm_clock_mhz,
+                "rate": self.rate, "rate_unit": self.rate_unit}
+
+
+@dataclass(frozen=True)
+class CounterPeriod:
+    """How NVML's cumulative energy counter moved while polled for ``polled_s`` seconds: whether
+    it increased, how often it changed, and the median and largest interval between changes
+    (s; ``None`` with fewer than two changes)."""
+
+    works: bool
+    changes: int
+    median_update_s: float | None
+    max_update_s: float | None
+    polled_s: float
+
+    def to_dict(self) -> JsonObject:
+        return {"works": self.works, "changes": self.changes,
+                "median_update_s": self.median_update_s, "max_update_s": self.max_update_s,
+                "polled_s": self.polled_s}
 
 
 def _sync_of(device: str) -> Callable[[], None]:
@@ -70,7 +90,7 @@ def window(name: str, step: Callable[[], None], dev: Device, device: str, cfg: M
                        res.sm_clock_mhz, rate, unit)
 
 
-def counter_update_period(dev: Device, seconds: float = 1.0) -> dict[str, Any]:
+def counter_update_period(dev: Device, seconds: float = 1.0) -> CounterPeriod:
     """Poll NVML's cumulative energy counter for ``seconds``: how often it changes (median and
     largest interval between changes, s) and whether it increases at all."""
     t_end = time.monotonic() + seconds
@@ -84,9 +104,9 @@ def counter_update_period(dev: Device, seconds: float = 1.0) -> dict[str, Any]:
             last = e
         time.sleep(0.0005)
     gaps = [b - a for a, b in zip(changes, changes[1:])]
-    return {"works": last > first, "changes": len(changes),
-            "median_update_s": statistics.median(gaps) if gaps else None,
-            "max_update_s": max(gaps) if gaps else None, "polled_s": seconds}
+    return CounterPeriod(works=last > first, changes=len(changes),
+                         median_update_s=statistics.median(gaps) if gaps else None,
+                         max_update_s=max(gaps) if gaps else None, polled_s=seconds)
 
 
 def idle_power(dev: Device, device: str, seconds: float) -> ProbeResult:

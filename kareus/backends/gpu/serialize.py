@@ -9,31 +9,44 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
 
 from kareus.backends.gpu.measure import MeasureConfig
 from kareus.errors import InputError
-from kareus.graph import IterationGraph
+from kareus.graph import Direction, IterationGraph
+from kareus.json_types import Json, JsonObject, construct
 from kareus.plan import IterationPlan
 from workloads.models import MODELS, ModelSpec
-from workloads.parallel import ParallelConfig, Workload
+from workloads.parallel import ParallelConfig, Recompute, Workload
 
 # ------------------------------------------------------------------------------- workload
 
 
-def workload_to_dict(w: Workload) -> dict[str, Any]:
-    p = asdict(w.parallel)
-    if p["layer_split"] is not None:
-        p["layer_split"] = list(p["layer_split"])
+def workload_to_dict(w: Workload) -> JsonObject:
+    p: JsonObject = asdict(w.parallel)
+    split = w.parallel.layer_split
+    if split is not None:
+        p["layer_split"] = list(split)
     return {"name": w.name, "model": asdict(w.model), "parallel": p}
 
 
-def workload_from_dict(d: dict[str, Any]) -> Workload:
-    par = dict(d["parallel"])
-    if par.get("layer_split") is not None:
-        par["layer_split"] = tuple(par["layer_split"])
-    return Workload(model=ModelSpec(**d["model"]), parallel=ParallelConfig(**par),
-                    name=d.get("name", ""))
+def _object(v: object, what: str) -> Mapping[str, object]:
+    if not isinstance(v, Mapping):
+        raise InputError(f"{what} must be a JSON object, got {type(v).__name__}")
+    return v
+
+
+def workload_from_dict(d: Mapping[str, object]) -> Workload:
+    par = dict(_object(d["parallel"], "a workload's parallel"))
+    split = par.get("layer_split")
+    if split is not None:
+        if not isinstance(split, (list, tuple)):
+            raise InputError(f"layer_split must be a list, got {split!r}")
+        par["layer_split"] = tuple(split)
+    name = d.get("name", "")
+    if not isinstance(name, str):
+        raise InputError(f"a workload's name must be a string, got {name!r}")
+    return Workload(model=construct(ModelSpec, _object(d["model"], "a workload's model")),
+                    parallel=construct(ParallelConfig, par), name=name)
 
 
 def check_supported(w: Workload) -> None:
@@ -45,13 +58,17 @@ def check_supported(w: Workload) -> None:
             "--cp 1 or --backend sim")
 
 
-def reduced_workload(name: str, layers: int, **overrides: Any) -> Workload:
+def reduced_workload(name: str, layers: int, *, tp: int | None = None, cp: int | None = None,
+                     pp: int | None = None, dp: int | None = None, mbs: int | None = None,
+                     seq: int | None = None, microbatches: int | None = None) -> Workload:
     """``name``'s model (a built-in name or a Hugging Face config path) with only ``layers``
     transformer layers (a short GPU check), the parallelism overrides of
-    :func:`workloads.make_workload` applied; keeps the model's name."""
+    :func:`workloads.make_workload` applied (``None``: the workload's default); keeps the
+    model's name."""
     from workloads import make_workload
 
-    base = make_workload(name, **{k: v for k, v in overrides.items() if v is not None})
+    base = make_workload(name, tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, seq=seq,
+                         microbatches=microbatches)
     if layers < base.parallel.pp:
         raise InputError(f"--layers {layers} is fewer than PP={base.parallel.pp} stages")
     model = replace(base.model, layers=int(layers))
@@ -94,7 +111,7 @@ def workload_from_graph(graph: IterationGraph,
     mbs = t * cp // seq
     dp = graph.gpus_per_stage // (tp * cp)
     bwd = graph.instruction_graphs[(0, "backward")]
-    recompute = "full" if bwd.sequential[0].compute[0].name == "bda" else "none"
+    recompute: Recompute = "full" if bwd.sequential[0].compute[0].name == "bda" else "none"
     nanobatches = 1
     if ig.partitions:
         half = next(op for p in ig.partitions for op in p.compute if op.name == "bda")
@@ -169,33 +186,41 @@ class Job:
     fake_device: bool = False
     seed: int = 0
     stage: int = 0
-    direction: str = "forward"
+    direction: Direction = "forward"
     clock_mhz: float = 0.0
     nanobatched: bool = False
-    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    schedules: dict[str, JsonObject] = field(default_factory=dict)
     partition_index: int = 0
     points: list[list[float]] = field(default_factory=list)
     op_index: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
+    def to_dict(self) -> JsonObject:
+        """The job file's form (field order; the workload, plan and measurement settings in
+        their own JSON forms)."""
+        d: JsonObject = {}
         for f in fields(self):
-            v = getattr(self, f.name)
+            v: Json
             if f.name == "workload":
-                v = workload_to_dict(v) if v is not None else None
+                v = workload_to_dict(self.workload) if self.workload is not None else None
             elif f.name == "plan":
-                v = v.to_json() if v is not None else None
+                v = self.plan.to_json() if self.plan is not None else None
             elif f.name == "measure":
-                v = v.to_dict()
+                v = self.measure.to_dict()
+            else:
+                v = getattr(self, f.name)
             d[f.name] = v
         return d
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "Job":
-        d = dict(d)
-        if d.get("workload") is not None:
-            d["workload"] = workload_from_dict(d["workload"])
-        if d.get("plan") is not None:
-            d["plan"] = IterationPlan.from_json(d["plan"])
-        d["measure"] = MeasureConfig(**d.get("measure", {}))
-        return Job(**d)
+    def from_dict(d: Mapping[str, object]) -> "Job":
+        """Inverse of :meth:`to_dict`."""
+        out = dict(d)
+        w = out.get("workload")
+        if w is not None:
+            out["workload"] = workload_from_dict(_object(w, "a job's workload"))
+        plan = out.get("plan")
+        if plan is not None:
+            out["plan"] = IterationPlan.from_json(plan)
+        out["measure"] = construct(MeasureConfig, _object(out.get("measure", {}),
+                                                          "a job's measure"))
+        return construct(Job, out)

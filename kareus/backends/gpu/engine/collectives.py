@@ -6,13 +6,18 @@ stand-in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 
 class Work(Protocol):
-    def wait(self) -> Any:
+    """An asynchronous collective in flight (``torch.distributed``'s ``Work``)."""
+
+    def wait(self) -> object:
         ...
 
 
@@ -37,7 +42,7 @@ class GroupComm:
     """:class:`Comm` over ``torch.distributed`` process groups: ``groups[None]`` is the default
     TP group, ``groups[k]`` the same ranks with an NCCL CTA limit of ``k``."""
 
-    def __init__(self, groups: dict[int | None, Any], size: int) -> None:
+    def __init__(self, groups: dict[int | None, ProcessGroup], size: int) -> None:
         self.groups = groups
         self.size = size
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +67,8 @@ class Segment:
     after: Callable[[NanoCtx], None] | None = None
 
 
-def _auto(ctx: NanoCtx, label: tuple, fn: Callable[..., Any], ins: Sequence[str],
+def _auto(ctx: NanoCtx, label: tuple, fn: Callable[..., Tensor | tuple[Tensor, ...]],
+          ins: Sequence[str],
           outs: Sequence[str], params: Sequence[Tensor | None] = ()) -> None:
     """Run ``fn`` on ``st[ins]`` into ``st[outs]``; when recording, as its own autograd graph."""
     srcs = [ctx.st[k] for k in ins]
@@ -143,12 +143,6 @@ class LayerProgram:
             q, k, v = att.qkv(n).split([hq * d, hkv * d, hkv * d], -1)
             return q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
 
-        def qk_norm(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            return att.q_norm(q), att.k_norm(k)  # type: ignore[misc]
-
-        def rope(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            return att.rope(q, k)  # type: ignore[misc]
-
         def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             b, s = q.shape[:2]
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -170,11 +164,18 @@ class LayerProgram:
             Op("linear_qkv", lambda c: _auto(c, (i, "qkv"), qkv, ["n_col"], ["q", "k", "v"],
                                              list(att.qkv.parameters()))),
         ]
-        if att.q_norm is not None:
+        q_norm, k_norm, rotary = att.q_norm, att.k_norm, att.rope
+        if q_norm is not None and k_norm is not None:  # both or neither (spec.qk_norm)
+            def qk_norm(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+                return q_norm(q), k_norm(k)
+
             ops.append(Op("qk_norm", lambda c: _auto(
                 c, (i, "qkn"), qk_norm, ["q", "k"], ["q", "k"],
-                [*att.q_norm.parameters(), *att.k_norm.parameters()])))  # type: ignore[union-attr]
-        if att.rope is not None:
+                [*q_norm.parameters(), *k_norm.parameters()])))
+        if rotary is not None:
+            def rope(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+                return rotary(q, k)
+
             ops.append(Op("rope", lambda c: _auto(c, (i, "rope"), rope, ["q", "k"], ["q", "k"])))
         ops += [
             Op("attention", lambda c: _auto(c, (i, "attn"), attention, ["q", "k", "v"], ["y"])),

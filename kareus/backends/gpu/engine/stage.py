@@ -15,7 +15,7 @@ from kareus.backends.gpu.engine.collectives import Comm, Work, _sync_reduce
 from kareus.backends.gpu.engine.ops import LayerProgram, NanoCtx, Segment, _add, cut_segments
 from kareus.backends.gpu.engine.streams import Streams
 from kareus.backends.gpu.engine.tape import Tape, _Add
-from workloads.torch_model import GPTStage, tensor_parallel_ops
+from workloads.torch_model import GPTStage, Hook, tensor_parallel_ops
 
 
 @dataclass
@@ -66,13 +66,16 @@ class StageEngine:
         self.partition_keys = partition_keys or {}
         self.device = next(stage.parameters()).device
         self.streams = Streams(self.device)
-        layers = list(stage.layers)
+        layers = stage.transformer_layers()
         self.programs = [LayerProgram(lay, i, layers[i - 1] if i else None, i == len(layers) - 1,
                                       self.tp) for i, lay in enumerate(layers)]
         self.first = stage.wte is not None
         self.last = stage.out is not None
         reduce = _sync_reduce(self.comm)
-        self._ar_fwd, self._ar_bwd = tensor_parallel_ops(reduce) if self.comm else (None, None)
+        self._ar_fwd: Hook | None = None
+        self._ar_bwd: Hook | None = None
+        if self.comm:
+            self._ar_fwd, self._ar_bwd = tensor_parallel_ops(reduce)
 
     # ------------------------------------------------------------------ op lists
     def segments(self, direction: str, layer: int) -> list[Segment]:
@@ -118,6 +121,11 @@ class StageEngine:
         assert self._comm_any is not None
         return self._comm_any.all_reduce(t, sms)
 
+    def _reduction(self, t: Tensor | None, sms: int | None) -> Callable[[], Work]:
+        """The all-reduce of ``t`` (on the communicator of ``sms`` SMs), ready to launch."""
+        assert t is not None
+        return lambda: self._all_reduce(t, sms)
+
     def run_segment(self, seg: Segment, ctx: NanoCtx, pending: Tensor | None,
                     sms: int | None, slot: int, wait: int | None = None) -> None:
         """One partition: ``seg``'s ops on ``ctx``, the collective on ``pending`` (the other
@@ -128,22 +136,18 @@ class StageEngine:
         if seg.before is not None:
             seg.before(ctx)
         if not launched and slot < 0:  # sequential: the collective alone first
-            t = pending
-            self.streams.join(self.streams.launch(lambda t=t, s=sms: self._all_reduce(t, s),
-                                                  True))
+            self.streams.join(self.streams.launch(self._reduction(pending, sms), True))
             launched = True
         for i, op in enumerate(seg.ops):
             if not launched and i == slot:
-                t = pending
-                handle = self.streams.launch(lambda t=t, s=sms: self._all_reduce(t, s), True)
+                handle = self.streams.launch(self._reduction(pending, sms), True)
                 launched = True
             op.run(ctx)
             if handle is not None and i == end:
                 self.streams.join(handle)
                 handle = None
         if not launched:  # slot past the last op: launch at the end
-            t = pending
-            handle = self.streams.launch(lambda t=t, s=sms: self._all_reduce(t, s), True)
+            handle = self.streams.launch(self._reduction(pending, sms), True)
         if handle is not None:
             self.streams.join(handle)
 
@@ -164,13 +168,11 @@ class StageEngine:
                 if overlap:
                     pending = t
                 else:
-                    self.streams.launch(lambda t=t: self._all_reduce(t, None), False)
+                    self.streams.launch(self._reduction(t, None), False)
             if seg.after is not None:
                 seg.after(ctx)
         if pending is not None and flush:
-            t = pending
-            self.streams.join(self.streams.launch(
-                lambda t=t, s=first_sms: self._all_reduce(t, s), True))
+            self.streams.join(self.streams.launch(self._reduction(pending, first_sms), True))
             pending = None
         return pending
 
@@ -304,9 +306,10 @@ class StageEngine:
         gparts = self._split(grad_out, nb)
         ctxs = []
         for fctx, g in zip(state.ctxs, gparts):
-            ctx = NanoCtx(st={}, tape=Tape(keep=keep), ckpts=fctx.ckpts)
+            tape = Tape(keep=keep)
+            ctx = NanoCtx(st={}, tape=tape, ckpts=fctx.ckpts)
             ctx.out_ref = torch.empty(0, device=g.device)
-            ctx.tape.grads[id(ctx.out_ref)] = g  # type: ignore[union-attr]
+            tape.grads[id(ctx.out_ref)] = g
             ctxs.append(ctx)
         n_layers = len(self.programs)
 
@@ -322,8 +325,9 @@ class StageEngine:
                     assert ctx.tape is not None
                     x, p = ctx.st["x"], ctx.st["p"]
                     if layer == n_layers - 1:
+                        assert ctx.out_ref is not None
                         ctx.tape.entries[("final",)] = _Add(
-                            [x, p], self.programs[layer].layer.fc2_bias, ctx.out_ref)  # type: ignore[arg-type]
+                            [x, p], self.programs[layer].layer.fc2_bias, ctx.out_ref)
                     else:
                         ctx.tape.rebind((layer + 1, "bda1"), [x, p])
                 seg = Segment(seg.prefix, seg.name, layer, seg.ops, seg.comm, seg.before, after)
@@ -357,7 +361,7 @@ class _VocabParallelCE(torch.autograd.Function):
     all-reduce of the row max, of the sum of exponentials and of the target logit."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, vocab_start: int,  # type: ignore[override]
+    def forward(ctx, logits: Tensor, targets: Tensor, vocab_start: int,
                 comm: Comm) -> Tensor:
         lg = logits.float().flatten(0, 1)
         t = targets.flatten()
@@ -378,7 +382,7 @@ class _VocabParallelCE(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[override]
+    def backward(ctx, g: Tensor):
         soft, idx, inside = ctx.saved_tensors
         grad = soft.clone()
         grad[torch.arange(grad.shape[0], device=grad.device), idx] -= inside.float()

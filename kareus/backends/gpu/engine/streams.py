@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -18,7 +17,7 @@ class Streams:
         self.cuda = device.type == "cuda"
         self.side = torch.cuda.Stream(device=device) if self.cuda else None
 
-    def launch(self, fn: Callable[[], Work], side: bool) -> Any:
+    def launch(self, fn: Callable[[], Work], side: bool) -> torch.cuda.Event | None:
         """Run the collective ``fn`` on the side stream, starting once the main stream reaches
         this point; returns a handle for :meth:`join`. ``side=False``: on the main stream."""
         if not self.cuda:
@@ -35,7 +34,7 @@ class Streams:
             fn().wait()
             return self.side.record_event()
 
-    def join(self, handle: Any) -> None:
+    def join(self, handle: torch.cuda.Event | None) -> None:
         """Make the main stream wait for a side-stream collective."""
         if handle is not None:
             torch.cuda.current_stream().wait_event(handle)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ContextManager
 
 import torch
 
@@ -34,6 +34,16 @@ from kareus.backends.gpu.runner.stage import (
     check_against_graph,
     partition_keys,
     schedule_of,
+)
+from kareus.backends.gpu.results import (
+    InstructionResult,
+    PartitionResult,
+    PartitionRow,
+    PlanResult,
+    PowerTrial,
+    RankInfo,
+    RankResult,
+    StaticPowerResult,
 )
 from kareus.backends.gpu.serialize import Job, check_supported, plan_sms
 from kareus.errors import InputError
@@ -93,18 +103,13 @@ def _measure(s: _Setup, step: Callable[[], None]) -> WindowResult:
                           sampler=ClockSampler(None if s.job.fake_device else s.dev))
 
 
-def _base_result(s: _Setup, clocks: ClockController) -> dict[str, Any]:
-    return {"rank": s.r.rank, "world": s.r.world, "stage": s.r.stage, "tp_rank": s.r.tp_rank,
-            "dp_rank": s.r.dp_rank, "gpu_index": s.r.local_rank, "gpu_name": s.dev.name(),
-            "clocks_locked": clocks.active, "clock_control": clocks.describe()}
+def _rank_info(s: _Setup, clocks: ClockController) -> RankInfo:
+    return RankInfo(rank=s.r.rank, world=s.r.world, stage=s.r.stage, tp_rank=s.r.tp_rank,
+                    dp_rank=s.r.dp_rank, gpu_index=s.r.local_rank, gpu_name=s.dev.name(),
+                    clocks_locked=clocks.active, clock_control=clocks.describe())
 
 
-def _window_dict(res: WindowResult) -> dict[str, Any]:
-    return {"time_s": res.time_s, "energy_j": res.energy_j, "steps": res.steps,
-            "sm_clock_mhz": res.sm_clock_mhz}
-
-
-def run_plan(s: _Setup) -> dict[str, Any]:
+def run_plan(s: _Setup) -> PlanResult:
     """Mode ``plan``: measure whole iterations of the job's plan."""
     job = s.job
     w, plan = job.workload, job.plan
@@ -124,15 +129,14 @@ def run_plan(s: _Setup) -> dict[str, Any]:
             clocks.set_power_limit(plan.power_limit_w)
         res = _measure(s, runner.iteration)
         runner.sync()
-        out = _base_result(s, clocks)
+        info = _rank_info(s, clocks)
     expected = one_f_one_b(s.r.pp, w.parallel.microbatches)[s.r.stage]
     if runner.executed != expected:  # pragma: no cover - the loop is the schedule
         raise RuntimeError(f"executed order {runner.executed} differs from 1F1B {expected}")
-    out.update(_window_dict(res))
-    out["power_limit_applied"] = plan.power_limit_w is not None and clocks.active
-    out["instruction_times"] = [list(t) for t in runner.instruction_times()]
-    out["losses"] = [float(x) for x in runner.losses]
-    return out
+    return PlanResult(info, res,
+                      power_limit_applied=plan.power_limit_w is not None and clocks.active,
+                      instruction_times=tuple(runner.instruction_times()),
+                      losses=tuple(float(x) for x in runner.losses))
 
 
 def _instruction_inputs(s: _Setup, w: Workload, engine: StageEngine
@@ -150,7 +154,7 @@ def _instruction_inputs(s: _Setup, w: Workload, engine: StageEngine
     return x, tgt
 
 
-def run_instruction(s: _Setup) -> dict[str, Any]:
+def run_instruction(s: _Setup) -> InstructionResult:
     """Mode ``instruction``: one forward or backward of one microbatch of one stage, repeated, on
     the stage's TP group (the job's world is TP ranks)."""
     job = s.job
@@ -182,12 +186,11 @@ def run_instruction(s: _Setup) -> dict[str, Any]:
     with ClockController([s.dev], job.allow_clock_control) as clocks:
         clocks.lock(job.clock_mhz)
         res = _measure(s, step)
-        out = _base_result(s, clocks)
-    out.update(_window_dict(res))
-    return out
+        info = _rank_info(s, clocks)
+    return InstructionResult(info, res)
 
 
-def run_partition(s: _Setup) -> dict[str, Any]:
+def run_partition(s: _Setup) -> PartitionResult:
     """Mode ``partition``: one partition (compute of one nanobatch + the other's collective, or
     one compute op of it alone) of a middle layer, at each (clock, SMs, window start, window end)
     point (SMs 0: the library's default).
@@ -212,18 +215,14 @@ def run_partition(s: _Setup) -> dict[str, Any]:
                          partition_keys=partition_keys(graph, job.stage))
     sched = Schedule(True, ())
     bench = PartitionBench(engine, job.direction, job.partition_index, sched, s, w, job.op_index)
-    rows = []
+    rows: list[PartitionRow] = []
     with ClockController([s.dev], job.allow_clock_control) as clocks:
         for clock, k, start, end in job.points:
             clocks.lock(clock)
-            res = _measure(s, lambda k=int(k), a=int(start), b=int(end): bench.step(
-                k or None, a, b))
-            rows.append({"clock_mhz": clock, "comm_sms": int(k), "start": int(start),
-                         "end": int(end), **_window_dict(res)})
-        out = _base_result(s, clocks)
-    out["key"] = ig.partitions[job.partition_index].key
-    out["rows"] = rows
-    return out
+            res = _measure(s, bench.stepper(int(k) or None, int(start), int(end)))
+            rows.append(PartitionRow(clock, int(k), int(start), int(end), res))
+        info = _rank_info(s, clocks)
+    return PartitionResult(info, ig.partitions[job.partition_index].key, tuple(rows))
 
 
 class PartitionBench:
@@ -243,7 +242,7 @@ class PartitionBench:
             items = engine._items("forward", [0, 1, 2], ctxs, True)
             per_layer = len(items) // 3
             idx = per_layer + pidx
-            self._grad = torch.no_grad
+            self._grad: Callable[[], ContextManager[None]] = torch.no_grad
         else:
             state = engine.forward(x, sched)
             gout = torch.randn_like(x)
@@ -281,6 +280,11 @@ class PartitionBench:
             c.tape.entries = dict(entries)
         c.ar_pairs, c.f_pairs = dict(ar), dict(f)
 
+    def stepper(self, sms: int | None, slot: int, wait: int | None = None
+                ) -> Callable[[], None]:
+        """:meth:`step` with these arguments."""
+        return lambda: self.step(sms, slot, wait)
+
     def step(self, sms: int | None, slot: int, wait: int | None = None) -> None:
         self._restore()
         with self._grad():
@@ -290,7 +294,7 @@ class PartitionBench:
                 self.engine.run_segment(self.seg, self.ctx, self.scratch, sms, slot, wait)
 
 
-def run_static_power(s: _Setup) -> dict[str, Any]:
+def run_static_power(s: _Setup) -> StaticPowerResult:
     """Mode ``static_power`` (two ranks): rank 0 blocks in a P2P receive while rank 1 sleeps
     through the window, then sends; rank 0's energy over the window / its length is the
     blocked-on-P2P ("static") power, rank 1's the idle power. Repeated ``measure.min_steps``
@@ -309,7 +313,7 @@ def run_static_power(s: _Setup) -> dict[str, Any]:
     else:
         dist.send(buf, dst=0)
     _sync(s.device)
-    trials = []
+    trials: list[PowerTrial] = []
     with ClockController([s.dev], s.job.allow_clock_control) as clocks:
         for _ in range(max(1, cfg.min_steps)):
             dist.barrier()
@@ -325,22 +329,20 @@ def run_static_power(s: _Setup) -> dict[str, Any]:
                 dist.send(buf, dst=0)
                 _sync(s.device)
             t, e = meter.end()
-            trials.append({"time_s": t, "energy_j": e, "power_w": e / t})
-        out = _base_result(s, clocks)
-    out["role"] = "blocked_recv" if s.r.rank == 0 else "sleeping_peer"
-    out["trials"] = trials
-    out["power_w"] = sum(x["power_w"] for x in trials) / len(trials)
-    return out
+            trials.append(PowerTrial(t, e, e / t))
+        info = _rank_info(s, clocks)
+    return StaticPowerResult(info, "blocked_recv" if s.r.rank == 0 else "sleeping_peer",
+                             tuple(trials), sum(x.power_w for x in trials) / len(trials))
 
 
-MODES: dict[str, Callable[[_Setup], dict[str, Any]]] = {
+MODES: dict[str, Callable[[_Setup], RankResult]] = {
     "plan": run_plan, "instruction": run_instruction, "partition": run_partition,
     "static_power": run_static_power,
 }
 
 
 def execute(job: Job, out_dir: str | Path, *, graph: IterationGraph | None = None,
-            device_override: Device | None = None) -> dict[str, Any]:
+            device_override: Device | None = None) -> RankResult:
     """Run ``job`` as this process's rank and write ``out_dir/rank<r>.json`` atomically.
 
     Args:
@@ -370,8 +372,7 @@ def execute(job: Job, out_dir: str | Path, *, graph: IterationGraph | None = Non
     try:
         setup = _Setup(job, r, device, dtype, dev, graph)
         result = MODES[job.mode](setup)
-        result["job_mode"] = job.mode
-        atomic_write_json(Path(out_dir) / f"rank{rank}.json", result)
+        atomic_write_json(Path(out_dir) / f"rank{rank}.json", result.to_dict())
         return result
     finally:
         if inited and dist.is_initialized():

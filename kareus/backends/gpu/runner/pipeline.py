@@ -6,26 +6,41 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 
 import torch
 
 from kareus.backends.gpu.clocks import ClockController
 from kareus.backends.gpu.engine import ForwardState, StageEngine
+from kareus.backends.gpu.results import InstructionSpan
 from kareus.backends.gpu.runner.ranks import Rank
 from kareus.backends.gpu.runner.stage import Data, schedule_of
 from kareus.graph import Instruction, IterationGraph
 from kareus.plan import InstructionPlan
 from workloads.parallel import Workload
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+T = TypeVar("T")
+
+#: A point in time on the stream: a recorded CUDA event, or ``time.perf_counter()`` (s) on CPU.
+_Mark: TypeAlias = "torch.cuda.Event | float"
+
+
+class _Optimizer(Protocol):
+    def step(self) -> object: ...
+
 
 class ForeachAdamW:
     """AdamW (decoupled weight decay) with ``torch._foreach_*`` ops; for CPU runs."""
 
-    def __init__(self, params: list[torch.Tensor], lr: float = 1e-6, betas: tuple = (0.9, 0.95),
+    def __init__(self, params: Sequence[torch.Tensor], lr: float = 1e-6,
+                 betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.1) -> None:
-        self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.params, self.lr, self.betas, self.eps, self.wd = list(params), lr, betas, eps, \
+            weight_decay
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
         self.t = 0
@@ -38,7 +53,7 @@ class ForeachAdamW:
         self.t += 1
         b1, b2 = self.betas
         ps = [self.params[i] for i in idx]
-        gs = [self.params[i].grad for i in idx]
+        gs = [g for i in idx if (g := self.params[i].grad) is not None]
         ms, vs = [self.m[i] for i in idx], [self.v[i] for i in idx]
         torch._foreach_mul_(ps, 1 - self.lr * self.wd)
         torch._foreach_lerp_(ms, gs, 1 - b1)
@@ -55,7 +70,7 @@ class PipelineRunner:
 
     def __init__(self, w: Workload, r: Rank, engine: StageEngine, graph: IterationGraph,
                  plan_of: Callable[[Instruction], InstructionPlan], data: Data,
-                 device: torch.device, dtype: torch.dtype, dp_group: Any = None,
+                 device: torch.device, dtype: torch.dtype, dp_group: ProcessGroup | None = None,
                  clocks: ClockController | None = None, max_clock_mhz: float | None = None,
                  optimizer_step: bool = True) -> None:
         self.w, self.r, self.engine, self.graph = w, r, engine, graph
@@ -70,7 +85,7 @@ class PipelineRunner:
         self.has_parts = {d: bool(graph.instruction_graphs[(r.stage, d)].partitions)
                           for d in ("forward", "backward")}
         params = [q for q in engine.stage.parameters() if q.requires_grad]
-        self.optim: Any = None
+        self.optim: _Optimizer | None = None
         if optimizer_step:
             # CUDA: torch's fused AdamW. CPU (tests): the same update with foreach ops, since
             # importing torch.optim loads torch._dynamo (seconds per process).
@@ -78,8 +93,8 @@ class PipelineRunner:
                 else ForeachAdamW(params, lr=1e-6)
         self._clock: float | None = None
         self.executed: list[Instruction] = []
-        self._marks: list[tuple[Instruction, Any, Any]] = []
-        self._t0: Any = None
+        self._marks: list[tuple[Instruction, _Mark, _Mark]] = []
+        self._t0: _Mark = 0.0
         self.losses: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------ helpers
@@ -94,31 +109,34 @@ class PipelineRunner:
         self.clocks.lock(mhz)
         self._clock = mhz
 
-    def _mark(self) -> Any:
+    def _mark(self) -> _Mark:
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
-    def _timed(self, ins: Instruction, fn: Callable[[], Any]) -> Any:
+    def _timed(self, ins: Instruction, fn: Callable[[], T]) -> T:
         self.executed.append(ins)
         start = self._mark()
         out = fn()
         self._marks.append((ins, start, self._mark()))
         return out
 
-    def instruction_times(self) -> list[tuple[int, str, float, float]]:
-        """(microbatch, direction, start s, end s) of the last iteration, from its start (call
-        after a synchronize)."""
-        out = []
-        for ins, a, b in self._marks:
-            if self.cuda:
-                s, e = self._t0.elapsed_time(a) / 1e3, self._t0.elapsed_time(b) / 1e3
-            else:
-                s, e = a - self._t0, b - self._t0
-            out.append((ins.microbatch, ins.direction, s, e))
-        return out
+    def _since_start(self, mark: _Mark) -> float:
+        """Seconds from the iteration's start to ``mark``."""
+        t0 = self._t0
+        if isinstance(t0, float) and isinstance(mark, float):
+            return mark - t0
+        if isinstance(t0, torch.cuda.Event) and isinstance(mark, torch.cuda.Event):
+            return t0.elapsed_time(mark) / 1e3
+        raise TypeError("CUDA event and host time marks mixed")
+
+    def instruction_times(self) -> list[InstructionSpan]:
+        """When each instruction of the last iteration ran, from its start (call after a
+        synchronize)."""
+        return [InstructionSpan(ins.microbatch, ins.direction, self._since_start(a),
+                                self._since_start(b)) for ins, a, b in self._marks]
 
     def _p2p(self, send_prev: torch.Tensor | None = None, recv_prev: bool = False,
              send_next: torch.Tensor | None = None, recv_next: bool = False
@@ -147,9 +165,11 @@ class PipelineRunner:
         ip = self.plan_of(ins)
         self._lock(ip.clock_mhz)
         inp = self.data.tokens[m] if self.engine.first else x
+        if inp is None:
+            raise RuntimeError(f"stage {self.r.stage} has no input for microbatch {m}")
         tgt = self.data.targets[m] if self.engine.last else None
         sched = schedule_of(ip, self.has_parts["forward"])
-        st = self._timed(ins, lambda: self.engine.forward(inp, sched, tgt))  # type: ignore[arg-type]
+        st = self._timed(ins, lambda: self.engine.forward(inp, sched, tgt))
         if st.loss is not None:
             self.losses.append(st.loss.detach())
         return st

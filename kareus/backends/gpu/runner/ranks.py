@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from kareus.backends.gpu.engine import GroupComm
 from kareus.backends.gpu.serialize import Job
 from kareus.errors import InputError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,9 @@ def init_distributed(device: torch.device, world: int) -> bool:
     return True
 
 
-def nccl_options(sms: int) -> Any:
-    """Process-group options limiting NCCL to ``sms`` CTAs (one SM each)."""
+def nccl_options(sms: int) -> object:
+    """Process-group options limiting NCCL to ``sms`` CTAs (one SM each): a
+    ``ProcessGroupNCCL.Options``, for ``torch.distributed.new_group``'s ``pg_options``."""
     import torch.distributed as dist
 
     opts = dist.ProcessGroupNCCL.Options()
@@ -94,12 +98,13 @@ def nccl_options(sms: int) -> Any:
     return opts
 
 
-def make_groups(r: Rank, sms_list: list[int], nccl: bool) -> tuple[GroupComm | None, Any]:
+def make_groups(r: Rank, sms_list: list[int], nccl: bool
+                ) -> tuple[GroupComm | None, ProcessGroup | None]:
     """The TP communicators of this rank (default + one per SM count) and its DP group. Every
     rank creates every group, in the same order (``torch.distributed.new_group``'s rule)."""
     import torch.distributed as dist
 
-    tp_groups: dict[int | None, Any] = {}
+    tp_groups: dict[int | None, ProcessGroup] = {}
     if r.tp > 1:
         for sms in [None, *sms_list]:
             for stage in range(r.pp):

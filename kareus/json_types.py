@@ -1,0 +1,30 @@
+"""Types of JSON values, for records whose shape must stay a plain dict on disk (a phase record
+of the device check, a report): what :func:`json.dumps` writes and :func:`json.loads` reads.
+
+Records that travel between modules are frozen dataclasses with ``to_dict``; these aliases type
+the dicts those methods return and the few free-form documents built in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias, TypeVar
+
+#: One JSON value, as written: ``Json`` is recursive, its arrays any sequence (a tuple is written
+#: as a list) and its objects any mapping with string keys (read-only views, so that a
+#: ``list[int]`` or a ``dict[str, float]`` is one).
+Json: TypeAlias = "None | bool | int | float | str | Sequence[Json] | Mapping[str, Json]"
+
+#: A JSON object being built (its values any JSON).
+JsonObject: TypeAlias = "dict[str, Json]"
+
+
+T = TypeVar("T")
+
+
+def construct(cls: type[T], fields: Mapping[str, object]) -> T:
+    """``cls(**fields)``: a record from a JSON object whose names the constructor checks (an
+    unknown one raises :class:`TypeError`) and whose values the record's own validation
+    examines (e.g. ``__post_init__``, or a ``problem`` method called later) -- the one place a
+    JSON object's values meet a constructor unchecked."""
+    return cls(**fields)
