@@ -150,3 +150,69 @@ def test_tables_have_one_home():
               if any(m.startswith("rich.table") for _, m in imported_modules(
                   module_name(p), p.read_text(), p.name == "__init__.py"))]
     assert owners == ["kareus.suite.tables"]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (anywhere in it, lazily too). A
+    package's own ``__init__`` importing its submodules (re-exports) is not counted, nor is a
+    submodule importing its enclosing package: that is one module, not two."""
+    modules = {module_name(p): p for p in project_modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, target in imported_modules(name, path.read_text(), path.name == "__init__.py"):
+            while target and target not in modules:  # ``a.b.name`` -> ``a.b``
+                target = target.rpartition(".")[0]
+            if not target or target == name:
+                continue
+            if target.startswith(name + ".") or name.startswith(target + "."):
+                continue
+            targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles():
+    circles = import_circles(import_graph())
+    assert not circles, "modules importing each other (directly or through others):\n" + \
+        "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_an_import_circle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
