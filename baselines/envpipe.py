@@ -61,7 +61,7 @@ class EnvPipeRun:
     """What :func:`envpipe_run` ends with.
 
     Attributes:
-        clocks: The clock (knob) of every instruction.
+        clocks: The clock (knob, MHz) of every instruction.
         path: The critical path the procedure stopped on, first instruction first (the
             envelope, unless no clock on the path could be raised any more).
         time_s: The iteration time as the authors report it (s): the *measured* times of the
@@ -70,7 +70,7 @@ class EnvPipeRun:
         steps: Raising steps taken (each raised one clock step on one critical path).
     """
 
-    clocks: dict[Instruction, Hashable]
+    clocks: dict[Instruction, float]
     path: tuple[Instruction, ...]
     time_s: float
     steps: int
@@ -93,6 +93,14 @@ def starting_clock(options: Sequence[Option], unit_time_s: float = 0.0) -> Hasha
                key=lambda o: (o.energy_j, o.time_s)).knob
 
 
+def clock_knob(knob: Hashable) -> float:
+    """An option's knob as the clock (MHz) it must be for EnvPipe, which raises clocks step by
+    step: the knob itself (an ``int`` stays one); :class:`TypeError` for any other knob."""
+    if not isinstance(knob, (int, float)):
+        raise TypeError(f"EnvPipe needs clock knobs (MHz), got {knob!r}")
+    return knob
+
+
 def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                 microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0) -> EnvPipeRun:
     """EnvPipe's procedure, as the Perseus authors' ``lowtime/scripts/envpipe.py`` runs it.
@@ -107,19 +115,19 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
     3. The iteration time is the path's measured length (:attr:`EnvPipeRun.time_s`).
 
     Args:
-        options: Each (stage, direction)'s options (measured time s, energy J, clock MHz); the
-            clocks must be comparable, and a type's sorted clocks are its clock steps.
+        options: Each (stage, direction)'s options (measured time s, energy J, clock MHz: a
+            number, :func:`clock_knob`); a type's sorted clocks are its clock steps.
         stages: Pipeline stages.
         microbatches: Microbatches per iteration.
         p2p_s: Activation transfer between stages (s), on every cross-stage dependency.
         unit_time_s: When positive, the critical path is found on instruction times quantized
             down to this unit (the Perseus emulation's time unit); 0 uses the measured times.
     """
-    clocks = {k: sorted(o.knob for o in opts) for k, opts in options.items()}  # type: ignore[type-var]
+    clocks = {k: sorted(clock_knob(o.knob) for o in opts) for k, opts in options.items()}
     measured = {k: {o.knob: o.time_s for o in opts} for k, opts in options.items()}
     time_of = {k: {c: _quantized(t, unit_time_s) for c, t in m.items()}
                for k, m in measured.items()}
-    start = {k: starting_clock(opts, unit_time_s) for k, opts in options.items()}
+    start = {k: clock_knob(starting_clock(opts, unit_time_s)) for k, opts in options.items()}
     order = [ins for seq in one_f_one_b(stages, microbatches).values() for ins in seq]
     clock = {ins: clocks[ins.type_key][-1] if in_envelope(ins, stages, microbatches)
              else start[ins.type_key] for ins in order}
@@ -131,7 +139,7 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
         raisable = [ins for ins in path if clock[ins] != clocks[ins.type_key][-1]]
         if all(in_envelope(ins, stages, microbatches) for ins in path) or not raisable:
             break
-        low = min(clock[ins] for ins in raisable)  # type: ignore[type-var]
+        low = min(clock[ins] for ins in raisable)
         for ins in raisable:
             if clock[ins] == low:
                 c = clocks[ins.type_key]
@@ -144,8 +152,8 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
 
 def envpipe_clocks(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                    microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0
-                   ) -> dict[Instruction, Hashable]:
-    """EnvPipe's knob (clock) for every instruction (:func:`envpipe_run`'s clocks)."""
+                   ) -> dict[Instruction, float]:
+    """EnvPipe's knob (clock, MHz) for every instruction (:func:`envpipe_run`'s clocks)."""
     return envpipe_run(options, stages, microbatches, p2p_s, unit_time_s).clocks
 
 
@@ -185,10 +193,10 @@ class EnvPipe:
     def optimize(self, problem: Problem) -> list[IterationPlan]:
         g, backend = problem.graph, problem.backend
         plan_at = {c: InstructionPlan.make(c) for c in problem.knobs.clocks_mhz}
-        options = profile_instructions(backend, g, sorted(plan_at), lambda c: plan_at[c])  # type: ignore[index]
+        options = profile_instructions(backend, g, sorted(plan_at),
+                                       lambda c: plan_at[clock_knob(c)])
         clock = envpipe_clocks(options, g.stages, g.microbatches, backend.p2p_time(g))
-        return [IterationPlan({ins: plan_at[c] for ins, c in clock.items()},  # type: ignore[index]
-                              label="envpipe")]
+        return [IterationPlan({ins: plan_at[c] for ins, c in clock.items()}, label="envpipe")]
 
     def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,
                    static_power_w: float, *, unit_time_s: float,
@@ -198,4 +206,4 @@ class EnvPipe:
         check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
         options.pop("progress", None)  # about a second: nothing to report
         return envpipe_on_profile(profile, stages, microbatches, static_power_w,
-                                  unit_time_s=unit_time_s, **options)  # type: ignore[arg-type]
+                                  unit_time_s=unit_time_s, **options)

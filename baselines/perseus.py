@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kareus.errors import InputError
 from kareus.methods.profiling import TradeoffSettings, clock_tradeoff_plans
+from kareus.methods.tradeoff import is_prefilter
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
+from kareus.progress import SILENT, Progress
 
 
 class Perseus:
@@ -34,9 +37,20 @@ class Perseus:
                    **options: object) -> list[dict]:
         """perseus on a measured Zeus-format profile (``kareus perseus``): the arguments checked
         (:func:`baselines.profiles.check_arguments`), then
-        :func:`baselines.profiles.perseus_on_profile` (solver steps reported to ``progress``)."""
+        :func:`baselines.profiles.perseus_on_profile` with the ``options`` it takes
+        (``prefilter``, ``all_iterations``, and ``progress``, which counts the solver's steps)."""
         from baselines.profiles import check_arguments, perseus_on_profile
 
         check_arguments(profile, source, stages, microbatches, static_power_w, unit_time_s)
+        prefilter = options.pop("prefilter", "raw")
+        all_iterations = options.pop("all_iterations", False)
+        progress = options.pop("progress", SILENT)
+        if options:
+            raise TypeError(f"perseus on a profile takes no option {', '.join(sorted(options))}")
+        if not is_prefilter(prefilter):
+            raise InputError(f"unknown pre-filter {prefilter!r}; choose raw or effective")
+        if not isinstance(progress, Progress):
+            raise TypeError(f"progress must be a kareus.progress.Progress, got {progress!r}")
         return perseus_on_profile(profile, stages, microbatches, static_power_w,
-                                  unit_time_s=unit_time_s, **options)  # type: ignore[arg-type]
+                                  unit_time_s=unit_time_s, prefilter=prefilter,
+                                  all_iterations=bool(all_iterations), progress=progress)

@@ -27,7 +27,7 @@ from kareus.frontier import pareto_indices
 from kareus.graph import Instruction
 from kareus.hardware.profile import check_clock_sweep
 from kareus.methods.profiling import profile_to_options
-from kareus.methods.tradeoff import solve, solver_energy, solver_span
+from kareus.methods.tradeoff import Prefilter, solve, solver_energy, solver_span
 from kareus.progress import SILENT, Progress
 
 
@@ -76,7 +76,7 @@ def frequencies_record(knobs: Mapping[Instruction, Hashable]) -> list[list[Hasha
 
 def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
                        static_power_w: float, *, unit_time_s: float = 1e-3,
-                       prefilter: str = "raw", all_iterations: bool = False,
+                       prefilter: Prefilter = "raw", all_iterations: bool = False,
                        progress: Progress = SILENT) -> list[dict]:
     """Perseus on a Zeus-format profile, as the authors' driver runs it.
 
@@ -88,14 +88,17 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     else the Pareto-optimal ones sorted by time. ``progress`` counts the solver's steps.
     """
     options = profile_to_options(profile)
-    points = []
+    points: list[dict[str, object]] = []
+    times: list[float] = []  # the points' time_s and energy_j
+    energies: list[float] = []
     span = solver_span(options, stages, microbatches, 0.0)
     task = progress.start("perseus: solver steps", total=max(1, round(span / unit_time_s)))
     try:
         for step in solve(options, stages, microbatches, static_power_w,
-                          unit_time_s=unit_time_s, prefilter=prefilter):  # type: ignore[arg-type]
-            points.append({"time_s": step.real_time_s,
-                           "energy_j": solver_energy(step, stages, static_power_w),
+                          unit_time_s=unit_time_s, prefilter=prefilter):
+            times.append(step.real_time_s)
+            energies.append(solver_energy(step, stages, static_power_w))
+            points.append({"time_s": times[-1], "energy_j": energies[-1],
                            "iteration": step.iteration, "quant_time": step.quant_time,
                            "cost": step.cost, "frequencies": frequencies_record(step.knobs)})
             task.advance()
@@ -103,5 +106,5 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
         task.done()
     if all_iterations:
         return points
-    keep = pareto_indices([p["time_s"] for p in points], [p["energy_j"] for p in points])
+    keep = pareto_indices(times, energies)
     return [points[i] for i in keep]

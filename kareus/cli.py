@@ -240,7 +240,7 @@ def optimizers(as_json: bool) -> None:
     from kareus.plugins import optimizer_names, registered_optimizers
 
     eps = registered_optimizers()
-    rows = [{"name": n, "target": eps[n].value} for n in optimizer_names()]  # type: ignore[attr-defined]
+    rows = [{"name": n, "target": eps[n].value} for n in optimizer_names()]
     _emit(rows, as_json, lambda: "\n".join(f"{r['name']:20s} {r['target']}" for r in rows))
 
 

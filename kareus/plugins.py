@@ -23,7 +23,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Literal, Protocol, Union, runtime_checkable
@@ -180,7 +180,7 @@ def require(ok: bool, name: str, what: str, value: object) -> None:
         raise InputError(f"setting {name!r} must be {what}, got {value!r}")
 
 
-def settings_class(cls: type) -> type | None:
+def settings_class(cls: object) -> type | None:
     """The settings dataclass optimizer class ``cls`` declares (its ``Settings``), or ``None``;
     :class:`PluginError` when ``Settings`` is not a dataclass."""
     declared = getattr(cls, "Settings", None)
@@ -245,13 +245,39 @@ class ProfileRunner(Protocol):
         ...
 
 
-def registered_optimizers() -> dict[str, type]:
-    """Optimizer classes registered under :data:`ENTRY_POINT_GROUP`, by entry-point name."""
-    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+class OptimizerEntry(Protocol):
+    """A registered optimizer as :func:`registered_optimizers` lists it: the part of an
+    :class:`importlib.metadata.EntryPoint` the suite reads."""
+
+    @property
+    def name(self) -> str:
+        """The name it is registered under (``perseus``)."""
+        ...
+
+    @property
+    def value(self) -> str:
+        """Where its class lives, ``module:Class`` (``baselines.perseus:Perseus``)."""
+        ...
+
+    @property
+    def module(self) -> str:
+        """The module of :attr:`value` (``baselines.perseus``)."""
+        ...
+
+    def load(self) -> Callable[..., object]:
+        """Import and return the class (called with no argument, or with its settings, to build
+        the optimizer)."""
+        ...
+
+
+def registered_optimizers() -> dict[str, OptimizerEntry]:
+    """Entry points registered under :data:`ENTRY_POINT_GROUP`, by name (sorted); not loaded."""
+    found: dict[str, OptimizerEntry] = {ep.name: ep
+                                        for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if not found:
         raise InputError("no optimizers are registered; install the suite with "
                          "`pip install -e .` so its entry points exist")
-    return {name: ep for name, ep in sorted(found.items(), key=lambda kv: kv[0])}  # type: ignore[misc]
+    return dict(sorted(found.items(), key=lambda kv: kv[0]))
 
 
 #: The order built-ins run and appear in tables; third-party ones follow alphabetically.
@@ -265,12 +291,11 @@ def optimizer_names() -> list[str]:
     return [n for n in BUILTIN_ORDER if n in names] + sorted(set(names) - set(BUILTIN_ORDER))
 
 
-def _optimizer_class(name: str) -> type:
+def _optimizer_class(name: str) -> Callable[..., object]:
     eps = registered_optimizers()
     if name not in eps:
         raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
-    cls: type = eps[name].load()  # type: ignore[attr-defined]
-    return cls
+    return eps[name].load()
 
 
 def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Optimizer:

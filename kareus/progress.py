@@ -8,7 +8,7 @@ otherwise (``--json``, output piped to a file, tests, worker processes).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class ProgressTask(Protocol):
@@ -23,6 +23,7 @@ class ProgressTask(Protocol):
         ...
 
 
+@runtime_checkable
 class Progress(Protocol):
     """Where work reports its progress."""
 

@@ -4,6 +4,7 @@ calibration files, and the two commands (`kareus calibrate --partition-sweep`,
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -280,7 +281,8 @@ def test_calibrate_command_writes_the_fit_atomically(tmp_path, spec, spec_file, 
                                                     monkeypatch):
     # The sweep is the preset's own law, so the fit starts at its optimum: a short budget per
     # least-squares stage keeps the three fits (all data and two hold-out halves) quick.
-    monkeypatch.setattr("kareus.backends.partition_calibration._MAX_NFEV_PER_PARAM", 2)
+    monkeypatch.setattr("kareus.backends.partition_calibration.fit_partition",
+                        functools.partial(fit_partition, max_nfev_per_param=2))
     sweep = tmp_path / "sweep.csv"
     _sweep_csv(sweep, spec, a100_40, ROWS)
     out_file = tmp_path / "calib.json"

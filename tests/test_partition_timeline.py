@@ -6,7 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kareus.backends.partition_timeline import partition_timeline
+from kareus.backends.partition_timeline import (
+    TimelineCollective,
+    TimelineOp,
+    partition_timeline,
+)
 from kareus.backends.sim import SimulatorBackend
 from kareus.graph import CommOp, ComputeOp
 from kareus.hardware.presets import get_preset
@@ -14,16 +18,15 @@ from workloads.graph_builder import CAUSAL_TAIL_FWD
 
 
 def _op(t_alone: float, t_beside: float, rate_beside: float, host_s: float = 0.01,
-        wave_s: float = 0.0) -> dict[str, object]:
-    a = np.array([t_alone])
-    return dict(t_alone=a, p_alone=np.array([100.0]), host_s=host_s, wave_s=np.array([wave_s]),
-                t_beside=np.array([t_beside]), p_beside=np.array([150.0]),
-                rate_beside=np.array([rate_beside]))
+        wave_s: float = 0.0) -> TimelineOp:
+    return TimelineOp(t_alone=np.array([t_alone]), p_alone=np.array([100.0]), host_s=host_s,
+                      wave_s=np.array([wave_s]), t_beside=np.array([t_beside]),
+                      p_beside=np.array([150.0]), rate_beside=np.array([rate_beside]))
 
 
-def _run(ops: list[dict[str, object]], window: tuple[int, int], wave_loss: float = 0.0,
+def _run(ops: list[TimelineOp], window: tuple[int, int], wave_loss: float = 0.0,
          launch_s: float = 0.0):
-    comm = dict(bytes=1.0, rate=np.array([1.0]), power=np.array([50.0]))
+    comm = TimelineCollective(bus_bytes=1.0, rate=np.array([1.0]), power=np.array([50.0]))
     t, e = partition_timeline(ops, comm, np.array([window[0]]), np.array([window[1]]),
                               launch_s=launch_s, latency_s=0.0, partial_wave_loss=wave_loss)
     return float(t[0]), float(e[0])

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
@@ -80,8 +80,9 @@ _COMM_ALONE = {"tuned_bw_per_sm_mhz", "tuned_block_exponent", "tuned_link_fracti
                "tuned_pipelining"}
 #: Weight of the penalty pulling log(work factor) towards 0 (relative-error units).
 _WORK_PRIOR = 0.02
-#: Function evaluations each least-squares stage may spend per free parameter: a fit on part of
-#: a sweep that leaves some parameters unidentified stops here instead of wandering.
+#: Function evaluations each least-squares stage may spend per free parameter, by default
+#: (``max_nfev_per_param`` of :func:`fit_partition`): a fit on part of a sweep that leaves some
+#: parameters unidentified stops here instead of wandering.
 _MAX_NFEV_PER_PARAM = 10
 #: Termination tolerances of the least-squares stages (relative change of the cost and of the
 #: parameters). The law's valley is flat (the launch, the harness and the host issue all add
@@ -221,7 +222,7 @@ class PartitionCalibration:
                              f"{str(raw.get('spec_sha256'))[:12]}...)")
         law, work, host = raw.get("law"), raw.get("op_work"), raw.get("op_host")
 
-        def factors(v: object) -> bool:
+        def factors(v: object) -> TypeGuard[list[float]]:
             return isinstance(v, list) and len(v) == n_ops and all(
                 isinstance(x, (int, float)) and np.isfinite(x) and x > 0 for x in v)
 
@@ -229,8 +230,8 @@ class PartitionCalibration:
             raise InputError(f"{p}: malformed calibration (law, op_work or op_host)")
         return PartitionCalibration(gpu=gpu, spec_sha256=spec_sha256,
                                     clock_mhz=raw.get("clock_mhz"), law=dict(law),
-                                    op_work=tuple(float(v) for v in work),  # type: ignore[union-attr]
-                                    op_host=tuple(float(v) for v in host),  # type: ignore[union-attr]
+                                    op_work=tuple(float(v) for v in work),
+                                    op_host=tuple(float(v) for v in host),
                                     fit=dict(raw.get("fit") or {}))
 
 
@@ -301,10 +302,12 @@ def collective_alone_holdout(partition: Partition, sweep: PartitionSweep, gpu: G
 
 
 def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
-             clock_mhz: float | None, starts: int = 2
+             clock_mhz: float | None, starts: int = 2,
+             max_nfev_per_param: int = _MAX_NFEV_PER_PARAM
              ) -> tuple[dict[str, float], NDArray[np.float64], NDArray[np.float64]]:
     """Least-squares fit of the time parameters (best of ``starts`` starting points), then of
-    the power parameters. Returns the law, the op work factors and the op host factors."""
+    the power parameters, each stage within ``max_nfev_per_param`` function evaluations per free
+    parameter. Returns the law, the op work factors and the op host factors."""
     from scipy.optimize import least_squares
 
     gpu = _at_starting_point(gpu)
@@ -337,7 +340,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     free = np.array([name not in _COMM_ALONE for name, _, _ in _TIME_PARAMS] + [True] * (2 * n))
     for k in range(starts):
         start = x0 + (rng.normal(0.0, 0.6, x0.size) * free if k else 0.0)
-        res = least_squares(time_resid, start, max_nfev=_MAX_NFEV_PER_PARAM * x0.size,
+        res = least_squares(time_resid, start, max_nfev=max_nfev_per_param * x0.size,
                             **_TOLERANCES)
         if best is None or res.cost < best.cost:
             best = res
@@ -356,31 +359,36 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
         return np.concatenate([t / t_meas - 1, e / e_meas - 1,
                                _WORK_PRIOR * np.log(work), _WORK_PRIOR * np.log(host)])
 
-    res = least_squares(joint_resid, np.concatenate([best.x, p0]),  # type: ignore[union-attr]
-                        max_nfev=_MAX_NFEV_PER_PARAM * (x0.size + q), **_TOLERANCES)
+    assert best is not None  # starts >= 1
+    res = least_squares(joint_resid, np.concatenate([best.x, p0]),
+                        max_nfev=max_nfev_per_param * (x0.size + q), **_TOLERANCES)
     return unpack(res.x)
 
 
 def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, spec_sha256: str,
                   clock_mhz: float | None = None, holdout: bool = True,
-                  progress: Progress = SILENT) -> PartitionCalibration:
+                  progress: Progress = SILENT, *,
+                  max_nfev_per_param: int = _MAX_NFEV_PER_PARAM) -> PartitionCalibration:
     """Fit the partition law to ``sweep`` and measure its errors.
 
     The hold-out splits the sweep's windows in two alternating halves (by window order), fits on
     one half and predicts the other, both ways; it reports the errors on the predicted halves.
-    ``progress`` counts the fits (one, or three with the hold-out).
+    ``progress`` counts the fits (one, or three with the hold-out). Each least-squares stage of a
+    fit spends at most ``max_nfev_per_param`` function evaluations per free parameter.
     """
     task = progress.start("partition law: fits", total=3 if holdout else 1)
     try:
-        return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task)
+        return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task,
+                              max_nfev_per_param)
     finally:
         task.done()
 
 
 def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
                    spec_sha256: str, clock_mhz: float | None, holdout: bool,
-                   task: ProgressTask) -> PartitionCalibration:
-    law, work, host = _fit_law(partition, sweep, gpu, clock_mhz)
+                   task: ProgressTask, max_nfev_per_param: int) -> PartitionCalibration:
+    law, work, host = _fit_law(partition, sweep, gpu, clock_mhz,
+                               max_nfev_per_param=max_nfev_per_param)
     task.advance()
     fitted = gpu.with_overrides(**law)
     t, e = predict(partition, sweep.configs, fitted, clock_mhz, work, host)
@@ -397,7 +405,8 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
         parts = []
         for train, test in (halves, halves[::-1]):
             in_test = _in_windows(sweep.configs, test)
-            law_h, work_h, host_h = _fit_law(partition, sweep.subset(~in_test), gpu, clock_mhz)
+            law_h, work_h, host_h = _fit_law(partition, sweep.subset(~in_test), gpu, clock_mhz,
+                                             max_nfev_per_param=max_nfev_per_param)
             task.advance()
             held = sweep.subset(in_test)
             th, eh = predict(partition, held.configs, gpu.with_overrides(**law_h), clock_mhz,
@@ -455,7 +464,8 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
     whole-SM occupancy from a share of the SM's thread slots.
     """
     c = sweep.configs
-    slopes: list[tuple[float, float, float, float]] = []
+    # per window: measured and predicted us per SM, measured and predicted mJ per SM
+    slopes: list[tuple[float, ...]] = []
     blocks: list[int] = []
     for s, e, b in sorted(set(zip(c.start.tolist(), c.end.tolist(), c.threads.tolist()))):
         if s < 0:
@@ -466,7 +476,7 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
         if rows.size < min_rows:
             continue
         k = c.sms[rows].astype(np.float64)
-        slopes.append(tuple(float(np.polyfit(k, y[rows], 1)[0]) for y in (  # type: ignore[misc]
+        slopes.append(tuple(float(np.polyfit(k, y[rows], 1)[0]) for y in (
             1e6 * sweep.time_s, 1e6 * predicted_time, 1e3 * sweep.energy_j,
             1e3 * predicted_energy)))
         blocks.append(int(b))

@@ -32,46 +32,87 @@ Units: s, W, J, bus bytes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+#: A per-configuration quantity: an array that broadcasts against the configuration grid, or one
+#: value for every configuration.
+PerConfig = NDArray[np.float64] | float
 
-def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, object] | None,
+
+@dataclass(frozen=True)
+class TimelineOp:
+    """One compute op of a partition, per configuration.
+
+    Attributes:
+        t_alone: Time of the op alone on all SMs (s).
+        p_alone: Its dynamic power alone (W).
+        host_s: Host time to issue it (s), the same for every configuration.
+        wave_s: Time of one of its waves alone (s); 0: not a kernel of uniform tiles (no wave
+            to lose when the collective ends inside it).
+        t_beside: Time of the op beside the collective (s); needed when the partition has one.
+        p_beside: Combined dynamic power of the op and the collective beside it (W).
+        rate_beside: The collective's throughput beside the op (bus B/s).
+    """
+
+    t_alone: PerConfig
+    p_alone: PerConfig
+    host_s: float
+    wave_s: PerConfig = 0.0
+    t_beside: PerConfig | None = None
+    p_beside: PerConfig | None = None
+    rate_beside: PerConfig | None = None
+
+
+@dataclass(frozen=True)
+class TimelineCollective:
+    """The partition's collective running alone, per configuration.
+
+    Attributes:
+        bus_bytes: Bus bytes it moves (B).
+        rate: Its throughput alone (bus B/s).
+        power: Its dynamic power alone (W).
+    """
+
+    bus_bytes: float
+    rate: PerConfig
+    power: PerConfig
+
+
+def partition_timeline(ops: Sequence[TimelineOp], comm: TimelineCollective | None,
                        start: NDArray[np.int64], end: NDArray[np.int64], *, launch_s: float,
                        latency_s: float, partial_wave_loss: float = 0.0
                        ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Time (s) and dynamic energy (J) of one partition per configuration.
 
     Args:
-        ops: Per compute op, in program order: ``t_alone``, ``p_alone`` (time s and dynamic
-            power W alone), ``host_s`` (host issue time, s), optionally ``wave_s`` (time of one
-            of its waves alone, s; 0 or absent: not tiled) and, when there is a collective,
-            ``t_beside``, ``p_beside`` (time and combined compute + collective power beside it)
-            and ``rate_beside`` (the collective's bus B/s meanwhile).
-        comm: ``bytes`` (bus bytes), ``rate`` and ``power`` of the collective alone; ``None``
-            for a partition without one (the window is then ignored).
+        ops: The compute ops, in program order; with a collective, each needs its ``t_beside``,
+            ``p_beside`` and ``rate_beside`` (:class:`ValueError` otherwise).
+        comm: The collective alone; ``None`` for a partition without one (the window is then
+            ignored).
         start, end: The window ``(s, e)`` of every configuration; (-1, -1) is sequential.
         launch_s: Host time to launch the collective (s).
-        latency_s: Fixed cost of the collective, charged as ``latency · rate`` extra bytes.
+        latency_s: Fixed cost of the collective (s), charged as ``latency · rate`` extra bytes.
         partial_wave_loss: Fraction of a wave a tiled kernel loses when the collective ends
             inside it.
     """
-    shape = np.broadcast_shapes(start.shape, *(np.shape(o["t_alone"]) for o in ops))
+    shape = np.broadcast_shapes(start.shape, *(np.shape(o.t_alone) for o in ops))
     host = np.zeros(shape)
     gpu = np.zeros(shape)
     energy = np.zeros(shape)
     if comm is None:
         for op in ops:
-            host = host + float(op["host_s"])  # type: ignore[arg-type]
-            gpu = np.maximum(host, gpu) + op["t_alone"]  # type: ignore[operator]
-            energy = energy + op["p_alone"] * op["t_alone"]  # type: ignore[operator]
+            host = host + float(op.host_s)
+            gpu = np.maximum(host, gpu) + op.t_alone
+            energy = energy + op.p_alone * op.t_alone
         return np.maximum(host, gpu), energy
 
-    rate0 = np.asarray(comm["rate"])
-    p0 = np.asarray(comm["power"])
-    work = float(comm["bytes"]) + latency_s * rate0  # type: ignore[arg-type]
+    rate0 = np.asarray(comm.rate)
+    p0 = np.asarray(comm.power)
+    work = float(comm.bus_bytes) + latency_s * rate0
     seq = start < 0
     # Sequential: launch, run alone, and only then issue the compute.
     alone = work / rate0
@@ -82,7 +123,7 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
     # The host never waits for the GPU inside a partition, so when it launches the collective
     # is known up front: after issuing ops 0..s-1 (and ``launch_s`` later). From then on the
     # collective runs beside whatever the compute stream is running, possibly op s-1 or earlier.
-    issue = np.cumsum([0.0] + [float(op["host_s"]) for op in ops])  # type: ignore[arg-type]
+    issue = np.cumsum([0.0] + [float(op.host_s) for op in ops])
     launch_at = np.where(~seq, issue[np.clip(start, 0, len(ops))] + launch_s, np.inf)
     remaining = np.zeros(shape)
     active = np.zeros(shape, dtype=bool)
@@ -90,12 +131,12 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
     clock = np.zeros(shape)  # where the collective has got to (s)
     host = host + np.where(start == 0, launch_s, 0.0)
     for i, op in enumerate(ops):
-        host = host + float(op["host_s"])  # type: ignore[arg-type]
+        host = host + float(op.host_s)
         begin = np.maximum(host, gpu)
         host = host + np.where(start == i + 1, launch_s, 0.0)
-        t_a, p_a = op["t_alone"], op["p_alone"]
+        t_a, p_a = op.t_alone, op.p_alone
         # The collective starts before this op ends (in the idle gap before it, or during it).
-        joins = ~started & (launch_at < begin + t_a)  # type: ignore[operator]
+        joins = ~started & (launch_at < begin + t_a)
         if joins.any():
             clock = np.where(joins, launch_at, clock)
             remaining = np.where(joins, work, remaining)
@@ -103,7 +144,7 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
             started = started | joins
         if not active.any():  # no collective running anywhere: the op alone
             gpu = begin + t_a
-            energy = energy + p_a * t_a  # type: ignore[operator]
+            energy = energy + p_a * t_a
             wait = end == i
             if wait.any():
                 gpu = np.where(wait, np.maximum(gpu, clock), gpu)
@@ -119,18 +160,19 @@ def partition_timeline(ops: Sequence[Mapping[str, object]], comm: Mapping[str, o
         active = active & ~done
         # The op: alone until the collective joins (launched mid-op), then beside it while it
         # lasts, then alone again.
-        t_b, p_b, r_b = op["t_beside"], op["p_beside"], op["rate_beside"]
-        first = np.where(active, np.clip((clock - begin) / t_a, 0.0, 1.0), 1.0)  # type: ignore
-        moved = r_b * (1.0 - first) * t_b  # type: ignore[operator]
+        t_b, p_b, r_b = op.t_beside, op.p_beside, op.rate_beside
+        if t_b is None or p_b is None or r_b is None:
+            raise ValueError(f"op {i} of a partition with a collective lacks its beside phase")
+        first = np.where(active, np.clip((clock - begin) / t_a, 0.0, 1.0), 1.0)
+        moved = r_b * (1.0 - first) * t_b
         done = active & (remaining <= moved)
-        tau = np.where(done, remaining / r_b, (1.0 - first) * t_b)  # type: ignore[operator]
-        rest = np.clip(1.0 - first - tau / t_b, 0.0, 1.0) * t_a  # type: ignore[operator]
+        tau = np.where(done, remaining / r_b, (1.0 - first) * t_b)
+        rest = np.clip(1.0 - first - tau / t_b, 0.0, 1.0) * t_a
         # A tiled kernel that gets the collective's SMs back mid-kernel loses part of a wave:
         # its waves go out of step and the last one ends ragged.
-        rest = rest + np.where(done & (rest > 0), partial_wave_loss * op.get("wave_s", 0.0),
-                               0.0)  # type: ignore[operator]
+        rest = rest + np.where(done & (rest > 0), partial_wave_loss * op.wave_s, 0.0)
         dur = first * t_a + tau + rest
-        energy = energy + p_a * (first * t_a + rest) + p_b * tau  # type: ignore[operator]
+        energy = energy + p_a * (first * t_a + rest) + p_b * tau
         gpu = begin + dur
         clock = np.where(active, begin + first * t_a + tau, clock)
         remaining = np.where(active, np.where(done, 0.0, remaining - moved), remaining)

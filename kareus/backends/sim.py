@@ -32,7 +32,7 @@ numpy: a short loop over the partition's compute ops, each step on the full grid
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,7 +51,11 @@ from kareus.graph import (
     Segment,
     schedule_times,
 )
-from kareus.backends.partition_timeline import partition_timeline
+from kareus.backends.partition_timeline import (
+    TimelineCollective,
+    TimelineOp,
+    partition_timeline,
+)
 from kareus.hardware.power import dynamic_power, sm_power_scale
 from kareus.hardware.presets import GPUPreset
 from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, IterationPlan, PartitionSchedule
@@ -85,6 +89,64 @@ class _Phase:
     power: NDArray[np.float64]
 
 
+@dataclass(frozen=True)
+class _PartitionCosts:
+    """A partition under one schedule at every grid clock: time (s) and dynamic energy (J) per
+    requested grid clock. Holds the partition itself, so the ``id`` that keys the entry cannot be
+    reused while the entry exists."""
+
+    time_s: list[float]
+    dynamic_energy_j: list[float]
+    partition: Partition
+
+
+@dataclass(frozen=True)
+class _InstructionEntry:
+    """An instruction's cost under one plan; holds its graph, so the ``id`` that keys the entry
+    (and the instruction's per-clock entries) cannot be reused while the entry exists."""
+
+    cost: InstructionCost
+    graph: InstructionGraph
+
+
+@dataclass
+class _Tables:
+    """The simulator's memoised tables, one typed dictionary per kind. Entries are pure functions
+    of their key and the simulator's preset and power limit: they only spare recomputation.
+
+    Attributes:
+        index: Grid index of a requested clock (MHz).
+        alone_uncapped: A compute op on all SMs at every grid clock, no power limit.
+        alone: The same with the power limit applied (throttled phases).
+        comm_uncapped: A collective's (rate B/s, power W), (K, G), by (collective, SM counts,
+            threads per block), no power limit.
+        comm: The collective alone with the limit applied: (time and power, rate B/s).
+        overlapped: A compute op beside a collective: (its time and the combined power, the
+            collective's rate B/s), by (op, collective, SM counts, threads per block).
+        partition: Per-clock costs of a partition by (its ``id``, schedule).
+        instruction: An instruction's cost by (its graph's ``id``, plan).
+        instruction_at: (time s, dynamic energy J) of an instruction by (its graph's ``id``, plan,
+            grid clock index).
+    """
+
+    index: dict[float, int] = field(default_factory=dict)
+    alone_uncapped: dict[ComputeOp, _Phase] = field(default_factory=dict)
+    alone: dict[ComputeOp, _Phase] = field(default_factory=dict)
+    comm_uncapped: dict[tuple[CommOp, tuple[int, ...], int],
+                        tuple[NDArray[np.float64], NDArray[np.float64]]] = \
+        field(default_factory=dict)
+    comm: dict[tuple[CommOp, tuple[int, ...], int], tuple[_Phase, NDArray[np.float64]]] = \
+        field(default_factory=dict)
+    overlapped: dict[tuple[ComputeOp, CommOp, tuple[int, ...], int],
+                     tuple[_Phase, NDArray[np.float64]]] = field(default_factory=dict)
+    partition: dict[tuple[int, PartitionSchedule], _PartitionCosts] = \
+        field(default_factory=dict)
+    instruction: dict[tuple[int, InstructionPlan], _InstructionEntry] = \
+        field(default_factory=dict)
+    instruction_at: dict[tuple[int, InstructionPlan, int], tuple[float, float]] = \
+        field(default_factory=dict)
+
+
 class SimulatorBackend:
     """Simulated GPUs of one preset.
 
@@ -103,7 +165,7 @@ class SimulatorBackend:
         self.grid = gpu.clock_grid()
         self._hz = self.grid * 1e6
         self._sm_scale = sm_power_scale(self.grid, gpu.clock_max_mhz, gpu.knee_mhz, gpu.v_ratio)
-        self._cache: dict[tuple, object] = {}
+        self._tables = _Tables()
         self._limited: dict[float, SimulatorBackend] = {}
 
     # ------------------------------------------------------------------ clocks and throttling
@@ -122,10 +184,10 @@ class SimulatorBackend:
     def _scalar_index(self, clock_mhz: float) -> int:
         """:meth:`clock_index` of one clock, memoised (the hot path asks for a handful of clocks
         thousands of times)."""
-        key = ("idx", clock_mhz)
-        if key not in self._cache:
-            self._cache[key] = int(self.clock_index(clock_mhz)[0])
-        return self._cache[key]  # type: ignore[return-value]
+        table = self._tables.index
+        if clock_mhz not in table:
+            table[clock_mhz] = int(self.clock_index(clock_mhz)[0])
+        return table[clock_mhz]
 
     def within_limit(self, dynamic_w: NDArray[np.float64]) -> NDArray[np.bool_]:
         """Whether a phase drawing ``dynamic_w`` (W) keeps the board's power, static included,
@@ -283,7 +345,7 @@ class SimulatorBackend:
     def _tiles(self, op: ComputeOp, sms: NDArray[np.float64] | float) -> NDArray | float:
         """Thread blocks a tiled kernel runs on ``sms`` SMs: its output tiles, times the split-K
         factor of a GEMM with too few output tiles to fill the SMs."""
-        tiles = float(op.tiles)
+        tiles: NDArray[np.float64] | float = float(op.tiles)
         if op.kind == "gemm" and op.depth:
             tiles = tiles * np.clip(np.floor(np.asarray(sms) / tiles), 1.0,
                                     max(1.0, op.depth // _SPLIT_K_DEPTH))
@@ -338,47 +400,46 @@ class SimulatorBackend:
     # ------------------------------------------------------------------ cached phase tables
     def _alone_uncapped(self, op: ComputeOp) -> _Phase:
         """``op`` on all SMs, nothing beside it, at each grid clock as if no limit applied."""
-        key = ("alone_uncapped", op)
-        if key not in self._cache:
+        table = self._tables.alone_uncapped
+        if op not in table:
             t, p = self._compute_raw(op, np.array([[float(self.gpu.sms)]]), 0.0, 0.0)
-            self._cache[key] = _Phase(t[0], p[0])
-        return self._cache[key]  # type: ignore[return-value]
+            table[op] = _Phase(t[0], p[0])
+        return table[op]
 
     def _alone(self, op: ComputeOp) -> _Phase:
         """``op`` on all SMs, nothing beside it; indexed by requested grid clock."""
-        key = ("alone", op)
-        if key not in self._cache:
+        table = self._tables.alone
+        if op not in table:
             raw = self._alone_uncapped(op)
-            self._cache[key] = _Phase(*self._throttled(raw.time, raw.power))
-        return self._cache[key]  # type: ignore[return-value]
+            table[op] = _Phase(*self._throttled(raw.time, raw.power))
+        return table[op]
 
     def _comm_uncapped(self, comm: CommOp, ks: tuple[int, ...], threads: int
                        ) -> tuple[NDArray, NDArray]:
         """:meth:`_comm_raw` of ``ks`` SMs (rate and power, (K, G)), cached."""
-        key = ("comm_uncapped", comm, ks, threads)
-        if key not in self._cache:
-            self._cache[key] = self._comm_raw(comm, np.asarray(ks, dtype=np.float64)[:, None],
-                                              threads)
-        return self._cache[key]  # type: ignore[return-value]
+        table, key = self._tables.comm_uncapped, (comm, ks, threads)
+        if key not in table:
+            table[key] = self._comm_raw(comm, np.asarray(ks, dtype=np.float64)[:, None], threads)
+        return table[key]
 
     def _comm_alone(self, comm: CommOp, ks: tuple[int, ...], threads: int
                     ) -> tuple[_Phase, NDArray]:
         """Collective on ``ks`` SMs alone: (time of the whole collective, power), and its rate;
         arrays (K, G), indexed by requested grid clock."""
-        key = ("comm", comm, ks, threads)
-        if key not in self._cache:
+        table, key = self._tables.comm, (comm, ks, threads)
+        if key not in table:
             rate, power = self._comm_uncapped(comm, ks, threads)
             t = self.comm_latency(comm) + comm.bus_bytes / rate
             t, power, rate = self._throttled(t, power, rate)
-            self._cache[key] = (_Phase(t, power), rate)
-        return self._cache[key]  # type: ignore[return-value]
+            table[key] = (_Phase(t, power), rate)
+        return table[key]
 
     def _overlapped(self, op: ComputeOp, comm: CommOp, ks: tuple[int, ...], threads: int
                     ) -> tuple[_Phase, NDArray]:
         """``op`` on the SMs the collective leaves, beside ``comm``, shape (K, G): the compute
         time, the combined dynamic power, and the collective's throughput meanwhile."""
-        key = ("ov", op, comm, ks, threads)
-        if key not in self._cache:
+        table, key = self._tables.overlapped, (op, comm, ks, threads)
+        if key not in table:
             g = self.gpu
             k = self._comm_sms(ks)
             kk = np.asarray(ks, dtype=np.float64)[:, None]
@@ -389,8 +450,8 @@ class SimulatorBackend:
             contention = _SLOWDOWN_BESIDE[op.kind](g) * k / g.sms
             t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention, beside=True)
             t, p, rate = self._throttled(t, p_comp + p_comm, rate)
-            self._cache[key] = (_Phase(t, p), rate)
-        return self._cache[key]  # type: ignore[return-value]
+            table[key] = (_Phase(t, p), rate)
+        return table[key]
 
     # ------------------------------------------------------------------ partitions
     def evaluate_partition(self, partition: Partition, clocks_mhz: NDArray[np.float64],
@@ -441,7 +502,7 @@ class SimulatorBackend:
             return a[fi][:, None, None]
 
         exposed = 1.0 if harness else g.iteration_host_fraction
-        ops = []
+        ops: list[TimelineOp] = []
         for i, op in enumerate(partition.compute):
             a = self._alone(op)
             host = exposed * (_HOST_ISSUE[op.kind](g)
@@ -453,17 +514,17 @@ class SimulatorBackend:
             # ``uneven_tail``): its blocks already end at scattered times, and a returning SM
             # just takes the next one.
             ragged = op.kind != "memory" and op.uneven_tail is None
-            row = dict(t_alone=per_clock(a.time), p_alone=per_clock(a.power), host_s=host,
-                       wave_s=per_clock(a.time) / self.waves(op, float(g.sms)) if ragged
-                       else 0.0)
-            if partition.comm is not None:
+            wave_s = per_clock(a.time) / self.waves(op, float(g.sms)) if ragged else 0.0
+            if partition.comm is None:
+                ops.append(TimelineOp(per_clock(a.time), per_clock(a.power), host, wave_s))
+            else:
                 ov, rate_ov = self._overlapped(op, partition.comm, ks, threads)
-                row.update(t_beside=grid(ov.time), p_beside=grid(ov.power), rate_beside=grid(rate_ov))
-            ops.append(row)
+                ops.append(TimelineOp(per_clock(a.time), per_clock(a.power), host, wave_s,
+                                      grid(ov.time), grid(ov.power), grid(rate_ov)))
         comm = None
         if partition.comm is not None:
             ph, rate = self._comm_alone(partition.comm, ks, threads)
-            comm = dict(bytes=partition.comm.bus_bytes, rate=grid(rate), power=grid(ph.power))
+            comm = TimelineCollective(partition.comm.bus_bytes, grid(rate), grid(ph.power))
         t, e = partition_timeline(
             ops, comm, np.broadcast_to(win[:, 0], shape), np.broadcast_to(win[:, 1], shape),
             launch_s=g.comm_launch_s,
@@ -498,16 +559,17 @@ class SimulatorBackend:
         # partition alive, so its id cannot be reused while the entry exists
         # every clock of the grid at once: one vectorised call serves all the clocks a search
         # or a plan asks this partition and schedule for
-        key = ("part", id(part), sched)
-        if key not in self._cache:
+        table, key = self._tables.partition, (id(part), sched)
+        if key not in table:
             k = LIBRARY_DEFAULT if sched.comm_sms is None else sched.comm_sms
             grid = self.evaluate_partition(part, self.grid, np.array([k]),
                                            np.array([sched.window(len(part.compute))]),
                                            sched.block_size)
-            self._cache[key] = (grid.time_s[:, 0, 0].tolist(),
-                                grid.dynamic_energy_j[:, 0, 0].tolist(), part)
-        t, e, _ = self._cache[key]  # type: ignore[misc]
-        return t[self._scalar_index(clock)], e[self._scalar_index(clock)]
+            table[key] = _PartitionCosts(grid.time_s[:, 0, 0].tolist(),
+                                         grid.dynamic_energy_j[:, 0, 0].tolist(), part)
+        costs = table[key]
+        return (costs.time_s[self._scalar_index(clock)],
+                costs.dynamic_energy_j[self._scalar_index(clock)])
 
     def _exposed_cost(self, comm: CommOp, f_idx: int, sched: PartitionSchedule
                       ) -> tuple[float, float]:
@@ -526,23 +588,23 @@ class SimulatorBackend:
         others at the locked clock (see the module docstring).
         """
         ig = graph.instruction_graphs.get(key)
-        cache_key = ("ins", id(ig), plan)  # the cached entry keeps ``ig`` alive (see below)
-        if ig is not None and cache_key in self._cache:
-            return self._cache[cache_key][0]  # type: ignore[index]
+        table, cache_key = self._tables.instruction, (id(ig), plan)  # the entry keeps ``ig`` alive
+        if ig is not None and cache_key in table:
+            return table[cache_key].cost
         plan.validate(graph, key, self.gpu)
         assert ig is not None  # validate refuses an unknown instruction
         f_idx = self._scalar_index(plan.clock_mhz)
         cost = InstructionCost(*self._instruction_at(ig, plan, f_idx))
-        self._cache[cache_key] = (cost, ig)
+        table[cache_key] = _InstructionEntry(cost, ig)
         return cost
 
     def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int
                         ) -> tuple[float, float]:
         """Time and dynamic energy of one instruction with every phase asking for grid clock
         ``f_idx``."""
-        key = ("ins_at", id(ig), plan, f_idx)  # ``ins`` entries keep ``ig`` alive
-        if key in self._cache:
-            return self._cache[key]  # type: ignore[return-value]
+        table, key = self._tables.instruction_at, (id(ig), plan, f_idx)  # see ``instruction``
+        if key in table:
+            return table[key]
         clock = float(self.grid[f_idx])
         t = e = 0.0
         if plan.nanobatched and ig.partitions:
@@ -574,7 +636,7 @@ class SimulatorBackend:
             e += se
         if not (plan.nanobatched and ig.partitions):
             t = max(t, self.host_time(ig))  # partitions model their own host issue
-        self._cache[key] = (t, e)
+        table[key] = (t, e)
         return t, e
 
     def host_time(self, ig: InstructionGraph) -> float:

@@ -41,11 +41,17 @@ def sm_power_scale(f_mhz: ArrayLike, f_max: float, knee_mhz: float, v_ratio: flo
 
 
 class PowerParams(Protocol):
-    """The preset fields the power law reads (a :class:`~kareus.hardware.presets.GPUPreset`)."""
+    """The preset fields the power law reads (a :class:`~kareus.hardware.presets.GPUPreset`),
+    read-only: W each."""
 
-    sm_dyn_power_w: float
-    hbm_dyn_power_w: float
-    link_dyn_power_w: float
+    @property
+    def sm_dyn_power_w(self) -> float: ...
+
+    @property
+    def hbm_dyn_power_w(self) -> float: ...
+
+    @property
+    def link_dyn_power_w(self) -> float: ...
 
 
 def dynamic_power(gpu: PowerParams, sm_scale: ArrayLike, sm_busy: ArrayLike,

@@ -408,6 +408,9 @@ def _parse(path: Path, raw: object, shared: Shared | None = None
                               "with equally long lists of positive numbers")
         factors[f["spec_sha256"]] = PartitionOpFactors(tuple(f["op_work"]), tuple(f["op_host"]),
                                                        f["source"])
+    # The fields come by name from the file, each value checked against its own field by
+    # _check_value (the precisions a tuple of names, integer fields integers, the rest numbers);
+    # mypy cannot tie a value looked up by name to that field's type.
     preset = GPUPreset(name=name, sources=MappingProxyType(sources), **values)  # type: ignore[arg-type]
     return preset, factors
 

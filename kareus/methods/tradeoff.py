@@ -42,7 +42,7 @@ import math
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeGuard
 
 import networkx as nx
 
@@ -50,7 +50,22 @@ from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError
 from kareus.graph import Direction, Instruction, dag_dependencies, one_f_one_b
 
+if TYPE_CHECKING:
+    from lowtime.cost_model import CostModel
+    from lowtime.operation import CandidateExecutionOptions, OperationSpec
+    from lowtime.perseus.instruction import Instruction as LowtimeInstruction
+
+    from kareus.plan import InstructionPlan, IterationPlan
+
+    #: Operation specs of one stage by lowtime instruction class (``Forward``, ``Backward``).
+    StageSpecs = dict[type[LowtimeInstruction], OperationSpec[int]]
+
 Prefilter = Literal["raw", "effective"]
+
+
+def is_prefilter(value: object) -> TypeGuard[Prefilter]:
+    """Whether ``value`` names a pre-filter (:data:`Prefilter`)."""
+    return value in ("raw", "effective")
 
 #: A type with this many Pareto-optimal options or fewer is filtered again with slack.
 FEW_OPTIONS = 3
@@ -182,13 +197,14 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         raise InputError(f"unit time must be positive, got {unit_time_s}")
     if not p2p_time_s >= 0:
         raise InputError(f"P2P time must be non-negative, got {p2p_time_s}")
-    classes = {"forward": Forward, "backward": Backward}
-    knob_tables: dict[tuple[int, str], list[Hashable]] = {}
-    spec_map: dict[int, dict[type, OperationSpec]] = {}
+    classes: dict[Direction, type[LowtimeInstruction]] = {"forward": Forward,
+                                                          "backward": Backward}
+    knob_tables: dict[tuple[int, Direction], list[Hashable]] = {}
+    spec_map: dict[int, StageSpecs] = {}
     for stage in range(stages):
         spec_map[stage] = {}
         for direction, cls in classes.items():
-            opts = list(options.get((stage, direction), ()))  # type: ignore[arg-type]
+            opts = list(options.get((stage, direction), ()))
             if not opts:
                 raise InputError(f"no execution options for stage {stage} {direction}")
             knob_tables[(stage, direction)] = [o.knob for o in opts]
@@ -222,8 +238,7 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     try:
         tables = [knob_tables[(ins.stage, ins.direction)] for ins, _ in nodes]
         for result in solver.run():
-            assigned = tuple(table[lt.assigned_knob]  # type: ignore[attr-defined]
-                             for table, (_, lt) in zip(tables, nodes))
+            assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
             yield SolverStep(iteration=result.iteration, quant_time=int(result.quant_time),
                              real_time_s=float(result.real_time), cost=float(result.cost),
                              layout=layout, assigned=assigned)
@@ -249,7 +264,7 @@ def solver_energy(step: SolverStep, stages: int, static_power_w: float) -> float
     return step.cost + stages * step.real_time_s * static_power_w
 
 
-def fit_exponential_model(cand: object) -> object:
+def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
     """``lowtime``'s ``ExponentialModel`` (``a·exp(b·t) + c``) for candidate options.
 
     First exactly as the reference driver does (lowtime's own grid search over initial guesses,
@@ -267,11 +282,11 @@ def fit_exponential_model(cand: object) -> object:
     try:
         with warnings.catch_warnings():  # lowtime's grid search warns for every rejected guess
             warnings.simplefilter("ignore")
-            return ExponentialModel(cand, search_strategy="best")  # type: ignore[arg-type]
+            return ExponentialModel(cand, search_strategy="best")
     except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
         pass
-    t = np.array([o.quant_time for o in cand.options], dtype=float)  # type: ignore[attr-defined]
-    e = np.array([o.cost for o in cand.options], dtype=float)  # type: ignore[attr-defined]
+    t = np.array([o.quant_time for o in cand.options], dtype=np.float64)
+    e = np.array([o.cost for o in cand.options], dtype=np.float64)
     fn = lambda x, a, b, c: a * np.exp(b * x) + c  # noqa: E731 - lowtime's own form
     if len(t) == 1:
         coef = (0.0, 0.0, float(e[0]))
@@ -286,14 +301,15 @@ def fit_exponential_model(cand: object) -> object:
         try:
             with warnings.catch_warnings():  # an exact fit has no covariance estimate
                 warnings.simplefilter("ignore")
-                coef = tuple(float(v) for v in curve_fit(fn, t, e, p0=guess, maxfev=50000)[0])
+                fitted = curve_fit(fn, t, e, p0=guess, maxfev=50000)[0]
+            coef = (float(fitted[0]), float(fitted[1]), float(fitted[2]))
         except (ValueError, RuntimeError) as err:
             raise InputError(f"could not fit the exponential cost model to options at quantized "
                              f"times {t.astype(int).tolist()}: {err}") from None
     return _exponential(coef)
 
 
-def _exponential(coefficients: tuple[float, float, float]) -> object:
+def _exponential(coefficients: tuple[float, float, float]) -> CostModel:
     """lowtime's exponential cost model with given coefficients, through its public base."""
     import numpy as np
     from lowtime.cost_model import CostModel
@@ -311,8 +327,8 @@ def _exponential(coefficients: tuple[float, float, float]) -> object:
     return FixedExponential()
 
 
-def build_1f1b_dag(spec_map: Mapping[int, Mapping[type, object]], stages: int, microbatches: int
-                   ) -> tuple[nx.DiGraph, list[tuple[Instruction, object]]]:
+def build_1f1b_dag(spec_map: Mapping[int, StageSpecs], stages: int, microbatches: int
+                   ) -> tuple[nx.DiGraph, list[tuple[Instruction, LowtimeInstruction]]]:
     """The activity-on-node 1F1B DAG of ``lowtime.perseus`` as the reference driver builds it:
     ``Synchronous1F1B`` instructions per stage (nodes 2, 3, ...), dummy source 0 and sink 1.
 
@@ -331,11 +347,11 @@ def build_1f1b_dag(spec_map: Mapping[int, Mapping[type, object]], stages: int, m
 
     dag = nx.DiGraph()
     node_id = 2  # 0 and 1 are the dummy source and sink, as in the reference driver
-    nodes: list[tuple[Instruction, object]] = []
+    nodes: list[tuple[Instruction, LowtimeInstruction]] = []
     ids: dict[Instruction, int] = {}
     for stage in range(stages):
         for inst in Synchronous1F1B(num_stages=stages, num_micro_batches=microbatches,
-                                     stage_id=stage, operation_spec_map=spec_map[stage]):  # type: ignore[arg-type]
+                                     stage_id=stage, operation_spec_map=spec_map[stage]):
             dag.add_node(node_id, op=inst)
             direction: Direction = "forward" if isinstance(inst, Forward) else "backward"
             ins = Instruction(stage, inst.micro_batch_id, direction)
@@ -562,25 +578,26 @@ def spread_steps(steps: Sequence[SolverStep], limit: int | None) -> list[SolverS
     return [steps[k] for k in picks]
 
 
-def plans_from_steps(steps: Sequence[SolverStep], make_plan: Callable[[Hashable], object],
+def plans_from_steps(steps: Sequence[SolverStep],
+                     make_plan: Callable[[Hashable], InstructionPlan],
                      label: str, limit: int | None = None,
                      refine: Callable[[dict[Instruction, Hashable]], dict[Instruction, Hashable]]
-                     | None = None) -> list:
+                     | None = None) -> list[IterationPlan]:
     """One :class:`~kareus.plan.IterationPlan` per solver step (``make_plan(knob)`` gives each
     instruction's plan); with ``limit``, for at most that many steps (:func:`spread_steps`);
     ``refine`` (e.g. a :class:`SlackReclaimer`) may re-choose each step's knobs first."""
     from kareus.plan import IterationPlan
 
-    cache: dict[Hashable, object] = {}
+    cache: dict[Hashable, InstructionPlan] = {}
     plans = []
     for step in spread_steps(steps, limit):
-        instr = {}
+        instr: dict[Instruction, InstructionPlan] = {}
         knobs = step.knobs if refine is None else refine(step.knobs)
         for ins, knob in knobs.items():
             if knob not in cache:
                 cache[knob] = make_plan(knob)
             instr[ins] = cache[knob]
-        plans.append(IterationPlan(instr, label=f"{label} step {step.iteration}",  # type: ignore[arg-type]
+        plans.append(IterationPlan(instr, label=f"{label} step {step.iteration}",
                                    meta={"solver_iteration": step.iteration,
                                          "solver_time_s": step.real_time_s}))
     return plans

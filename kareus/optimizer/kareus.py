@@ -29,11 +29,12 @@ Settings: :class:`KareusSettings`, the search strategy and its budget beside the
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
-from kareus.graph import Partition
+from kareus.graph import Direction, Partition
 from kareus.hardware.knobs import KnobSpace
 from kareus.methods.profiling import TradeoffSettings, profile_instructions, tradeoff_plans
 from kareus.methods.tradeoff import Option
@@ -102,7 +103,7 @@ def search_partitions(problem: Problem, settings: KareusSettings = KareusSetting
 
 
 def kareus_options(problem: Problem, settings: KareusSettings = KareusSettings()
-                   ) -> dict[tuple[int, str], list[Option]]:
+                   ) -> dict[tuple[int, Direction], list[Option]]:
     """Execution options of every instruction type (steps 1 and 2)."""
     results = search_partitions(problem, settings)
     return {key: instruction_options(problem.backend, problem.graph, key, results,
@@ -126,11 +127,11 @@ class Kareus:
             subsets["default schedules"] = baseline_options(problem, nanobatched=True)
         every = {key: union_of_options(options[key], *(sub[key] for sub in subsets.values()))
                  for key in options}
-        same = lambda plan: plan  # noqa: E731  (the knobs are the instructions' plans)
-        plans = tradeoff_plans(problem, options, same, "kareus",  # type: ignore[arg-type]
-                               reclaim_from=every, settings=self.settings)
+        # the knobs are the instructions' plans
+        plans = tradeoff_plans(problem, options, _knob_plan, "kareus", reclaim_from=every,
+                               settings=self.settings)
         for name, sub in subsets.items():
-            plans += tradeoff_plans(problem, sub, same, f"kareus {name}",  # type: ignore[arg-type]
+            plans += tradeoff_plans(problem, sub, _knob_plan, f"kareus {name}",
                                     reclaim_from=every, settings=self.settings)
         return plans
 
@@ -143,14 +144,22 @@ def default_schedules_in_space(problem: Problem) -> bool:
         LIBRARY_DEFAULT in partition_space(p, problem.knobs).comm_sms for p in parts)
 
 
-def baseline_options(problem: Problem, nanobatched: bool) -> dict[tuple[int, str], list[Option]]:
+def _knob_plan(knob: Hashable) -> InstructionPlan:
+    """The instruction plan a Kareus option's knob is (the knob itself); :class:`TypeError` for
+    any other knob."""
+    if not isinstance(knob, InstructionPlan):
+        raise TypeError(f"a Kareus knob is an instruction plan, got {knob!r}")
+    return knob
+
+
+def baseline_options(problem: Problem, nanobatched: bool
+                     ) -> dict[tuple[int, Direction], list[Option]]:
     """Every instruction type at each clock of the knob space, sequential (Perseus's options) or
     nanobatched with the default collective schedules (Nanobatching + Perseus's), with the
     instruction plans as knobs."""
     plans = [InstructionPlan.make(float(clock), nanobatched)
              for clock in problem.knobs.clocks_mhz]
-    return profile_instructions(problem.backend, problem.graph, plans,  # type: ignore[arg-type]
-                                lambda plan: plan)  # type: ignore[arg-type,return-value]
+    return profile_instructions(problem.backend, problem.graph, plans, _knob_plan)
 
 
 def union_of_options(first: list[Option], *others: list[Option]) -> list[Option]:

@@ -33,6 +33,10 @@ def make_problem(workload: str, *, gpu: str, backend: str = "sim", seed: int = 0
     preset = get_preset(gpu)
     if gpu_overrides:
         preset = preset.with_overrides(**gpu_overrides)
+    # The overrides arrive as a name -> value mapping (CLI options, suite configurations, cell
+    # records), checked at run time (make_workload refuses an unknown name, and the workload it
+    # builds validates its parallel configuration); mypy cannot tie a value looked up by name to
+    # that keyword's type.
     w = make_workload(workload, **overrides)  # type: ignore[arg-type]
     check_precision(w, preset)
     knobs = KnobSpace.default(preset)

@@ -170,7 +170,7 @@ def optimizer_module(name: str) -> str:
     eps = registered_optimizers()
     if name not in eps:
         raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
-    return eps[name].module  # type: ignore[attr-defined]
+    return eps[name].module
 
 
 def code_fields(hasher: CodeHasher, optimizer: str, backend: str) -> dict[str, str]:
