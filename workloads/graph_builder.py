@@ -10,6 +10,9 @@ Counting conventions (per GPU, bf16 = 2 bytes):
   backward 2.5x forward (five matmuls against two, the recomputed scores included). One thread
   block per 128 query rows per head; the causal mask makes their work uneven.
 - Elementwise / norm / RoPE kernels are HBM bound: bytes read plus written, negligible FLOPs.
+- Elementwise work ``fused`` (Megatron-LM, Transformer Engine) is one kernel per block; ``eager``
+  (PyTorch eager as Hugging Face models write it) is the kernels that code launches, each reading
+  and writing whole tensors (:data:`GELU_EAGER_FWD` and the functions below).
 - TP all-reduce: the ``[tokens, hidden]`` activation after attention and after the MLP (forward),
   the input gradients of the column-parallel QKV and FC1 (backward). CP: all-gather of the local
   K,V chunk before attention (forward, and again in backward), reduce-scatter of dK,dV after the
@@ -156,6 +159,63 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
     ]
 
 
+#: The PyTorch eager kernels of GPT-2's tanh GELU (Hugging Face ``gelu_new``:
+#: ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``) as (tensors read, tensors written), each tensor
+#: the ``[tokens, ffn]`` activation: ``pow``, the two constant products, the inner sum, ``tanh``,
+#: ``1 +``, ``0.5·x`` and the final product. One fused GELU reads one and writes one.
+GELU_EAGER_FWD: tuple[tuple[int, int], ...] = (
+    (1, 1), (1, 1), (2, 1), (1, 1), (1, 1), (1, 1), (1, 1), (2, 1))
+#: Its autograd backward: the final product's two input gradients, ``tanh``'s backward, the two
+#: constant products', ``pow``'s (``x²``, ``3·``, times the gradient), ``0.5·x``'s, and the two sums
+#: accumulating ``x``'s three gradients. One fused GELU backward reads two and writes one.
+GELU_EAGER_BWD: tuple[tuple[int, int], ...] = (
+    (2, 1), (2, 1), (2, 1), (1, 1), (1, 1), (1, 1), (1, 1), (2, 1), (1, 1), (2, 1), (2, 1))
+#: SwiGLU in eager code (Hugging Face Llama: ``act_fn(gate) * up``): SiLU and the product, each
+#: over ``[tokens, ffn]``; backward, the product's two input gradients and SiLU's backward.
+SWIGLU_EAGER_FWD: tuple[tuple[int, int], ...] = ((1, 1), (2, 1))
+SWIGLU_EAGER_BWD: tuple[tuple[int, int], ...] = ((2, 1), (2, 1), (2, 1))
+
+
+def eager_kernels(name: str, passes: tuple[tuple[int, int], ...], elements: int,
+                  elem_bytes: int) -> list[ComputeOp]:
+    """One HBM-bound kernel per ``(read, written)`` entry of ``passes``, each tensor of
+    ``elements`` elements of ``elem_bytes`` bytes (one FLOP per element written)."""
+    return [memory_op(name, elem_bytes * elements * (r + w), flops=float(w * elements))
+            for r, w in passes]
+
+
+def eager_residual(elements: int, elem_bytes: int, backward: bool) -> list[ComputeOp]:
+    """The residual branch's dropout and add as eager code runs them (two kernels where a fused
+    bias-dropout-add is one): dropout reads the branch and writes it with a one-byte mask, the
+    add reads it and the residual and writes their sum. Backward: the dropout's (the gradient
+    and the mask in, one out) and the add accumulating the residual stream's gradient."""
+    e = elem_bytes
+    if backward:
+        return [memory_op("residual_dropout_bwd", (2 * e + 1) * elements, flops=float(elements)),
+                memory_op("residual_add_bwd", 3 * e * elements, flops=float(elements))]
+    return [memory_op("residual_dropout", (2 * e + 1) * elements, flops=float(elements)),
+            memory_op("residual_add", 3 * e * elements, flops=float(elements))]
+
+
+def eager_attention_passes(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_bytes: int,
+                           backward: bool) -> tuple[list[ComputeOp], list[ComputeOp]]:
+    """What Hugging Face GPT-2's eager attention adds to :func:`unfused_attention_ops`, as
+    (kernels after the scores, kernels at the end): the scores divided by ``√d`` and masked
+    (``torch.where`` against the causal mask buffer) in passes of their own, where Megatron-LM's
+    fused softmax scales and masks in its one pass, and the heads merged back into ``[tokens,
+    hidden]`` (``permute().contiguous()``, a copy). Backward: the same passes' gradients."""
+    n = b * hq * s_q * s_kv
+    e = elem_bytes
+    merge = 2 * e * b * s_q * hq * d
+    if backward:
+        return ([memory_op("attention_mask_bwd", 2 * e * n + s_q * s_kv, flops=float(n)),
+                 memory_op("attention_scale_bwd", 2 * e * n, flops=float(n))],
+                [memory_op("attention_merge_bwd", merge)])
+    return ([memory_op("attention_scale", 2 * e * n, flops=float(n)),
+             memory_op("attention_mask", 2 * e * n + s_q * s_kv, flops=float(n))],
+            [memory_op("attention_merge", merge)])
+
+
 def _gemm_bwd(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
               precision: str = "bf16") -> list[ComputeOp]:
     """Input gradient ``dX[M,K] = dY[M,N]·W^T`` and weight gradient ``dW[K,N] = X^T·dY``."""
@@ -190,6 +250,7 @@ class _LayerOps:
         self.precision = p.precision
         self.recompute = p.recompute
         self.attention = p.attention
+        self.eager = p.elementwise == "eager"
         self.s_local = p.seq // p.cp
         self.t = b * self.s_local  # tokens on this GPU
         self.hq = model.heads // p.tp  # local query heads
@@ -226,8 +287,15 @@ class _LayerOps:
         path (:func:`unfused_attention_ops`)."""
         if self.attention == "flash":
             return [self._attention("attention_bwd" if backward else "attention", backward)]
-        return unfused_attention_ops(self.b, self.hq, self.m.head_dim, self.s_local, self.seq,
-                                     self.eb, self.precision, backward)
+        ops = unfused_attention_ops(self.b, self.hq, self.m.head_dim, self.s_local, self.seq,
+                                    self.eb, self.precision, backward)
+        if not self.eager:
+            return ops
+        inner, outer = eager_attention_passes(self.b, self.hq, self.m.head_dim, self.s_local,
+                                              self.seq, self.eb, backward)
+        if backward:  # merge's gradient first; the mask's and scale's after the softmax's
+            return outer + ops[:4] + inner + ops[4:]
+        return ops[:1] + inner + ops[1:] + outer
 
     def _gemm(self, name: str, m: int, k: int, n: int) -> ComputeOp:
         return gemm_op(name, m, k, n, elem_bytes=self.eb, precision=self.precision)
@@ -235,13 +303,40 @@ class _LayerOps:
     def _gemm_bwd(self, name: str, m: int, k: int, n: int) -> list[ComputeOp]:
         return _gemm_bwd(name, m, k, n, elem_bytes=self.eb, precision=self.precision)
 
+    def _residual(self, backward: bool) -> list[ComputeOp]:
+        """The residual branch's bias-dropout-add: one fused kernel, or eager's two
+        (:func:`eager_residual`)."""
+        t, h, eb = self.t, self.m.hidden, self.eb
+        if self.eager:
+            return eager_residual(t * h, eb, backward)
+        if backward:
+            return [memory_op("bda_bwd", 3 * eb * t * h, flops=1.0 * t * h)]
+        return [memory_op("bda", 3 * eb * t * h, flops=2.0 * t * h)]
+
+    def _activation(self, backward: bool) -> list[ComputeOp]:
+        """The MLP's activation over ``[tokens, ffn]``: one fused kernel (GELU reads FC1's output,
+        SwiGLU its two halves), or the eager kernels (:data:`GELU_EAGER_FWD`,
+        :data:`SWIGLU_EAGER_FWD` and their backward)."""
+        t, eb = self.t, self.eb
+        fc1_n = self.ffn * (2 if self.m.mlp == "swiglu" else 1)
+        if self.eager:
+            gelu = self.m.mlp == "gelu"
+            passes = (GELU_EAGER_BWD if gelu else SWIGLU_EAGER_BWD) if backward else \
+                (GELU_EAGER_FWD if gelu else SWIGLU_EAGER_FWD)
+            return eager_kernels("activation_bwd" if backward else "activation", passes,
+                                 t * self.ffn, eb)
+        if backward:
+            return [memory_op("activation_bwd", eb * t * (2 * fc1_n + self.ffn),
+                              flops=12.0 * t * self.ffn)]
+        return [memory_op("activation", eb * t * (fc1_n + self.ffn), flops=8.0 * t * self.ffn)]
+
     def forward(self) -> list[ComputeOp | _Cut]:
         m, t, d, eb = self.m, self.t, self.m.head_dim, self.eb
         h = m.hidden
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         ops: list[ComputeOp | _Cut] = [
-            memory_op("bda", 3 * eb * t * h, flops=2.0 * t * h),
+            *self._residual(backward=False),
             memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
             self._gemm("linear_qkv", t, h, qkv_n),
         ]
@@ -254,12 +349,11 @@ class _LayerOps:
         ops += self._core_attention(backward=False)
         ops.append(self._gemm("linear_proj", t, self.hq * d, h))
         ops.append(_Cut("ao" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_attn")))
-        ops.append(memory_op("bda", 3 * eb * t * h, flops=2.0 * t * h))
+        ops += self._residual(backward=False)
         ops.append(memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
         ops.append(self._gemm("linear_fc1", t, h, fc1_n))
-        act_bytes = eb * t * (fc1_n + self.ffn)
-        ops.append(memory_op("activation", act_bytes, flops=8.0 * t * self.ffn))
+        ops += self._activation(backward=False)
         ops.append(self._gemm("linear_fc2", t, self.ffn, h))
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_mlp")))
         return ops
@@ -273,12 +367,11 @@ class _LayerOps:
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
         ops: list[ComputeOp | _Cut] = [memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h)]
         ops += self._gemm_bwd("linear_fc2", t, self.ffn, h)
-        ops.append(memory_op("activation_bwd", eb * t * (2 * fc1_n + self.ffn),
-                        flops=12.0 * t * self.ffn))
+        ops += self._activation(backward=True)
         ops += self._gemm_bwd("linear_fc1", t, h, fc1_n)
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad")))
         ops.append(memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
-        ops.append(memory_op("bda_bwd", 3 * eb * t * h, flops=1.0 * t * h))
+        ops += self._residual(backward=True)
         ops += self._gemm_bwd("linear_proj", t, self.hq * d, h)
         if self.cp > 1:
             ops.append(_Cut("o", self._cp_kv("cp_allgather_kv", "all_gather")))
@@ -303,6 +396,10 @@ _SLOT_KIND = {
     "attention_bwd": "attn", "activation": "activation", "activation_bwd": "activation",
     "attention_softmax": "softmax", "attention_softmax_bwd": "softmax",
     "attention_dropout": "dropout", "attention_dropout_bwd": "dropout",
+    "residual_dropout": "bda", "residual_dropout_bwd": "bda", "residual_add": "bda",
+    "residual_add_bwd": "bda", "attention_scale": "softmax", "attention_scale_bwd": "softmax",
+    "attention_mask": "softmax", "attention_mask_bwd": "softmax", "attention_merge": "split",
+    "attention_merge_bwd": "split",
 }
 
 

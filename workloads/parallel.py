@@ -26,6 +26,8 @@ Precision = Literal["bf16", "fp16", "tf32", "fp32"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["flash", "unfused"]
 ATTENTION_KINDS: tuple[str, ...] = ("flash", "unfused")
+Elementwise = Literal["fused", "eager"]
+ELEMENTWISE_KINDS: tuple[str, ...] = ("fused", "eager")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32")
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -76,6 +78,12 @@ class ParallelConfig:
         attention: The core attention's implementation: ``"flash"`` (one fused kernel:
             Transformer Engine, FlashAttention) or ``"unfused"`` (Megatron-LM's path before
             flash attention, and plain PyTorch GPT models: the score matrix in HBM).
+        elementwise: How the elementwise work between the matmuls runs: ``"fused"`` (one
+            kernel per block: Megatron-LM's fused bias-GELU, bias-dropout-add and
+            scale-mask-softmax, Transformer Engine) or ``"eager"`` (PyTorch eager code as Hugging
+            Face models write it, run by frameworks such as Merak: GPT-2's tanh GELU as eight
+            kernels, the attention scores scaled and masked in passes of their own, the residual
+            dropout and add apart; :mod:`workloads.graph_builder`).
         overlap_grad_reduce: Bucketed gradient reduction overlapped with the backward pass
             (Megatron-LM's ``--overlap-grad-reduce``, buckets of :data:`GRAD_BUCKET_PARAMS`
             parameters); without it one reduction runs after the last backward.
@@ -96,6 +104,7 @@ class ParallelConfig:
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     attention: Attention = "flash"
+    elementwise: Elementwise = "fused"
 
     @property
     def num_gpus(self) -> int:
@@ -293,6 +302,9 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
     if p.attention not in ATTENTION_KINDS:
         raise WorkloadError(f"unknown attention {p.attention!r}; choose one of: "
                             f"{', '.join(ATTENTION_KINDS)}")
+    if p.elementwise not in ELEMENTWISE_KINDS:
+        raise WorkloadError(f"unknown elementwise mode {p.elementwise!r}; choose one of: "
+                            f"{', '.join(ELEMENTWISE_KINDS)}")
     if p.recompute not in RECOMPUTE_MODES:
         raise WorkloadError(f"unknown recompute mode {p.recompute!r}; choose one of: "
                             f"{', '.join(RECOMPUTE_MODES)}")
@@ -342,6 +354,7 @@ def make_workload(
     distributed_optimizer: bool | None = None,
     overlap_grad_reduce: bool | None = None,
     attention: Attention | None = None,
+    elementwise: Elementwise | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
     is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`)."""
@@ -354,7 +367,8 @@ def make_workload(
                          microbatches=microbatches, recompute=recompute,
                          layer_split=layer_split, precision=precision,
                          gpus_per_node=gpus_per_node, distributed_optimizer=distributed_optimizer,
-                         overlap_grad_reduce=overlap_grad_reduce, attention=attention).items()
+                         overlap_grad_reduce=overlap_grad_reduce, attention=attention,
+                         elementwise=elementwise).items()
         if v is not None
     }
     w = Workload(model=model, parallel=replace(parallel, **overrides))

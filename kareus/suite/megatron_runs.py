@@ -146,10 +146,11 @@ def worst(errors: pd.DataFrame, n: int = 5) -> pd.DataFrame:
 
 #: The Perseus authors' measured GPT-3 XL job (shared/perseus_sosp24/measured, PROVENANCE.md):
 #: Merak's 1F1B over 4 A100 80 GB PCIe in one node, fp32 with TF32 matmuls (torch 1.10), stages
-#: of 6, 6, 7 and 5 blocks, full recomputation, GPT-2-style unfused attention.
+#: of 6, 6, 7 and 5 blocks, full recomputation; Merak runs Hugging Face's GPT-2 code eagerly
+#: (unfused attention, eager elementwise kernels).
 PERSEUS_XL_JOB = dict(tp=1, cp=1, pp=4, dp=1, mbs=8, microbatches=128, seq=1024,
                       layer_split=(6, 6, 7, 5), precision="tf32", recompute="full",
-                      attention="unfused", gpus_per_node=4)
+                      attention="unfused", elementwise="eager", gpus_per_node=4)
 PERSEUS_XL_GPU = "a100-pcie-80gb"
 #: Measured method -> the suite's optimizer that reproduces it.
 PERSEUS_XL_METHODS = {"perseus": "perseus", "zeus_global": "zeus-power-limit",

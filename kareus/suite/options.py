@@ -51,6 +51,9 @@ JOB_SHAPE_OPTIONS = [
                  help="Bucketed DP gradient reduction overlapped with the backward."),
     click.option("--attention", type=click.Choice(["flash", "unfused"]), default=None,
                  help="Core attention: one flash kernel [flash], or Megatron-LM's unfused path."),
+    click.option("--elementwise", type=click.Choice(["fused", "eager"]), default=None,
+                 help="Elementwise work: fused kernels [fused, Megatron-LM], or PyTorch eager "
+                      "as Hugging Face models write it (Merak)."),
 ]
 
 
