@@ -151,6 +151,19 @@ def test_eager_elementwise_runs_the_kernels_eager_code_launches():
     assert build_iteration_graph(eager).model_flops == build_iteration_graph(fused).model_flops
 
 
+def test_eager_bloom_uses_its_own_gelu_and_fused_scale():
+    from workloads.graph_builder import BLOOM_GELU_EAGER_FWD
+    from workloads.parallel import Workload
+
+    gpt = make_workload("gpt3-xl", tp=1, pp=1, mbs=2, microbatches=1, seq=1024,
+                        attention="unfused", elementwise="eager")
+    bloom = Workload(model=replace(gpt.model, name="bloom-like", alibi=True), parallel=gpt.parallel,
+                     name="bloom-like")
+    names = [op.name for op in _kernels(bloom)]
+    assert names.count("activation") == len(BLOOM_GELU_EAGER_FWD)
+    assert "attention_mask" in names and "attention_scale" not in names  # baddbmm scales
+
+
 def test_eager_swiglu_and_flash_attention():
     from workloads.graph_builder import SWIGLU_EAGER_FWD
 

@@ -170,6 +170,16 @@ GELU_EAGER_FWD: tuple[tuple[int, int], ...] = (
 #: accumulating ``x``'s three gradients. One fused GELU backward reads two and writes one.
 GELU_EAGER_BWD: tuple[tuple[int, int], ...] = (
     (2, 1), (2, 1), (2, 1), (1, 1), (1, 1), (1, 1), (1, 1), (2, 1), (1, 1), (2, 1), (2, 1))
+#: Bloom's tanh GELU in eager code (Hugging Face ``bloom_gelu_forward``,
+#: ``x·0.5·(1 + tanh(0.79788456·x·(1 + 0.044715·x·x)))``): nine kernels, in Python's order.
+BLOOM_GELU_EAGER_FWD: tuple[tuple[int, int], ...] = (
+    (1, 1), (1, 1), (1, 1), (2, 1), (1, 1), (2, 1), (1, 1), (1, 1), (2, 1))
+#: Its hand-written backward (``bloom_gelu_back``): ``tanh`` recomputed (six kernels), the
+#: derivative assembled (eleven) and multiplied by the gradient (one).
+BLOOM_GELU_EAGER_BWD: tuple[tuple[int, int], ...] = (
+    (1, 1), (1, 1), (2, 1), (1, 1), (2, 1), (1, 1),
+    (1, 1), (2, 1), (1, 1), (1, 1), (2, 1), (1, 1), (2, 1), (2, 1), (1, 1), (1, 1), (2, 1),
+    (2, 1))
 #: SwiGLU in eager code (Hugging Face Llama: ``act_fn(gate) * up``): SiLU and the product, each
 #: over ``[tokens, ffn]``; backward, the product's two input gradients and SiLU's backward.
 SWIGLU_EAGER_FWD: tuple[tuple[int, int], ...] = ((1, 1), (2, 1))
@@ -198,22 +208,23 @@ def eager_residual(elements: int, elem_bytes: int, backward: bool) -> list[Compu
 
 
 def eager_attention_passes(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_bytes: int,
-                           backward: bool) -> tuple[list[ComputeOp], list[ComputeOp]]:
-    """What Hugging Face GPT-2's eager attention adds to :func:`unfused_attention_ops`, as
-    (kernels after the scores, kernels at the end): the scores divided by ``√d`` and masked
-    (``torch.where`` against the causal mask buffer) in passes of their own, where Megatron-LM's
-    fused softmax scales and masks in its one pass, and the heads merged back into ``[tokens,
-    hidden]`` (``permute().contiguous()``, a copy). Backward: the same passes' gradients."""
+                           backward: bool, scale_fused: bool = False
+                           ) -> tuple[list[ComputeOp], list[ComputeOp]]:
+    """What Hugging Face's eager attention adds to :func:`unfused_attention_ops`, as (kernels
+    after the scores, kernels at the end): the scores masked (GPT-2's ``torch.where``, Bloom's
+    ``masked_fill``) and, unless ``scale_fused`` (Bloom's ``baddbmm`` scales them and adds ALiBi),
+    divided by ``√d`` in passes of their own, where Megatron-LM's fused softmax scales and masks
+    in its one pass; and the heads merged back into ``[tokens, hidden]``
+    (``permute().contiguous()``, a copy). Backward: the same passes' gradients."""
     n = b * hq * s_q * s_kv
     e = elem_bytes
     merge = 2 * e * b * s_q * hq * d
-    if backward:
-        return ([memory_op("attention_mask_bwd", 2 * e * n + s_q * s_kv, flops=float(n)),
-                 memory_op("attention_scale_bwd", 2 * e * n, flops=float(n))],
-                [memory_op("attention_merge_bwd", merge)])
-    return ([memory_op("attention_scale", 2 * e * n, flops=float(n)),
-             memory_op("attention_mask", 2 * e * n + s_q * s_kv, flops=float(n))],
-            [memory_op("attention_merge", merge)])
+    suffix = "_bwd" if backward else ""
+    mask = memory_op("attention_mask" + suffix, 2 * e * n + s_q * s_kv, flops=float(n))
+    scale = [] if scale_fused else [memory_op("attention_scale" + suffix, 2 * e * n,
+                                              flops=float(n))]
+    inner = [mask, *scale] if backward else [*scale, mask]
+    return inner, [memory_op("attention_merge" + suffix, merge)]
 
 
 def _gemm_bwd(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
@@ -292,7 +303,8 @@ class _LayerOps:
         if not self.eager:
             return ops
         inner, outer = eager_attention_passes(self.b, self.hq, self.m.head_dim, self.s_local,
-                                              self.seq, self.eb, backward)
+                                              self.seq, self.eb, backward,
+                                              scale_fused=self.m.alibi)
         if backward:  # merge's gradient first; the mask's and scale's after the softmax's
             return outer + ops[:4] + inner + ops[4:]
         return ops[:1] + inner + ops[1:] + outer
@@ -315,14 +327,17 @@ class _LayerOps:
 
     def _activation(self, backward: bool) -> list[ComputeOp]:
         """The MLP's activation over ``[tokens, ffn]``: one fused kernel (GELU reads FC1's output,
-        SwiGLU its two halves), or the eager kernels (:data:`GELU_EAGER_FWD`,
-        :data:`SWIGLU_EAGER_FWD` and their backward)."""
+        SwiGLU its two halves), or the eager kernels (:data:`GELU_EAGER_FWD`, Bloom's
+        :data:`BLOOM_GELU_EAGER_FWD`, :data:`SWIGLU_EAGER_FWD` and their backward)."""
         t, eb = self.t, self.eb
         fc1_n = self.ffn * (2 if self.m.mlp == "swiglu" else 1)
         if self.eager:
-            gelu = self.m.mlp == "gelu"
-            passes = (GELU_EAGER_BWD if gelu else SWIGLU_EAGER_BWD) if backward else \
-                (GELU_EAGER_FWD if gelu else SWIGLU_EAGER_FWD)
+            if self.m.mlp == "swiglu":
+                passes = SWIGLU_EAGER_BWD if backward else SWIGLU_EAGER_FWD
+            elif self.m.alibi:  # Bloom's own GELU and its hand-written backward
+                passes = BLOOM_GELU_EAGER_BWD if backward else BLOOM_GELU_EAGER_FWD
+            else:
+                passes = GELU_EAGER_BWD if backward else GELU_EAGER_FWD
             return eager_kernels("activation_bwd" if backward else "activation", passes,
                                  t * self.ffn, eb)
         if backward:
