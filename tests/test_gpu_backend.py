@@ -155,6 +155,13 @@ def test_unsupported_and_invalid_plans(tiny):
     g = build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=2))
     with pytest.raises(InputError, match="context parallelism"):
         b.evaluate_plan(g, IterationPlan.uniform(g, 1980.0))
+    for shape in ({"elementwise": "eager"}, {"attention": "unfused"}):
+        w = make_workload("llama3.2-3b", tp=4, **shape)
+        with pytest.raises(InputError, match="simulator-only"):  # told the job, or not
+            b.evaluate_plan(b.bind(w), IterationPlan.uniform(b.bind(w), 1980.0))
+        with pytest.raises(InputError, match="simulator-only"):
+            g = build_iteration_graph(w)
+            cpu_backend().evaluate_plan(g, IterationPlan.uniform(g, 1980.0))
     g = b.bind(tiny)
     plan = IterationPlan.uniform(g, 1980.0, True, {"nope/0": PartitionSchedule(6, 0)})
     with pytest.raises(PlanError, match="unknown partition"):

@@ -121,6 +121,12 @@ def test_gpt_neox_rotary_layernorm_gelu_untied(hf):
     assert m.total_params() == 70_426_624 - 512  # Pythia-70M, but the final LayerNorm's bias
 
 
+def test_eager_gelu_form_follows_the_config(hf):
+    # GPT-2's gelu_new is a chain of eager kernels; GPT-NeoX's "gelu" is torch's one kernel
+    assert get_model(str(FIXTURES / "gpt2")).gelu == "gelu_new"
+    assert get_model(str(FIXTURES / "pythia-70m")).gelu == "torch"
+
+
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])
 def test_llama_like_families(hf, tmp_path, family):
     path = write(tmp_path, model_type=family, hidden_size=256, intermediate_size=512,

@@ -157,11 +157,16 @@ def test_eager_bloom_uses_its_own_gelu_and_fused_scale():
 
     gpt = make_workload("gpt3-xl", tp=1, pp=1, mbs=2, microbatches=1, seq=1024,
                         attention="unfused", elementwise="eager")
-    bloom = Workload(model=replace(gpt.model, name="bloom-like", alibi=True), parallel=gpt.parallel,
+    bloom = Workload(model=replace(gpt.model, name="bloom-like", alibi=True, gelu="bloom"),
+                     parallel=gpt.parallel,
                      name="bloom-like")
     names = [op.name for op in _kernels(bloom)]
     assert names.count("activation") == len(BLOOM_GELU_EAGER_FWD)
     assert "attention_mask" in names and "attention_scale" not in names  # baddbmm scales
+    assert "attention_alibi" in names
+    torch_gelu = Workload(model=replace(gpt.model, gelu="torch"), parallel=gpt.parallel,
+                          name="gelu")
+    assert [op.name for op in _kernels(torch_gelu)].count("activation") == 1
 
 
 def test_eager_swiglu_and_flash_attention():

@@ -189,14 +189,16 @@ SWIGLU_EAGER_BWD: tuple[tuple[int, int], ...] = ((2, 1), (2, 1), (2, 1))
 def eager_kernels(name: str, passes: tuple[tuple[int, int], ...], elements: int,
                   elem_bytes: int) -> list[ComputeOp]:
     """One HBM-bound kernel per ``(read, written)`` entry of ``passes``, each tensor of
-    ``elements`` elements of ``elem_bytes`` bytes (one FLOP per element written)."""
+    ``elements`` elements of ``elem_bytes`` bytes: the kernel moves ``elem_bytes · elements ·
+    (read + written)`` bytes and does one FLOP per element written."""
     return [memory_op(name, elem_bytes * elements * (r + w), flops=float(w * elements))
             for r, w in passes]
 
 
 def eager_residual(elements: int, elem_bytes: int, backward: bool) -> list[ComputeOp]:
     """The residual branch's dropout and add as eager code runs them (two kernels where a fused
-    bias-dropout-add is one): dropout reads the branch and writes it with a one-byte mask, the
+    bias-dropout-add is one), over ``elements`` elements of ``elem_bytes`` bytes (HBM bytes
+    counted read plus written): dropout reads the branch and writes it with a one-byte mask, the
     add reads it and the residual and writes their sum. Backward: the dropout's (the gradient
     and the mask in, one out) and the add accumulating the residual stream's gradient."""
     e = elem_bytes
@@ -208,23 +210,38 @@ def eager_residual(elements: int, elem_bytes: int, backward: bool) -> list[Compu
 
 
 def eager_attention_passes(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_bytes: int,
-                           backward: bool, scale_fused: bool = False
-                           ) -> tuple[list[ComputeOp], list[ComputeOp]]:
-    """What Hugging Face's eager attention adds to :func:`unfused_attention_ops`, as (kernels
-    after the scores, kernels at the end): the scores masked (GPT-2's ``torch.where``, Bloom's
-    ``masked_fill``) and, unless ``scale_fused`` (Bloom's ``baddbmm`` scales them and adds ALiBi),
-    divided by ``√d`` in passes of their own, where Megatron-LM's fused softmax scales and masks
-    in its one pass; and the heads merged back into ``[tokens, hidden]``
-    (``permute().contiguous()``, a copy). Backward: the same passes' gradients."""
+                           backward: bool, alibi: bool = False
+                           ) -> tuple[list[ComputeOp], list[ComputeOp], list[ComputeOp]]:
+    """What Hugging Face's eager attention adds to :func:`unfused_attention_ops`, as kernels
+    (before the scores, after them, at the end); bytes are HBM bytes read plus written.
+
+    - Before: the heads split out of ``[tokens, hidden]`` are permuted views that the batched
+      matmuls copy into contiguous ``q``, ``kᵀ`` and ``v`` (three copies).
+    - After the scores: the mask (GPT-2's ``torch.where``, Bloom's ``masked_fill`` against the
+      ``s_q × s_kv`` boolean mask) and, unless ``alibi``, the division by ``√d``, each a pass of
+      its own where Megatron-LM's fused softmax scales and masks in its one pass. Bloom's
+      ``baddbmm`` scales inside the matmul but first copies the broadcast ALiBi bias into its
+      output, which the matmul reads back (``alibi``).
+    - At the end: the heads merged back into ``[tokens, hidden]`` (``permute().contiguous()``).
+
+    Backward: the same passes' gradients, in reverse (the ALiBi bias needs none).
+    """
     n = b * hq * s_q * s_kv
     e = elem_bytes
-    merge = 2 * e * b * s_q * hq * d
+    head_tensor = 2 * e * b * s_q * hq * d  # one [tokens, heads x d] tensor read and written
     suffix = "_bwd" if backward else ""
+    split = [memory_op("attention_split" + suffix, head_tensor) for _ in range(3)]
     mask = memory_op("attention_mask" + suffix, 2 * e * n + s_q * s_kv, flops=float(n))
-    scale = [] if scale_fused else [memory_op("attention_scale" + suffix, 2 * e * n,
-                                              flops=float(n))]
-    inner = [mask, *scale] if backward else [*scale, mask]
-    return inner, [memory_op("attention_merge" + suffix, merge)]
+    if alibi:
+        scale = [] if backward else [memory_op("attention_alibi", 2 * e * n)]
+    else:
+        scale = [memory_op("attention_scale" + suffix, 2 * e * n, flops=float(n))]
+    merge = [memory_op("attention_merge" + suffix, head_tensor)]
+    if backward:
+        return split, [mask, *scale], merge
+    if alibi:  # the bias is copied into the output before the matmul
+        return split + scale, [mask], merge
+    return split, [*scale, mask], merge
 
 
 def _gemm_bwd(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
@@ -302,12 +319,12 @@ class _LayerOps:
                                     self.eb, self.precision, backward)
         if not self.eager:
             return ops
-        inner, outer = eager_attention_passes(self.b, self.hq, self.m.head_dim, self.s_local,
-                                              self.seq, self.eb, backward,
-                                              scale_fused=self.m.alibi)
-        if backward:  # merge's gradient first; the mask's and scale's after the softmax's
-            return outer + ops[:4] + inner + ops[4:]
-        return ops[:1] + inner + ops[1:] + outer
+        before, inner, after = eager_attention_passes(
+            self.b, self.hq, self.m.head_dim, self.s_local, self.seq, self.eb, backward,
+            alibi=self.m.alibi)
+        if backward:  # reversed: merge's gradient first, the mask's after the softmax's
+            return after + ops[:4] + inner + ops[4:] + before
+        return before + ops[:1] + inner + ops[1:] + after
 
     def _gemm(self, name: str, m: int, k: int, n: int) -> ComputeOp:
         return gemm_op(name, m, k, n, elem_bytes=self.eb, precision=self.precision)
@@ -334,10 +351,12 @@ class _LayerOps:
         if self.eager:
             if self.m.mlp == "swiglu":
                 passes = SWIGLU_EAGER_BWD if backward else SWIGLU_EAGER_FWD
-            elif self.m.alibi:  # Bloom's own GELU and its hand-written backward
+            elif self.m.gelu == "bloom":  # Bloom's own GELU and its hand-written backward
                 passes = BLOOM_GELU_EAGER_BWD if backward else BLOOM_GELU_EAGER_FWD
-            else:
+            elif self.m.gelu == "gelu_new":
                 passes = GELU_EAGER_BWD if backward else GELU_EAGER_FWD
+            else:  # torch's one GELU kernel: FC1's output in, the activation out
+                passes = ((2, 1),) if backward else ((1, 1),)
             return eager_kernels("activation_bwd" if backward else "activation", passes,
                                  t * self.ffn, eb)
         if backward:
@@ -414,7 +433,8 @@ _SLOT_KIND = {
     "residual_dropout": "bda", "residual_dropout_bwd": "bda", "residual_add": "bda",
     "residual_add_bwd": "bda", "attention_scale": "softmax", "attention_scale_bwd": "softmax",
     "attention_mask": "softmax", "attention_mask_bwd": "softmax", "attention_merge": "split",
-    "attention_merge_bwd": "split",
+    "attention_merge_bwd": "split", "attention_split": "split", "attention_split_bwd": "split",
+    "attention_alibi": "softmax",
 }
 
 

@@ -265,10 +265,12 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
     mlp: Literal["gelu", "swiglu"]
     norm: Literal["layernorm", "rmsnorm"]
     qk_norm = alibi = embedding_norm = False
+    gelu: Literal["gelu_new", "bloom", "torch"] = "gelu_new"
     if family == "bloom":
         native_seq, tied_embeddings = _BLOOM_SEQ, True
         ffn, mlp, norm, rope, alibi, embedding_norm = 4 * hidden, "gelu", "layernorm", False, \
             True, True
+        gelu = "bloom"
     elif family in _LLAMA_LIKE:
         act = getattr(cfg, "hidden_act", "silu")
         if act not in ("silu", "swish"):
@@ -284,11 +286,14 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
         ffn = (getattr(cfg, "n_inner") or 4 * hidden) if family == "gpt2" \
             else getattr(cfg, "intermediate_size")
         mlp, norm, rope = "gelu", "layernorm", family == "gpt_neox"
+        # GPT-2's gelu_new / gelu_fast are chains of elementwise ops in eager code; "gelu" and
+        # "gelu_pytorch_tanh" call torch's one GELU kernel
+        gelu = "gelu_new" if act in ("gelu_new", "gelu_fast") else "torch"
     spec = ModelSpec(name=model_name(file, raw), hidden=hidden, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
                      native_seq=native_seq, tied_embeddings=tied_embeddings, ffn=ffn, mlp=mlp,
                      norm=norm, qk_norm=qk_norm, rope=rope, alibi=alibi,
-                     embedding_norm=embedding_norm)
+                     embedding_norm=embedding_norm, gelu=gelu)
     _check_spec(file, spec)
     return spec
 

@@ -38,6 +38,10 @@ class ModelSpec:
             inside the attention kernel; no position embedding and no rotary op.
         embedding_norm: A LayerNorm right after the token embedding (Bloom's
             ``word_embeddings_layernorm``).
+        gelu: How eager code computes a GELU MLP's activation (``--elementwise eager``; ignored
+            for SwiGLU and for fused kernels): ``"gelu_new"`` (GPT-2's tanh approximation as a
+            chain of elementwise kernels), ``"bloom"`` (Bloom's own chain and hand-written
+            backward) or ``"torch"`` (``torch.nn.functional.gelu``, one kernel each way).
     """
 
     name: str
@@ -56,6 +60,7 @@ class ModelSpec:
     tied_embeddings: bool = False
     alibi: bool = False
     embedding_norm: bool = False
+    gelu: Literal["gelu_new", "bloom", "torch"] = "gelu_new"
 
     @property
     def q_width(self) -> int:

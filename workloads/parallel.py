@@ -82,8 +82,9 @@ class ParallelConfig:
             kernel per block: Megatron-LM's fused bias-GELU, bias-dropout-add and
             scale-mask-softmax, Transformer Engine) or ``"eager"`` (PyTorch eager code as Hugging
             Face models write it, run by frameworks such as Merak: GPT-2's tanh GELU as eight
-            kernels, the attention scores scaled and masked in passes of their own, the residual
-            dropout and add apart; :mod:`workloads.graph_builder`).
+            kernels, the residual dropout and add apart and, with ``attention="unfused"``, the
+            attention scores scaled and masked in passes of their own;
+            :mod:`workloads.graph_builder`). Simulator-only: the GPU backend runs fused kernels.
         overlap_grad_reduce: Bucketed gradient reduction overlapped with the backward pass
             (Megatron-LM's ``--overlap-grad-reduce``, buckets of :data:`GRAD_BUCKET_PARAMS`
             parameters); without it one reduction runs after the last backward.

@@ -56,6 +56,11 @@ def check_supported(w: Workload) -> None:
             f"context parallelism (CP={w.parallel.cp}) is not implemented in the GPU backend: "
             "workloads/torch_model.py has no distributed (ring / all-gather) attention; use "
             "--cp 1 or --backend sim")
+    if w.parallel.attention != "flash" or w.parallel.elementwise != "fused":
+        raise InputError(
+            f"--attention {w.parallel.attention} --elementwise {w.parallel.elementwise} is "
+            "simulator-only: the GPU backend's model (workloads/torch_model.py) runs flash "
+            "attention and fused elementwise kernels; use --backend sim")
 
 
 def reduced_workload(name: str, layers: int, *, tp: int | None = None, cp: int | None = None,
@@ -97,6 +102,11 @@ def workload_from_graph(graph: IterationGraph,
     ig = graph.instruction_graphs[(0, "forward")]
     ops = [op for seg in ig.sequential for op in seg.compute]
     h = model.hidden
+    names = {op.name for op in ops}
+    if not {"bda", "linear_qkv", "attention"} <= names:
+        raise InputError(f"the GPU backend cannot recover the job of graph {graph.workload!r} "
+                         "(an eager or unfused one is simulator-only); pass the workload with "
+                         "GPUBackend.bind(workload)")
     bda = next(op for op in ops if op.name == "bda")
     t = int(round(bda.bytes / (3 * 2 * h)))  # tokens per GPU of one microbatch
     qkv = next(op for op in ops if op.name == "linear_qkv")
