@@ -220,6 +220,10 @@ def test_settings_are_typed_once_and_keep_only_their_keys():
     ("kareus", {"budget": True}, "'budget' must be an integer"),
     ("kareus", {"budget": 4.0}, "'budget' must be an integer"),
     ("kareus", {"search": "annealing"}, "must be one of: exhaustive, nsga2, surrogate"),
+    ("kareus", {"search": "nsga2", "budget": "3"},
+     "kareus: setting 'budget' must be at least 4 with search=nsga2, got 3"),
+    ("kareus", {"search": "surrogate", "budget": 7},
+     "setting 'budget' must be at least 8 with search=surrogate, got 7"),
     ("perseus", {"solver": "slow"}, "perseus: setting 'solver' must be one of: fast, exact"),
     ("perseus", {"unit_ms": "nan"}, "'unit_ms' must be a finite number"),
     ("perseus", {"unit_ms": 0}, "'unit_ms' must be a positive number of ms"),
@@ -232,6 +236,15 @@ def test_a_bad_setting_is_one_input_error(name, options, fragment):
     with pytest.raises(InputError) as e:
         load_optimizer(name, options)
     assert fragment in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_the_budget_is_checked_against_the_strategy_s_smallest():
+    """The rule the searches enforce at run time (resolve_budget) holds before any work; the
+    smallest budgets and the exhaustive search (which ignores it) still pass."""
+    for search, least in (("nsga2", 4), ("surrogate", 8), ("exhaustive", 1)):
+        k = load_optimizer("kareus", {"search": search, "budget": str(least)}).settings
+        assert (k.search, k.budget) == (search, least)
+    assert load_optimizer("kareus", {"search": "nsga2"}).settings.budget is None
 
 
 def test_a_plugin_declaring_settings_gets_a_typed_instance(fake_plugins, problem):
@@ -282,6 +295,8 @@ def test_zeus_reads_its_eta_from_the_run(problem):
 @pytest.mark.parametrize("args, fragment", [
     (["-o", "kareus", "--set", "budget=x"], "kareus: setting 'budget' must be an integer, got 'x'"),
     (["-o", "kareus", "--set", "search=annealing"], "must be one of: exhaustive, nsga2"),
+    (["-o", "kareus", "--set", "budget=3", "--set", "search=nsga2"],
+     "kareus: setting 'budget' must be at least 4 with search=nsga2, got 3"),
     (["-o", "zeus-power-limit", "--set", "eta=2"], "setting 'eta' must be in [0, 1], got 2.0"),
     (["-o", "perseus", "--set", "budget=3"],
      "--set budget: no optimizer of this run (perseus) has that setting; theirs: max_steps"),
