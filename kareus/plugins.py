@@ -232,15 +232,29 @@ def optimizer_settings(name: str) -> type | None:
 
 
 def settings_view(name: str, options: Mapping[str, object]) -> dict[str, object]:
-    """The keys of ``options`` that registered optimizer ``name`` declares, each as its settings
-    hold it (converted and checked: :class:`InputError` for a bad one); ``{}`` when it declares
-    none of them. What a run records of ``name``'s settings (a cell's key)."""
+    """The keys of ``options`` that registered optimizer ``name`` declares and whose value, as
+    its settings hold it (converted and checked: :class:`InputError` for a bad one), is not the
+    field's default; ``{}`` when none is. What a run records of ``name``'s settings (a cell's
+    key): ``--set eta=0.5``, Zeus's default, makes the same key as no ``--set``, and cells made
+    without settings keep theirs."""
     declared = optimizer_settings(name) if options else None
     if declared is None:
         return {}
     settings = make_settings(declared, options, name)
-    names = {f.name for f in dataclasses.fields(declared)}
-    return {k: getattr(settings, k) for k in options if k in names}
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(declared)
+            if f.name in options and not _is_default(f, getattr(settings, f.name))}
+
+
+def _is_default(f: dataclasses.Field, value: object) -> bool:
+    """Whether ``value`` equals field ``f``'s default (``1.0`` is ``1``; a bool is no number; a
+    field without a default has none: never)."""
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return False
+    return isinstance(value, bool) == isinstance(default, bool) and bool(value == default)
 
 
 def own_settings(name: str, options: Mapping[str, object]) -> dict[str, object]:

@@ -215,6 +215,17 @@ def test_settings_are_typed_once_and_keep_only_their_keys():
     assert plugins.settings_view("perseus", {}) == {}
 
 
+def test_settings_at_their_defaults_are_not_recorded():
+    """A cell's key holds the settings that differ from the defaults: ``--set eta=0.5`` (Zeus's
+    default) is the same cell as no ``--set``."""
+    assert plugins.settings_view("zeus-power-limit", {"eta": "0.5"}) == {}
+    assert plugins.settings_view("zeus-power-limit", {"eta": "0.50", "budget": "9"}) == {}
+    assert plugins.settings_view("kareus", {"solver": "fast", "unit_ms": "1", "search":
+                                            "exhaustive", "budget": "40"}) == {"budget": 40}
+    assert plugins.settings_view("perseus", {"max_steps": str(MAX_STEPS), "unit_ms": "2"}) == \
+        {"unit_ms": 2.0}
+
+
 @pytest.mark.parametrize("name, options, fragment", [
     ("kareus", {"budget": "x"}, "kareus: setting 'budget' must be an integer, got 'x'"),
     ("kareus", {"budget": 0}, "setting 'budget' must be a positive integer, got 0"),
