@@ -236,3 +236,32 @@ def test_a_malformed_shared_file_is_refused_in_one_line(tmp_path):
     bad.write_text(json.dumps({"host": {"knee_mhz": {"value": 1, "source": "x: y"}}}))
     with pytest.raises(PresetError, match="unknown field host.knee_mhz; it belongs in 'power'"):
         P.load_shared(bad)
+
+
+# --- The loaded presets: cached by path, no module state --------------------------------------
+
+
+def test_the_loaders_keep_no_global_state():
+    """The presets and shared values are cached on pure loaders keyed by path
+    (functools.cache), not in module variables set with ``global``."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(P))
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    assert P._loaded() is P._loaded()  # read once
+    assert P._shared() is P._shared()
+
+
+def test_a_written_or_newly_pointed_to_gpu_file_is_read_without_a_reload(tmp_path, monkeypatch,
+                                                                          user_dir):
+    from dataclasses import replace
+
+    P.write_preset(replace(P.get_preset("a40"), name="written-gpu"), user_dir / "written-gpu.json")
+    assert P.get_preset("written-gpu").name == "written-gpu"  # the writer forgot the cache
+    (other := tmp_path / "other").mkdir()
+    _copy("a40", "elsewhere", other)
+    monkeypatch.setenv(P.USER_DIR_ENV, str(other))
+    assert P.get_preset("elsewhere").name == "elsewhere"  # keyed by the folder
+    with pytest.raises(PresetError, match="unknown GPU 'written-gpu'"):
+        P.get_preset("written-gpu")

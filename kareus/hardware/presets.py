@@ -16,6 +16,7 @@ memory a preset is the flat, frozen :class:`GPUPreset` the simulator reads.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field, fields, replace
@@ -437,8 +438,11 @@ def load_preset_file(path: str | Path, shared: Shared | None = None
 def preset_files() -> list[Path]:
     """The GPU files read, in order: the built-in folder's, then ``$KAREUS_GPU_DIR``'s, each by
     file name."""
-    files = sorted(BUILTIN_DIR.glob("*.json"))
-    user = os.environ.get(USER_DIR_ENV)
+    return _files_in(BUILTIN_DIR, os.environ.get(USER_DIR_ENV) or None)
+
+
+def _files_in(builtin_dir: Path, user: str | None) -> list[Path]:
+    files = sorted(builtin_dir.glob("*.json"))
     if user:
         d = Path(user)
         if not d.is_dir():
@@ -447,45 +451,53 @@ def preset_files() -> list[Path]:
     return files
 
 
-_cache: tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
-             dict[str, Path]] | None = None
-_shared_cache: Shared | None = None
+#: What the loaded GPU files give: presets by name, partition op factors by (GPU, spec hash), and
+#: the file each preset was read from.
+Loaded = tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors], dict[str, Path]]
+
+
+@functools.cache
+def _shared_at(path: Path) -> Shared:
+    """The entries of the shared file at ``path``, read once per path (:func:`reload_presets`
+    forgets them)."""
+    return load_shared(path)
 
 
 def _shared() -> Shared:
-    """The shared file's entries, read once (:func:`reload_presets` forgets them)."""
-    global _shared_cache
-    if _shared_cache is None:
-        _shared_cache = load_shared()
-    return _shared_cache
+    """The shared file's entries (:data:`SHARED_FILE`), read once."""
+    return _shared_at(SHARED_FILE)
 
 
-def _loaded() -> tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
-                       dict[str, Path]]:
-    global _cache
-    if _cache is None:
-        presets: dict[str, GPUPreset] = {}
-        factors: dict[tuple[str, str], PartitionOpFactors] = {}
-        files: dict[str, Path] = {}
-        for path in preset_files():
-            preset, own = load_preset_file(path)
-            if preset.name in presets:
-                raise PresetError(f"{path}: GPU {preset.name!r} is already defined by "
-                                  f"{files[preset.name]}")
-            presets[preset.name] = preset
-            files[preset.name] = path
-            factors.update({(preset.name, h): f for h, f in own.items()})
-        _cache = (presets, factors, files)
-    return _cache
+@functools.cache
+def _loaded_from(builtin_dir: Path, user_dir: str | None, shared_path: Path) -> Loaded:
+    """The GPU files of ``builtin_dir`` and ``user_dir`` (``$KAREUS_GPU_DIR``), on the shared
+    file at ``shared_path``; read once per folder pair (:func:`reload_presets` forgets them)."""
+    shared = _shared_at(shared_path)
+    presets: dict[str, GPUPreset] = {}
+    factors: dict[tuple[str, str], PartitionOpFactors] = {}
+    files: dict[str, Path] = {}
+    for path in _files_in(builtin_dir, user_dir):
+        preset, own = load_preset_file(path, shared)
+        if preset.name in presets:
+            raise PresetError(f"{path}: GPU {preset.name!r} is already defined by "
+                              f"{files[preset.name]}")
+        presets[preset.name] = preset
+        files[preset.name] = path
+        factors.update({(preset.name, h): f for h, f in own.items()})
+    return presets, factors, files
+
+
+def _loaded() -> Loaded:
+    """The presets of the built-in folder and the current ``$KAREUS_GPU_DIR`` (a changed
+    variable reads its folder; a changed file needs :func:`reload_presets`)."""
+    return _loaded_from(BUILTIN_DIR, os.environ.get(USER_DIR_ENV) or None, SHARED_FILE)
 
 
 def reload_presets() -> None:
-    """Forget the loaded presets (after ``$KAREUS_GPU_DIR`` or a file changed); the next use
-    reads the files again."""
-    global _cache, _shared_cache
-    _cache = None
-    _shared_cache = None
-    globals().pop("PRESETS", None)
+    """Forget the loaded presets and shared values (after a file changed); the next use reads
+    the files again."""
+    _loaded_from.cache_clear()
+    _shared_at.cache_clear()
 
 
 def __getattr__(name: str) -> object:
@@ -576,6 +588,7 @@ def write_preset(preset: GPUPreset, path: str | Path,
     text = _dumps(preset_to_dict(preset, op_factors, shared))
     _parse(p, json.loads(text), shared)
     atomic_write_text(p, text)
+    reload_presets()
 
 
 def fitted_value(v: float) -> float:
