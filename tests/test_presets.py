@@ -265,3 +265,22 @@ def test_a_written_or_newly_pointed_to_gpu_file_is_read_without_a_reload(tmp_pat
     assert P.get_preset("elsewhere").name == "elsewhere"  # keyed by the folder
     with pytest.raises(PresetError, match="unknown GPU 'written-gpu'"):
         P.get_preset("written-gpu")
+
+
+def test_refitting_a_user_preset_s_shared_field_overrides_it_in_the_user_s_file(user_dir):
+    """A user's GPU file that leaves a shared field out gets the refit value itself; the
+    package's host.json (every built-in preset's) is not touched."""
+    path = _copy("a40", "my-gpu", user_dir)
+    shared_before = P.SHARED_FILE.read_text()
+    P.reload_presets()
+    change = {"host_eager_op_s": (8.2e-05, "fitted: my host")}
+    diff = P.update_preset_file("my-gpu", change, write=False)
+    assert [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")] == [str(path)]
+    P.update_preset_file("my-gpu", change)
+    assert P.SHARED_FILE.read_text() == shared_before
+    raw = json.loads(path.read_text())
+    assert raw["host"]["host_eager_op_s"] == {"value": 8.2e-05, "source": "fitted: my host"}
+    mine = P.get_preset("my-gpu")
+    assert (mine.host_eager_op_s, mine.sources["host_eager_op_s"]) == (8.2e-05, "fitted: my host")
+    shared = P.load_shared()
+    assert P.get_preset("a40").host_eager_op_s == shared["host_eager_op_s"]["value"] != 8.2e-05

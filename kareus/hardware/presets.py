@@ -10,7 +10,8 @@ the host and the framework rather than the GPU, and so is the same for every GPU
 ``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form); every GPU file takes those values
 unless it sets its own. Refits write the files (:func:`update_preset_file`: ``kareus calibrate
 --partition-sweep ... --write-preset``, ``benchmarks/fidelity.py --fit/--fit-megatron
---write-preset``), a shared value to the shared file only, so a refit is a one-file diff. In
+--write-preset``), a built-in preset's shared value to the shared file only, so a refit is a
+one-file diff; a user's GPU file (``$KAREUS_GPU_DIR``) gets its refit shared value itself. In
 memory a preset is the flat, frozen :class:`GPUPreset` the simulator reads.
 """
 
@@ -603,8 +604,11 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
                        shared_path: str | Path | None = None) -> str:
     """Set fields of preset ``name`` (``{field: (value, source)}``; ``op_factors``: per-op
     partition factors by spec hash, replacing those of the same spec) and return the unified
-    diff. A field the GPU file takes from the shared file (it does not set it itself) is set in
-    the shared file, for every GPU; the others in the GPU file. A value the refit leaves unchanged
+    diff. A field a built-in GPU file (one in :data:`BUILTIN_DIR`, or any file when
+    ``shared_path`` is given) takes from the shared file is set in the shared file, for every
+    GPU; a user's GPU file (``$KAREUS_GPU_DIR``) never writes the package's shared file: the
+    refit value goes into that file, overriding the shared one for that GPU alone. Every other
+    field is set in the GPU file. A value the refit leaves unchanged
     keeps its line, source included, so the diff shows what moved. ``path``: the GPU file [the one
     the preset was read from]; ``shared_path``: the shared file [:data:`SHARED_FILE`];
     ``write=False``: only the diff. The results must read back (:class:`PresetError` otherwise);
@@ -615,11 +619,14 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     sp = Path(shared_path) if shared_path is not None else SHARED_FILE
     old, old_shared = p.read_text(), sp.read_text()
     raw, raw_shared = json.loads(old), json.loads(old_shared)
+    # only the built-in presets share the package's file; a user's preset overrides it
+    may_share = shared_path is not None or p.resolve().parent == BUILTIN_DIR.resolve()
     for field_name, (value, source) in changes.items():
         if field_name not in _GROUP_OF:
             raise PresetError(f"unknown preset parameter {field_name!r}")
         group = _GROUP_OF[field_name]
-        own = field_name in raw.get(group, {}) or field_name not in raw_shared.get(group, {})
+        own = (not may_share or field_name in raw.get(group, {})
+               or field_name not in raw_shared.get(group, {}))
         target = raw if own else raw_shared
         value = list(value) if isinstance(value, tuple) else value
         entry = target.setdefault(group, {}).get(field_name)
