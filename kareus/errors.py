@@ -39,12 +39,17 @@ class SweepError(InputError):
     """A partition sweep or configuration list that cannot be used."""
 
 
-class PluginError(InputError):
-    """An optimizer returned something the harness cannot evaluate."""
 
 
 class ClockPermissionError(InputError):
     """Clock or power-limit control was asked for without the permission to do it."""
+
+
+class PluginError(KareusError, RuntimeError):
+    """A plugin's own fault (exit status 1): an optimizer returned something the harness cannot
+    evaluate, or declares ``Settings`` the registry cannot build (not a dataclass, annotations
+    that do not resolve, a constructor that rejects its own fields). Not the user's input: a
+    run records it as that optimizer's failure and the others go on."""
 
 
 class AllOptimizersFailed(KareusError, RuntimeError):

@@ -13,8 +13,10 @@ setting. The registry (:func:`load_optimizer`) builds it once from the run's opt
 dataclass declares and ignores the others (several optimizers of one run share the dict), converts
 each value to its field's type, checks it (:meth:`OptimizerSettings.check`) and hands the
 instance to the class: ``cls(settings)``. A bad value is :class:`~kareus.errors.InputError`, one
-line naming the optimizer, the setting and what it must be. An optimizer without ``Settings`` is
-built as ``cls()`` and sees no settings.
+line naming the optimizer, the setting and what it must be; a ``Settings`` the registry cannot
+build (not a dataclass, unresolvable annotations, a constructor that fails on its own) is the
+plugin's fault, :class:`~kareus.errors.PluginError` (exit 1; in a run, that optimizer fails alone).
+An optimizer without ``Settings`` is built as ``cls()`` and sees no settings.
 """
 
 from __future__ import annotations
@@ -146,12 +148,14 @@ def coerce_setting(name: str, kind: object, value: object) -> object:
 
 
 def _field_types(cls: type) -> dict[str, object]:
-    """The resolved annotation of each field of dataclass ``cls`` (unresolvable ones: ``object``,
-    passed through unchanged)."""
+    """The resolved annotation of each field of dataclass ``cls``; :class:`PluginError` when one
+    cannot be resolved (a name its module does not define): the plugin's fault, and passing the
+    command line's strings on unconverted would hide it."""
     try:
         hints = typing.get_type_hints(cls)
-    except Exception:  # an annotation naming something its module cannot resolve
-        hints = {}
+    except Exception as e:  # NameError, AttributeError, TypeError, SyntaxError in a string
+        raise PluginError(f"settings {cls.__qualname__}: cannot resolve the field types "
+                          f"({type(e).__name__}: {e})".splitlines()[0]) from e
     return {f.name: hints.get(f.name, object) for f in dataclasses.fields(cls)}
 
 
@@ -196,8 +200,13 @@ def make_settings(settings_cls: type, options: Mapping[str, object], owner: str)
     another optimizer's, and ignored), each converted to its field's type (:func:`coerce_setting`;
     an :class:`OptimizerSettings` does it itself), defaults for the rest. A bad value is
     :class:`InputError` ``OWNER: setting ...`` (one line); a field without a default must be
-    given."""
-    kinds = _field_types(settings_cls)
+    given. Anything else the class raises (a :class:`TypeError` from a constructor that does not
+    take its own fields, a plain :class:`ValueError`) is the plugin's fault:
+    :class:`PluginError` ``OWNER: ...``, so the run fails that optimizer alone."""
+    try:
+        kinds = _field_types(settings_cls)
+    except PluginError as e:
+        raise PluginError(f"{owner}: {e}") from e.__cause__
     own = isinstance(settings_cls, type) and issubclass(settings_cls, OptimizerSettings)
     given: dict[str, object] = {}
     try:
@@ -208,8 +217,13 @@ def make_settings(settings_cls: type, options: Mapping[str, object], owner: str)
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise InputError(f"setting {f.name!r} is required (--set {f.name}=VALUE)")
         return settings_cls(**given)
-    except (InputError, TypeError, ValueError) as e:
+    except InputError as e:  # the user's value (coerce_setting, require, a check)
         raise InputError(f"{owner}: {e}".splitlines()[0]) from None
+    except PluginError as e:
+        raise PluginError(f"{owner}: {e}".splitlines()[0]) from e
+    except Exception as e:  # the settings class's own fault
+        raise PluginError(f"{owner}: settings {getattr(settings_cls, '__qualname__', settings_cls)}"
+                          f" failed: {type(e).__name__}: {e}".splitlines()[0]) from e
 
 
 def optimizer_settings(name: str) -> type | None:
@@ -218,15 +232,42 @@ def optimizer_settings(name: str) -> type | None:
 
 
 def settings_view(name: str, options: Mapping[str, object]) -> dict[str, object]:
-    """The keys of ``options`` that registered optimizer ``name`` declares, each as its settings
-    hold it (converted and checked: :class:`InputError` for a bad one); ``{}`` when it declares
-    none of them. What a run records of ``name``'s settings (a cell's key)."""
+    """The keys of ``options`` that registered optimizer ``name`` declares and whose value, as
+    its settings hold it (converted and checked: :class:`InputError` for a bad one), is not the
+    field's default; ``{}`` when none is. What a run records of ``name``'s settings (a cell's
+    key): ``--set eta=0.5``, Zeus's default, makes the same key as no ``--set``, and cells made
+    without settings keep theirs."""
     declared = optimizer_settings(name) if options else None
     if declared is None:
         return {}
     settings = make_settings(declared, options, name)
-    names = {f.name for f in dataclasses.fields(declared)}
-    return {k: getattr(settings, k) for k in options if k in names}
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(declared)
+            if f.name in options and not _is_default(f, getattr(settings, f.name))}
+
+
+def _is_default(f: dataclasses.Field, value: object) -> bool:
+    """Whether ``value`` equals field ``f``'s default (``1.0`` is ``1``; a bool is no number; a
+    field without a default has none: never)."""
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return False
+    return isinstance(value, bool) == isinstance(default, bool) and bool(value == default)
+
+
+def own_settings(name: str, options: Mapping[str, object]) -> dict[str, object]:
+    """:func:`settings_view` of ``name``, except that a plugin that cannot be loaded (an import
+    that fails, a :class:`PluginError`) gives ``{}``: it fails alone when its cell runs
+    (:func:`kareus.suite.harness.load_and_run` records the error) and the other optimizers run.
+    The user's bad value is still :class:`InputError`."""
+    try:
+        return settings_view(name, options)
+    except InputError:
+        raise
+    except Exception:  # a broken or uninstalled plugin: its cell reports it
+        return {}
 
 
 @runtime_checkable
@@ -301,10 +342,11 @@ def _optimizer_class(name: str) -> Callable[..., object]:
 def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Optimizer:
     """Instantiate a registered optimizer, with its typed settings built from ``options`` when it
     declares ``Settings`` (see the module docstring); unknown names raise :class:`InputError`
-    listing the registered ones, a bad setting :class:`InputError` naming it."""
+    listing the registered ones, a bad setting :class:`InputError` naming it; a plugin that is
+    not an optimizer, or whose ``Settings`` cannot be built, :class:`PluginError`."""
     cls = _optimizer_class(name)
     declared = settings_class(cls)
     opt = cls() if declared is None else cls(make_settings(declared, options or {}, name))
     if not isinstance(opt, Optimizer):
-        raise InputError(f"plugin {name!r} ({cls!r}) has no `name` and `optimize(problem)`")
+        raise PluginError(f"plugin {name!r} ({cls!r}) has no `name` and `optimize(problem)`")
     return opt

@@ -139,7 +139,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                overrides: dict[str, int | None], settings: tuple[str, ...] = ()) -> None:
     from kareus.backends import make_backend
     from kareus.hardware.presets import get_preset
-    from kareus.plugins import settings_view
+    from kareus.plugins import own_settings
     from kareus.suite.executors import check_settings
     from kareus.suite.options import parse_settings
     from kareus.suite.suites import get_suite
@@ -150,8 +150,8 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     names = _resolve_optimizers(optimizers)
     check_settings(executor, jobs)
     options = parse_settings(settings, names)
-    for name in names:  # every optimizer's settings, checked before any work
-        settings_view(name, options)
+    for name in names:  # every optimizer's settings, checked before any work; a plugin that
+        own_settings(name, options)  # cannot be loaded fails alone, in its cells
     if suite is not None:
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "

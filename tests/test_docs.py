@@ -81,3 +81,32 @@ def test_check_mode_names_a_stale_block_without_writing(tmp_path: Path) -> None:
     assert "stale" in doc.read_text()
     assert docs_render.run(tmp_path) == ["README.md: paper-run"]
     assert docs_render.run(tmp_path, check=True) == []
+
+
+def test_the_settings_table_lists_every_built_in_setting_and_its_default() -> None:
+    """docs/architecture.md's table of built-in settings: one row per field of each built-in
+    optimizer's Settings, naming the optimizers that declare it and its default."""
+    import dataclasses
+
+    from kareus.plugins import BUILTIN_ORDER, optimizer_settings
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = {m.group(1): [c.strip() for c in re.split(r"(?<!\\)\|", m.group(0))]
+            for m in re.finditer(r"^\s*\| `(\w+)` \|.*$", text, re.M)}
+    declared: dict[str, list[str]] = {}
+    for name in BUILTIN_ORDER:
+        settings = optimizer_settings(name)
+        for f in dataclasses.fields(settings) if settings is not None else ():
+            declared.setdefault(f.name, []).append(name)
+            default = "none" if f.default is None else f"`{f.default}`"
+            assert rows[f.name][4].startswith(default), (f.name, default)
+    assert set(rows) >= set(declared)
+    for setting, owners in declared.items():
+        assert rows[setting][2].split(", ") == owners, setting
+
+
+def test_the_readme_shows_settings_and_set() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "Settings = UniformClockSettings" in readme and "(OptimizerSettings):" in readme
+    assert re.search(r"^python reproduce\.py .*--set \w+=", readme, re.M)
+    assert "holds every `GPUPreset` field," not in (ROOT / "docs" / "architecture.md").read_text()

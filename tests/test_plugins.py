@@ -147,6 +147,7 @@ class _EntryPoint:
     def __init__(self, cls):
         self.cls, self.name = cls, cls.name
         self.value = f"tests.test_plugins:{cls.__name__}"
+        self.module = "tests.test_plugins"
 
     def load(self):
         return self.cls
@@ -214,12 +215,27 @@ def test_settings_are_typed_once_and_keep_only_their_keys():
     assert plugins.settings_view("perseus", {}) == {}
 
 
+def test_settings_at_their_defaults_are_not_recorded():
+    """A cell's key holds the settings that differ from the defaults: ``--set eta=0.5`` (Zeus's
+    default) is the same cell as no ``--set``."""
+    assert plugins.settings_view("zeus-power-limit", {"eta": "0.5"}) == {}
+    assert plugins.settings_view("zeus-power-limit", {"eta": "0.50", "budget": "9"}) == {}
+    assert plugins.settings_view("kareus", {"solver": "fast", "unit_ms": "1", "search":
+                                            "exhaustive", "budget": "40"}) == {"budget": 40}
+    assert plugins.settings_view("perseus", {"max_steps": str(MAX_STEPS), "unit_ms": "2"}) == \
+        {"unit_ms": 2.0}
+
+
 @pytest.mark.parametrize("name, options, fragment", [
     ("kareus", {"budget": "x"}, "kareus: setting 'budget' must be an integer, got 'x'"),
     ("kareus", {"budget": 0}, "setting 'budget' must be a positive integer, got 0"),
     ("kareus", {"budget": True}, "'budget' must be an integer"),
     ("kareus", {"budget": 4.0}, "'budget' must be an integer"),
     ("kareus", {"search": "annealing"}, "must be one of: exhaustive, nsga2, surrogate"),
+    ("kareus", {"search": "nsga2", "budget": "3"},
+     "kareus: setting 'budget' must be at least 4 with search=nsga2, got 3"),
+    ("kareus", {"search": "surrogate", "budget": 7},
+     "setting 'budget' must be at least 8 with search=surrogate, got 7"),
     ("perseus", {"solver": "slow"}, "perseus: setting 'solver' must be one of: fast, exact"),
     ("perseus", {"unit_ms": "nan"}, "'unit_ms' must be a finite number"),
     ("perseus", {"unit_ms": 0}, "'unit_ms' must be a positive number of ms"),
@@ -232,6 +248,15 @@ def test_a_bad_setting_is_one_input_error(name, options, fragment):
     with pytest.raises(InputError) as e:
         load_optimizer(name, options)
     assert fragment in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_the_budget_is_checked_against_the_strategy_s_smallest():
+    """The rule the searches enforce at run time (resolve_budget) holds before any work; the
+    smallest budgets and the exhaustive search (which ignores it) still pass."""
+    for search, least in (("nsga2", 4), ("surrogate", 8), ("exhaustive", 1)):
+        k = load_optimizer("kareus", {"search": search, "budget": str(least)}).settings
+        assert (k.search, k.budget) == (search, least)
+    assert load_optimizer("kareus", {"search": "nsga2"}).settings.budget is None
 
 
 def test_a_plugin_declaring_settings_gets_a_typed_instance(fake_plugins, problem):
@@ -282,6 +307,8 @@ def test_zeus_reads_its_eta_from_the_run(problem):
 @pytest.mark.parametrize("args, fragment", [
     (["-o", "kareus", "--set", "budget=x"], "kareus: setting 'budget' must be an integer, got 'x'"),
     (["-o", "kareus", "--set", "search=annealing"], "must be one of: exhaustive, nsga2"),
+    (["-o", "kareus", "--set", "budget=3", "--set", "search=nsga2"],
+     "kareus: setting 'budget' must be at least 4 with search=nsga2, got 3"),
     (["-o", "zeus-power-limit", "--set", "eta=2"], "setting 'eta' must be in [0, 1], got 2.0"),
     (["-o", "perseus", "--set", "budget=3"],
      "--set budget: no optimizer of this run (perseus) has that setting; theirs: max_steps"),
@@ -294,6 +321,89 @@ def test_frontier_refuses_a_bad_setting_in_one_line(capsys, args, fragment):
     assert main(["frontier", *XL, *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and fragment in err
+
+
+@dataclass(frozen=True)
+class _Unresolvable:  # an annotation its module cannot resolve: the plugin's fault
+    clock_mhz: "NoSuchType" = 1.0  # noqa: F821
+
+
+@dataclass(frozen=True)
+class _Raises:  # a plain ValueError of its own, not a user's value
+    clock_mhz: float = 1.0
+
+    def __post_init__(self):
+        raise ValueError("the plugin's own bug")
+
+
+def _declaring(settings_cls, name):
+    return type(name.title(), (_Declares,), {"name": name, "Settings": settings_cls})
+
+
+@pytest.fixture()
+def broken_plugins(fake_plugins, tmp_path, monkeypatch):
+    """Besides the fake plugins: one whose module fails to import, and ones whose Settings the
+    registry cannot build."""
+    from importlib.metadata import EntryPoint
+
+    (tmp_path / "broken_plugin.py").write_text("from kareus import no_such_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = {"broken": EntryPoint("broken", "broken_plugin:Broken", plugins.ENTRY_POINT_GROUP),
+           **{c.name: _EntryPoint(c) for c in (_declaring(_Unresolvable, "unresolvable"),
+                                              _declaring(_Raises, "raises"))}}
+    real = plugins.registered_optimizers()
+    monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
+    yield
+    sys.modules.pop("broken_plugin", None)
+
+
+def test_a_plugin_s_own_fault_is_a_plugin_error_not_the_user_s(broken_plugins):
+    """Exit 1 (PluginError), not 2: unresolvable annotations, a Settings constructor failing on
+    its own, a Settings that is not a dataclass, a class that is not an optimizer."""
+    assert PluginError.exit_status == 1 and not issubclass(PluginError, InputError)
+    with pytest.raises(PluginError, match="unresolvable: settings _Unresolvable: cannot resolve"):
+        load_optimizer("unresolvable", {"clock_mhz": "1200"})
+    with pytest.raises(PluginError, match="raises: settings _Raises failed: ValueError: the"):
+        load_optimizer("raises")
+    with pytest.raises(PluginError, match="Settings must be a dataclass"):
+        plugins.optimizer_settings("malformed")
+    with pytest.raises(InputError, match="'clock_mhz' must be a finite number"):
+        load_optimizer("declares", {"clock_mhz": "fast"})  # the user's value stays exit 2
+
+
+def test_frontier_with_a_broken_plugin_is_one_line_exit_1(broken_plugins, capsys):
+    for name in ("malformed", "unresolvable", "broken"):
+        assert main(["frontier", *XL, "-o", name]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_settings_skip_a_plugin_that_cannot_be_loaded(broken_plugins):
+    from kareus.suite.options import parse_settings
+
+    names = ["zeus-power-limit", "broken", "malformed", "unresolvable"]
+    assert parse_settings(["eta=0.25"], names) == {"eta": "0.25"}
+    with pytest.raises(InputError, match=r"theirs: clock_mhz, eta \(broken, malformed could not be loaded\)"):
+        parse_settings(["etta=0.25"], names)
+    assert plugins.own_settings("broken", {"eta": "0.25"}) == {}
+    assert plugins.own_settings("malformed", {"eta": "0.25"}) == {}
+    with pytest.raises(InputError):
+        plugins.own_settings("zeus-power-limit", {"eta": "2"})
+
+
+def test_reproduce_with_a_broken_plugin_runs_the_others(broken_plugins, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = reproduce.main(["--workload", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
+                           "--microbatches", "4", "--optimizers",
+                           "megatron,broken,malformed,raises", "--set", "clock_mhz=1200",
+                           "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err
+    runs = json.loads((out / "summary.json").read_text())["optimizers"]
+    assert runs["megatron"]["status"] == "ok"
+    for name, fragment in (("broken", "ImportError"), ("malformed", "Settings must be a dataclass"),
+                           ("raises", "PluginError")):
+        assert runs[name]["status"] == "failed" and fragment in runs[name]["error"], name
 
 
 def test_frontier_passes_settings(fake_plugins, capsys):

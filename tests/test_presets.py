@@ -236,3 +236,51 @@ def test_a_malformed_shared_file_is_refused_in_one_line(tmp_path):
     bad.write_text(json.dumps({"host": {"knee_mhz": {"value": 1, "source": "x: y"}}}))
     with pytest.raises(PresetError, match="unknown field host.knee_mhz; it belongs in 'power'"):
         P.load_shared(bad)
+
+
+# --- The loaded presets: cached by path, no module state --------------------------------------
+
+
+def test_the_loaders_keep_no_global_state():
+    """The presets and shared values are cached on pure loaders keyed by path
+    (functools.cache), not in module variables set with ``global``."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(P))
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    assert P._loaded() is P._loaded()  # read once
+    assert P._shared() is P._shared()
+
+
+def test_a_written_or_newly_pointed_to_gpu_file_is_read_without_a_reload(tmp_path, monkeypatch,
+                                                                          user_dir):
+    from dataclasses import replace
+
+    P.write_preset(replace(P.get_preset("a40"), name="written-gpu"), user_dir / "written-gpu.json")
+    assert P.get_preset("written-gpu").name == "written-gpu"  # the writer forgot the cache
+    (other := tmp_path / "other").mkdir()
+    _copy("a40", "elsewhere", other)
+    monkeypatch.setenv(P.USER_DIR_ENV, str(other))
+    assert P.get_preset("elsewhere").name == "elsewhere"  # keyed by the folder
+    with pytest.raises(PresetError, match="unknown GPU 'written-gpu'"):
+        P.get_preset("written-gpu")
+
+
+def test_refitting_a_user_preset_s_shared_field_overrides_it_in_the_user_s_file(user_dir):
+    """A user's GPU file that leaves a shared field out gets the refit value itself; the
+    package's host.json (every built-in preset's) is not touched."""
+    path = _copy("a40", "my-gpu", user_dir)
+    shared_before = P.SHARED_FILE.read_text()
+    P.reload_presets()
+    change = {"host_eager_op_s": (8.2e-05, "fitted: my host")}
+    diff = P.update_preset_file("my-gpu", change, write=False)
+    assert [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")] == [str(path)]
+    P.update_preset_file("my-gpu", change)
+    assert P.SHARED_FILE.read_text() == shared_before
+    raw = json.loads(path.read_text())
+    assert raw["host"]["host_eager_op_s"] == {"value": 8.2e-05, "source": "fitted: my host"}
+    mine = P.get_preset("my-gpu")
+    assert (mine.host_eager_op_s, mine.sources["host_eager_op_s"]) == (8.2e-05, "fitted: my host")
+    shared = P.load_shared()
+    assert P.get_preset("a40").host_eager_op_s == shared["host_eager_op_s"]["value"] != 8.2e-05

@@ -108,6 +108,22 @@ def test_an_edited_plugin_is_recomputed(plugin, tmp_path, capsys):
     assert cell["key"]["options"] == {"min_clock_mhz": 1000.0}  # typed, as the plugin reads it
 
 
+def test_a_setting_at_its_default_reuses_the_cells(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = [*SMALL, "--optimizers", "megatron,zeus-power-limit", "--out", str(out)]
+    assert reproduce.main(args) == 0
+    before = json.loads((out / "cells" / "zeus-power-limit.json").read_text())["key"]
+    assert before["options"] == {}
+    capsys.readouterr()
+    assert reproduce.main([*args, "--set", "eta=0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "reusing 2 cell(s)" in err and "computing" not in err
+    assert reproduce.main([*args, "--set", "eta=0.25"]) == 0
+    assert "computing 1 cell(s): settings changed (zeus-power-limit)" in capsys.readouterr().err
+    cell = json.loads((out / "cells" / "zeus-power-limit.json").read_text())
+    assert cell["key"]["options"] == {"eta": 0.25}
+
+
 def test_a_subset_run_adds_to_the_folder_and_says_why_a_metric_is_missing(tmp_path, capsys):
     out = tmp_path / "res"
     assert reproduce.main([*SMALL, "--optimizers", "megatron,perseus", "--out", str(out)]) == 0

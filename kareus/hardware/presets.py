@@ -10,12 +10,14 @@ the host and the framework rather than the GPU, and so is the same for every GPU
 ``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form); every GPU file takes those values
 unless it sets its own. Refits write the files (:func:`update_preset_file`: ``kareus calibrate
 --partition-sweep ... --write-preset``, ``benchmarks/fidelity.py --fit/--fit-megatron
---write-preset``), a shared value to the shared file only, so a refit is a one-file diff. In
+--write-preset``), a built-in preset's shared value to the shared file only, so a refit is a
+one-file diff; a user's GPU file (``$KAREUS_GPU_DIR``) gets its refit shared value itself. In
 memory a preset is the flat, frozen :class:`GPUPreset` the simulator reads.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field, fields, replace
@@ -437,8 +439,11 @@ def load_preset_file(path: str | Path, shared: Shared | None = None
 def preset_files() -> list[Path]:
     """The GPU files read, in order: the built-in folder's, then ``$KAREUS_GPU_DIR``'s, each by
     file name."""
-    files = sorted(BUILTIN_DIR.glob("*.json"))
-    user = os.environ.get(USER_DIR_ENV)
+    return _files_in(BUILTIN_DIR, os.environ.get(USER_DIR_ENV) or None)
+
+
+def _files_in(builtin_dir: Path, user: str | None) -> list[Path]:
+    files = sorted(builtin_dir.glob("*.json"))
     if user:
         d = Path(user)
         if not d.is_dir():
@@ -447,45 +452,53 @@ def preset_files() -> list[Path]:
     return files
 
 
-_cache: tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
-             dict[str, Path]] | None = None
-_shared_cache: Shared | None = None
+#: What the loaded GPU files give: presets by name, partition op factors by (GPU, spec hash), and
+#: the file each preset was read from.
+Loaded = tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors], dict[str, Path]]
+
+
+@functools.cache
+def _shared_at(path: Path) -> Shared:
+    """The entries of the shared file at ``path``, read once per path (:func:`reload_presets`
+    forgets them)."""
+    return load_shared(path)
 
 
 def _shared() -> Shared:
-    """The shared file's entries, read once (:func:`reload_presets` forgets them)."""
-    global _shared_cache
-    if _shared_cache is None:
-        _shared_cache = load_shared()
-    return _shared_cache
+    """The shared file's entries (:data:`SHARED_FILE`), read once."""
+    return _shared_at(SHARED_FILE)
 
 
-def _loaded() -> tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors],
-                       dict[str, Path]]:
-    global _cache
-    if _cache is None:
-        presets: dict[str, GPUPreset] = {}
-        factors: dict[tuple[str, str], PartitionOpFactors] = {}
-        files: dict[str, Path] = {}
-        for path in preset_files():
-            preset, own = load_preset_file(path)
-            if preset.name in presets:
-                raise PresetError(f"{path}: GPU {preset.name!r} is already defined by "
-                                  f"{files[preset.name]}")
-            presets[preset.name] = preset
-            files[preset.name] = path
-            factors.update({(preset.name, h): f for h, f in own.items()})
-        _cache = (presets, factors, files)
-    return _cache
+@functools.cache
+def _loaded_from(builtin_dir: Path, user_dir: str | None, shared_path: Path) -> Loaded:
+    """The GPU files of ``builtin_dir`` and ``user_dir`` (``$KAREUS_GPU_DIR``), on the shared
+    file at ``shared_path``; read once per folder pair (:func:`reload_presets` forgets them)."""
+    shared = _shared_at(shared_path)
+    presets: dict[str, GPUPreset] = {}
+    factors: dict[tuple[str, str], PartitionOpFactors] = {}
+    files: dict[str, Path] = {}
+    for path in _files_in(builtin_dir, user_dir):
+        preset, own = load_preset_file(path, shared)
+        if preset.name in presets:
+            raise PresetError(f"{path}: GPU {preset.name!r} is already defined by "
+                              f"{files[preset.name]}")
+        presets[preset.name] = preset
+        files[preset.name] = path
+        factors.update({(preset.name, h): f for h, f in own.items()})
+    return presets, factors, files
+
+
+def _loaded() -> Loaded:
+    """The presets of the built-in folder and the current ``$KAREUS_GPU_DIR`` (a changed
+    variable reads its folder; a changed file needs :func:`reload_presets`)."""
+    return _loaded_from(BUILTIN_DIR, os.environ.get(USER_DIR_ENV) or None, SHARED_FILE)
 
 
 def reload_presets() -> None:
-    """Forget the loaded presets (after ``$KAREUS_GPU_DIR`` or a file changed); the next use
-    reads the files again."""
-    global _cache, _shared_cache
-    _cache = None
-    _shared_cache = None
-    globals().pop("PRESETS", None)
+    """Forget the loaded presets and shared values (after a file changed); the next use reads
+    the files again."""
+    _loaded_from.cache_clear()
+    _shared_at.cache_clear()
 
 
 def __getattr__(name: str) -> object:
@@ -576,6 +589,7 @@ def write_preset(preset: GPUPreset, path: str | Path,
     text = _dumps(preset_to_dict(preset, op_factors, shared))
     _parse(p, json.loads(text), shared)
     atomic_write_text(p, text)
+    reload_presets()
 
 
 def fitted_value(v: float) -> float:
@@ -590,8 +604,11 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
                        shared_path: str | Path | None = None) -> str:
     """Set fields of preset ``name`` (``{field: (value, source)}``; ``op_factors``: per-op
     partition factors by spec hash, replacing those of the same spec) and return the unified
-    diff. A field the GPU file takes from the shared file (it does not set it itself) is set in
-    the shared file, for every GPU; the others in the GPU file. A value the refit leaves unchanged
+    diff. A field a built-in GPU file (one in :data:`BUILTIN_DIR`, or any file when
+    ``shared_path`` is given) takes from the shared file is set in the shared file, for every
+    GPU; a user's GPU file (``$KAREUS_GPU_DIR``) never writes the package's shared file: the
+    refit value goes into that file, overriding the shared one for that GPU alone. Every other
+    field is set in the GPU file. A value the refit leaves unchanged
     keeps its line, source included, so the diff shows what moved. ``path``: the GPU file [the one
     the preset was read from]; ``shared_path``: the shared file [:data:`SHARED_FILE`];
     ``write=False``: only the diff. The results must read back (:class:`PresetError` otherwise);
@@ -602,11 +619,14 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     sp = Path(shared_path) if shared_path is not None else SHARED_FILE
     old, old_shared = p.read_text(), sp.read_text()
     raw, raw_shared = json.loads(old), json.loads(old_shared)
+    # only the built-in presets share the package's file; a user's preset overrides it
+    may_share = shared_path is not None or p.resolve().parent == BUILTIN_DIR.resolve()
     for field_name, (value, source) in changes.items():
         if field_name not in _GROUP_OF:
             raise PresetError(f"unknown preset parameter {field_name!r}")
         group = _GROUP_OF[field_name]
-        own = field_name in raw.get(group, {}) or field_name not in raw_shared.get(group, {})
+        own = (not may_share or field_name in raw.get(group, {})
+               or field_name not in raw_shared.get(group, {}))
         target = raw if own else raw_shared
         value = list(value) if isinstance(value, tuple) else value
         entry = target.setdefault(group, {}).get(field_name)

@@ -39,7 +39,8 @@ from kareus.hardware.knobs import KnobSpace
 from kareus.methods.profiling import TradeoffSettings, profile_instructions, tradeoff_plans
 from kareus.methods.tradeoff import Option
 from kareus.optimizer.compose import instruction_options
-from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, Strategy, make_search
+from kareus.optimizer.search import (Evaluator, PartitionSpace, SearchResult, Strategy,
+                                     make_search, min_budget)
 from kareus.plan import LIBRARY_DEFAULT, SEQUENTIAL, InstructionPlan, IterationPlan
 from kareus.plugins import Problem, require
 
@@ -53,12 +54,17 @@ class KareusSettings(TradeoffSettings):
     every configuration; ``nsga2`` and ``surrogate`` spend ``budget`` measurements."""
     budget: int | None = None
     """Configurations measured per partition by ``nsga2`` and ``surrogate`` (``None``: the
-    strategy's default, :func:`kareus.optimizer.search.base.resolve_budget`)."""
+    strategy's default, :func:`kareus.optimizer.search.base.resolve_budget`); at least the
+    strategy's smallest (:func:`kareus.optimizer.search.min_budget`: 4 for ``nsga2``, 8 for
+    ``surrogate``)."""
 
     def check(self) -> None:
         super().check()
         require(self.budget is None or self.budget >= 1, "budget", "a positive integer",
                 self.budget)
+        least = min_budget(self.search)
+        require(self.budget is None or self.budget >= least, "budget",
+                f"at least {least} with search={self.search}", self.budget)
 
 
 def partition_windows(n_ops: int) -> np.ndarray:

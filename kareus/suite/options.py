@@ -82,7 +82,9 @@ def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str,
     """``--set NAME=VALUE`` pairs as ``{NAME: VALUE}`` (values stay strings: each optimizer's
     settings convert and check them, :func:`kareus.plugins.load_optimizer`). :class:`InputError`
     (one line) for a pair without ``=``, a name given twice, or a name that none of
-    ``optimizers`` declares (listing those they do)."""
+    ``optimizers`` declares (listing those they do). A plugin that cannot be loaded (an import
+    that fails, a ``Settings`` that is not a dataclass) declares nothing here: it fails alone
+    when its cell runs, and the other optimizers run."""
     from kareus.plugins import optimizer_settings
 
     out: dict[str, str] = {}
@@ -96,13 +98,21 @@ def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str,
         out[name] = value.strip()
     if out:
         declared: dict[str, list[str]] = {}
+        broken: list[str] = []
         for opt in optimizers:
-            cls = optimizer_settings(opt)
+            try:
+                cls = optimizer_settings(opt)
+            except InputError:  # an unknown name: the user's
+                raise
+            except Exception:  # a broken plugin: its cell reports it (load_and_run)
+                broken.append(opt)
+                continue
             for f in dataclasses.fields(cls) if cls is not None else ():
                 declared.setdefault(f.name, []).append(opt)
         for name in out:
             if name not in declared:
                 known = ", ".join(sorted(declared)) or "none"
+                unread = f" ({', '.join(broken)} could not be loaded)" if broken else ""
                 raise InputError(f"--set {name}: no optimizer of this run ({', '.join(optimizers)}) "
-                                 f"has that setting; theirs: {known}")
+                                 f"has that setting; theirs: {known}{unread}")
     return out

@@ -179,17 +179,11 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
 
 def _own_settings(name: str, options: Mapping[str, object]) -> dict[str, object]:
     """The settings of ``options`` optimizer ``name`` declares, typed
-    (:func:`kareus.plugins.settings_view`; a bad value raises :class:`InputError`); ``{}`` for a
+    (:func:`kareus.plugins.own_settings`; a bad value raises :class:`InputError`); ``{}`` for a
     plugin that cannot be imported (its cell fails alone, or is left out)."""
-    from kareus.errors import InputError
-    from kareus.plugins import settings_view
+    from kareus.plugins import own_settings
 
-    try:
-        return settings_view(name, options)
-    except InputError:
-        raise
-    except Exception:  # a broken or uninstalled plugin: not this function's to report
-        return {}
+    return own_settings(name, options)
 
 
 def reuse_lines(reused: list[dict], why_computed: dict[str, list[str]],

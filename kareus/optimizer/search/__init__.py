@@ -31,5 +31,12 @@ def make_search(name: str) -> PartitionSearch:
     raise InputError(f"unknown search strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
 
 
+def min_budget(name: str) -> int:
+    """The fewest configurations strategy ``name`` may be given as its budget (its
+    ``MIN_BUDGET``; 1 for ``exhaustive``, which measures everything and ignores the budget).
+    Kareus's settings check a ``budget`` against it before any work."""
+    return int(getattr(make_search(name), "min_budget", 1))
+
+
 __all__ = ["Evaluator", "PartitionSearch", "PartitionSpace", "SearchResult", "STRATEGIES",
-           "Strategy", "make_search"]
+           "Strategy", "make_search", "min_budget"]

@@ -48,6 +48,8 @@ class NSGA2Search:
     """
 
     name = "nsga2"
+    #: The smallest budget it accepts (:func:`kareus.optimizer.search.min_budget`).
+    min_budget = MIN_BUDGET
 
     def __init__(self, objectives: str = "total", pop_size: int | None = None,
                  eta: float = 3.0) -> None:

@@ -103,6 +103,8 @@ class SurrogateSearch:
     """
 
     name = "surrogate"
+    #: The smallest budget it accepts (:func:`kareus.optimizer.search.min_budget`).
+    min_budget = MIN_INITIAL
 
     def __init__(self, batch: int = 8, n_estimators: int = 24, initial_fraction: float = 0.02,
                  shares: tuple[float, float, float, float] = SHARES) -> None:
