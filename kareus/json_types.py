@@ -7,6 +7,7 @@ the dicts those methods return and the few free-form documents built in place.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias, TypeVar
 
@@ -28,3 +29,12 @@ def construct(cls: type[T], fields: Mapping[str, object]) -> T:
     examines (e.g. ``__post_init__``, or a ``problem`` method called later) -- the one place a
     JSON object's values meet a constructor unchecked."""
     return cls(**fields)
+
+
+def record_dict(record: object) -> JsonObject:
+    """A record's fields as a JSON object, in declaration order (:func:`dataclasses.asdict`:
+    nested records become objects too): the ``to_dict`` of a record written as it is."""
+    if not dataclasses.is_dataclass(record) or isinstance(record, type):
+        raise TypeError(f"record_dict needs a dataclass instance, got {type(record).__name__}")
+    out: JsonObject = dataclasses.asdict(record)
+    return out

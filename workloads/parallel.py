@@ -297,18 +297,12 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"sequence length {p.seq} must be divisible by 2*CP={2 * p.cp} "
             "(load-balanced causal context parallelism)"
         )
-    if p.precision not in PRECISIONS:
-        raise WorkloadError(f"unknown precision {p.precision!r}; choose one of: "
-                            f"{', '.join(PRECISIONS)}")
-    if p.attention not in ATTENTION_KINDS:
-        raise WorkloadError(f"unknown attention {p.attention!r}; choose one of: "
-                            f"{', '.join(ATTENTION_KINDS)}")
-    if p.elementwise not in ELEMENTWISE_KINDS:
-        raise WorkloadError(f"unknown elementwise mode {p.elementwise!r}; choose one of: "
-                            f"{', '.join(ELEMENTWISE_KINDS)}")
-    if p.recompute not in RECOMPUTE_MODES:
-        raise WorkloadError(f"unknown recompute mode {p.recompute!r}; choose one of: "
-                            f"{', '.join(RECOMPUTE_MODES)}")
+    for what, value, choices in (("precision", p.precision, PRECISIONS),
+                                 ("attention", p.attention, ATTENTION_KINDS),
+                                 ("elementwise mode", p.elementwise, ELEMENTWISE_KINDS),
+                                 ("recompute mode", p.recompute, RECOMPUTE_MODES)):
+        if value not in choices:
+            raise WorkloadError(f"unknown {what} {value!r}; choose one of: {', '.join(choices)}")
     if p.num_gpus > p.gpus_per_node and p.num_gpus % p.gpus_per_node:
         raise WorkloadError(
             f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "

@@ -35,7 +35,7 @@ from kareus.errors import InputError
 from kareus.graph import Direction
 from kareus.hardware.presets import GPUPreset
 from kareus.hardware.profile import validate_profile
-from kareus.json_types import JsonObject
+from kareus.json_types import JsonObject, record_dict
 from kareus.plan import InstructionPlan
 from workloads.parallel import Workload
 
@@ -98,11 +98,7 @@ class InstructionComparison:
     energy_err_pct: float
 
     def to_dict(self) -> JsonObject:
-        return {"stage": self.stage, "instruction": self.instruction,
-                "frequency": self.frequency, "time_measured": self.time_measured,
-                "time_sim": self.time_sim, "energy_measured": self.energy_measured,
-                "energy_sim": self.energy_sim, "time_err_pct": self.time_err_pct,
-                "energy_err_pct": self.energy_err_pct}
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -162,10 +158,7 @@ class OpMeasurement:
     energy_sim: float
 
     def to_dict(self) -> JsonObject:
-        return {"direction": self.direction, "partition": self.partition, "op": self.op,
-                "kind": self.kind, "clock_mhz": self.clock_mhz,
-                "time_measured": self.time_measured, "energy_measured": self.energy_measured,
-                "time_sim": self.time_sim, "energy_sim": self.energy_sim}
+        return record_dict(self)
 
 
 def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
@@ -215,11 +208,7 @@ class PartitionComparison:
     dynamic_energy_sim: float
 
     def to_dict(self) -> JsonObject:
-        return {"partition": self.partition, "clock_mhz": self.clock_mhz,
-                "comm_sms": self.comm_sms, "slot": self.slot,
-                "time_measured": self.time_measured,
-                "dynamic_energy_measured": self.dynamic_energy_measured,
-                "time_sim": self.time_sim, "dynamic_energy_sim": self.dynamic_energy_sim}
+        return record_dict(self)
 
 
 def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequence[float],

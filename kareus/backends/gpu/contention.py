@@ -28,7 +28,7 @@ from kareus.backends.gpu.device import Device
 from kareus.backends.gpu.measure import ClockSampler, CounterMeter
 from kareus.graph import ComputeOp
 from kareus.hardware.presets import GPUPreset
-from kareus.json_types import JsonObject
+from kareus.json_types import JsonObject, record_dict
 from workloads.parallel import Workload
 
 if TYPE_CHECKING:
@@ -170,9 +170,7 @@ class SimulatedContention:
     slowdown: float
 
     def to_dict(self) -> JsonObject:
-        return {"time_alone_s": self.time_alone_s, "time_on_sms_left_s": self.time_on_sms_left_s,
-                "contention_factor": self.contention_factor, "time_s": self.time_s,
-                "slowdown": self.slowdown}
+        return record_dict(self)
 
 
 def predict(sim: SimulatorBackend, preset: GPUPreset, op: ComputeOp, clock_mhz: float, k: int
@@ -210,12 +208,7 @@ class ContentionRow:
     simulated: SimulatedContention
 
     def to_dict(self) -> JsonObject:
-        return {"op": self.op, "graph_op": self.graph_op, "kind": self.kind,
-                "comm_sms": self.comm_sms, "distinct_sms": self.distinct_sms,
-                "sms_proven": self.sms_proven, "time_per_call_s": self.time_per_call_s,
-                "slowdown": self.slowdown, "window_s": self.window_s, "energy_j": self.energy_j,
-                "power_w": self.power_w, "sm_clock_mhz": self.sm_clock_mhz, "calls": self.calls,
-                "simulated": self.simulated.to_dict()}
+        return record_dict(self)
 
 
 def measure_case(case: OpCase, ks: list[int], dev: Device, device: str, comm: CommLike | None,

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from kareus.atomic import atomic_write_json
 from kareus.backends.gpu.device import Device
-from kareus.json_types import JsonObject
+from kareus.json_types import JsonObject, record_dict
 
 #: Name of the child's incremental record.
 RECORD = "windows.json"
@@ -91,14 +91,7 @@ class KillResult:
     ok: bool
 
     def to_dict(self) -> JsonObject:
-        return {"signal": self.signal, "killed_while_measuring": self.killed_while_measuring,
-                "windows_before_kill": self.windows_before_kill,
-                "windows_kept": self.windows_kept, "record_intact": self.record_intact,
-                "stray_temp_files": self.stray_temp_files, "exit_status": self.exit_status,
-                "memory_used_before_bytes": self.memory_used_before_bytes,
-                "memory_used_after_bytes": self.memory_used_after_bytes,
-                "memory_freed_after_s": self.memory_freed_after_s,
-                "stderr_tail": self.stderr_tail, "ok": self.ok}
+        return record_dict(self)
 
 
 def one_kill(sig: signal.Signals, folder: Path, device: str, card: WatchedCard,

@@ -23,7 +23,7 @@ from kareus.backends.gpu.measure import (
     MeasureConfig,
     measure_window,
 )
-from kareus.json_types import JsonObject
+from kareus.json_types import JsonObject, record_dict
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,7 @@ class ProbeResult:
     rate_unit: str | None = None
 
     def to_dict(self) -> JsonObject:
-        return {"name": self.name, "time_s": self.time_s, "energy_j": self.energy_j,
-                "power_w": self.power_w, "steps": self.steps, "sm_clock_mhz": self.sm_clock_mhz,
-                "rate": self.rate, "rate_unit": self.rate_unit}
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -59,9 +57,7 @@ class CounterPeriod:
     polled_s: float
 
     def to_dict(self) -> JsonObject:
-        return {"works": self.works, "changes": self.changes,
-                "median_update_s": self.median_update_s, "max_update_s": self.max_update_s,
-                "polled_s": self.polled_s}
+        return record_dict(self)
 
 
 def _sync_of(device: str) -> Callable[[], None]:

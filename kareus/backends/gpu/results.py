@@ -15,7 +15,7 @@ from typing import ClassVar, TypeVar
 
 from kareus.backends.gpu.measure import WindowResult
 from kareus.graph import Direction
-from kareus.json_types import Json, JsonObject
+from kareus.json_types import Json, JsonObject, record_dict
 
 
 # ------------------------------------------------------------------------ reading JSON values
@@ -114,10 +114,7 @@ class RankInfo:
     clock_control: str
 
     def to_dict(self) -> JsonObject:
-        return {"rank": self.rank, "world": self.world, "stage": self.stage,
-                "tp_rank": self.tp_rank, "dp_rank": self.dp_rank, "gpu_index": self.gpu_index,
-                "gpu_name": self.gpu_name, "clocks_locked": self.clocks_locked,
-                "clock_control": self.clock_control}
+        return record_dict(self)
 
     @staticmethod
     def from_dict(d: Mapping[str, object]) -> "RankInfo":
@@ -266,7 +263,7 @@ class PowerTrial:
     power_w: float
 
     def to_dict(self) -> JsonObject:
-        return {"time_s": self.time_s, "energy_j": self.energy_j, "power_w": self.power_w}
+        return record_dict(self)
 
     @staticmethod
     def from_dict(d: Mapping[str, object]) -> "PowerTrial":
