@@ -55,6 +55,12 @@ class ComputeOp:
         precision: The math the op's FLOPs run in: ``"bf16"`` / ``"fp16"`` (16-bit tensor
             cores), ``"tf32"`` (TF32 tensor cores on fp32 tensors) or ``"fp32"`` (no tensor
             cores).
+        resident_grid: The kernel launches exactly as many thread blocks as the GPU holds at
+            once and loops over its work inside them (Transformer Engine's LayerNorm and RMSNorm:
+            ``SMs x blocks per SM``; PyTorch's fused dropout: at most ``SMs x 2048 / 256``).
+            Beside a collective that already holds ``k`` SMs, the blocks that find no SM run in
+            a second round; a collective launched while it runs finds every SM taken and starts
+            when it ends.
     """
 
     name: str
@@ -68,6 +74,7 @@ class ComputeOp:
     uneven_tail: float | None = None
     host_calls: int = 0
     precision: str = "bf16"
+    resident_grid: bool = False
 
 
 @dataclass(frozen=True)

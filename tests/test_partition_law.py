@@ -71,20 +71,34 @@ def _configs(rows: list[tuple[int, int, int, int]]) -> PartitionConfigs:
 
 def test_the_spec_is_the_artifacts_partition(spec):
     part = spec.partition()
-    assert [op.name for op in part.compute] == ["bda", "norm", "linear_qkv", "qkv_split", "rope",
-                                                "flash_attention", "linear_proj"]
+    # the fuser's basic ops: each Linear is its GEMM and its Bias; the QKV bias is a kernel, the
+    # output projection's is returned (launches nothing), so window index 6 is the attention
+    assert [op.name for op in part.compute] == ["bda", "norm", "linear_qkv", "linear_qkv_bias",
+                                                "qkv_split", "rope", "flash_attention",
+                                                "linear_proj"]
     assert [op.kind for op in part.compute] == ["memory", "memory", "gemm", "memory", "memory",
-                                                "attention", "gemm"]
+                                                "memory", "attention", "gemm"]
+    # TE's LayerNorm and PyTorch's dropout launch grids that fill the GPU once
+    assert [op.resident_grid for op in part.compute] == [True, True] + [False] * 6
     # per GPU: 2 sequences x 4096 tokens, 16 of 32 heads (TP2), head width 64
     qkv = part.compute[2]
     assert qkv.flops == 2 * 8192 * 2048 * 3072 and qkv.depth == 2048
-    attn = part.compute[5]
+    assert part.compute[3].bytes == 2 * 2 * 8192 * 3072  # the bias add reads and writes it
+    attn = part.compute[6]
     assert attn.flops == pytest.approx(4 * 2 * 16 * 64 * 4096 * 4096 / 2)
     assert part.comm.collective == "all_reduce" and part.comm.group == 2
     assert part.comm.bytes == 33554432 and part.comm.bus_bytes == 33554432
     if kareus_artifact("attention_partition/spec.json") is not None:
         shared = PartitionSpec.load(kareus_artifact("attention_partition/spec.json"))
         assert shared.partition() == part
+
+
+def test_fused_ops_put_each_bias_in_its_gemm():
+    fused = PartitionSpec.from_dict({**SPEC, "fuse_ops": True})
+    assert [op.name for op in fused.partition().compute] == [
+        "bda", "norm", "linear_qkv", "qkv_split", "rope", "flash_attention", "linear_proj"]
+    with pytest.raises(WorkloadError, match="fuse_ops must be true or false"):
+        PartitionSpec.from_dict({**SPEC, "fuse_ops": "yes"})
 
 
 @pytest.mark.parametrize("change,fragment", [
@@ -239,8 +253,8 @@ def test_without_calibration_the_preset_predicts_its_own_sweep(tmp_path, spec_fi
 
 def test_calibration_files_must_match_spec_and_gpu(tmp_path, spec, spec_file, capsys):
     cal = PartitionCalibration(gpu="a100-sxm4-40gb", spec_sha256=spec.sha256, clock_mhz=None,
-                               law={"comm_launch_s": 5e-6}, op_work=(1.0,) * 7,
-                               op_host=(1.0,) * 7)
+                               law={"comm_launch_s": 5e-6}, op_work=(1.0,) * 8,
+                               op_host=(1.0,) * 8)
     good = tmp_path / "calib.json"
     good.write_text(json.dumps(cal.to_dict()))
     other = tmp_path / "other.json"
@@ -256,7 +270,7 @@ def test_calibration_files_must_match_spec_and_gpu(tmp_path, spec, spec_file, ca
         code, out, err = _run(args, capsys)
         assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
     with pytest.raises(InputError):
-        PartitionCalibration.load(tmp_path / "missing.json", "a100-sxm4-40gb", spec.sha256, 7)
+        PartitionCalibration.load(tmp_path / "missing.json", "a100-sxm4-40gb", spec.sha256, 8)
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -18,10 +18,11 @@ from workloads.graph_builder import CAUSAL_TAIL_FWD
 
 
 def _op(t_alone: float, t_beside: float, rate_beside: float, host_s: float = 0.01,
-        wave_s: float = 0.0) -> TimelineOp:
+        wave_s: float = 0.0, resident_grid: bool = False) -> TimelineOp:
     return TimelineOp(t_alone=np.array([t_alone]), p_alone=np.array([100.0]), host_s=host_s,
                       wave_s=np.array([wave_s]), t_beside=np.array([t_beside]),
-                      p_beside=np.array([150.0]), rate_beside=np.array([rate_beside]))
+                      p_beside=np.array([150.0]), rate_beside=np.array([rate_beside]),
+                      resident_grid=resident_grid)
 
 
 def _run(ops: list[TimelineOp], window: tuple[int, int], wave_loss: float = 0.0,
@@ -54,6 +55,38 @@ def test_a_collective_joins_an_op_mid_way_when_launched_after_it_starts():
     alone0 = (1.0 - 0.05 - 2.0 / 6.0) * 4.0
     assert t == pytest.approx(0.01 + 0.2 + 2.0 + alone0 + 1.0)
     assert e == pytest.approx(100.0 * (0.2 + alone0 + 1.0) + 150.0 * 2.0)
+
+
+def test_a_grid_that_fills_the_gpu_makes_a_collective_launched_inside_it_wait():
+    # The same case with op 0 a kernel whose blocks hold every SM (a norm, a dropout): the
+    # collective launched at 0.21 s finds no SM and starts when op 0 ends (4.01 s), beside op 1
+    # (1.5 s beside it, moving 0.75), and the compute stream then waits 0.25 s for the rest.
+    ops = [_op(4.0, 6.0, 0.5, resident_grid=True), _op(1.0, 1.5, 0.5)]
+    t, e = _run(ops, (1, 1), launch_s=0.2)
+    assert t == pytest.approx(0.01 + 4.0 + 1.5 + 0.25)
+    assert e == pytest.approx(100.0 * 4.0 + 150.0 * 1.5 + 50.0 * 0.25)
+    # launched before it starts, the collective holds its SMs first: op 0 runs beside it
+    t0, _ = _run(ops, (0, 1), launch_s=0.0)
+    t0_plain, _ = _run([_op(4.0, 6.0, 0.5), _op(1.0, 1.5, 0.5)], (0, 1), launch_s=0.0)
+    assert t0 == pytest.approx(t0_plain)
+
+
+def test_a_grid_that_fills_the_gpu_runs_its_homeless_blocks_in_a_second_round():
+    # A norm-like kernel (one round of blocks, looping over rows) beside a collective on k SMs:
+    # (S-k)/S of the work on S-k SMs, then k/S of it on the blocks of k SMs, which stream at the
+    # rate a block reaches when HBM is not the limit (mem_sat: half the SMs saturate it).
+    g = get_preset("a100-sxm4-40gb")
+    sim = SimulatorBackend(g)
+    norm = ComputeOp("norm", "memory", flops=0.0, bytes=64e6, resident_grid=True)
+    plain = ComputeOp("norm", "memory", flops=0.0, bytes=64e6)
+    comm = CommOp("ar", "all_reduce", 32e6, 2)
+    j = int(sim.clock_index(g.clock_max_mhz)[0])
+    t_res = sim._overlapped(norm, comm, (10,), 1024)[0].time[0, j]
+    t_plain = sim._overlapped(plain, comm, (10,), 1024)[0].time[0, j]
+    core = t_plain - g.kernel_overhead_s  # HBM-bound on 98 SMs: the whole op at full rate
+    second = core * g.mem_sat_sm_fraction * g.sms / 10 * (10 / g.sms)  # k/S of it, k SMs' blocks
+    assert t_res == pytest.approx(core * (g.sms - 10) / g.sms + second + g.kernel_overhead_s)
+    assert t_res > 1.3 * t_plain
 
 
 def test_a_kernel_getting_the_collectives_sms_back_mid_way_loses_part_of_a_wave():

@@ -146,7 +146,7 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
         return [
             bmm("attention_scores", s_q, s_kv, d, qkv + e * n),
             memory_op("attention_softmax", 2 * e * n, flops=5.0 * n),
-            memory_op("attention_dropout", (2 * e + 1) * n, flops=1.0 * n),
+            dropout_op("attention_dropout", (2 * e + 1) * n, flops=1.0 * n),
             bmm("attention_context", s_q, d, s_kv, qkv + e * n),
         ]
     return [
@@ -205,7 +205,7 @@ def eager_residual(elements: int, elem_bytes: int, backward: bool) -> list[Compu
     if backward:
         return [memory_op("residual_dropout_bwd", (2 * e + 1) * elements, flops=float(elements)),
                 memory_op("residual_add_bwd", 3 * e * elements, flops=float(elements))]
-    return [memory_op("residual_dropout", (2 * e + 1) * elements, flops=float(elements)),
+    return [dropout_op("residual_dropout", (2 * e + 1) * elements, flops=float(elements)),
             memory_op("residual_add", 3 * e * elements, flops=float(elements))]
 
 
@@ -262,9 +262,26 @@ def _gemm_bwd(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
     return [dgrad, wgrad]
 
 
-def memory_op(name: str, nbytes: float, flops: float = 0.0) -> ComputeOp:
-    """An HBM-bound kernel (elementwise, norm, RoPE) moving ``nbytes``."""
-    return ComputeOp(name=name, kind="memory", flops=flops, bytes=float(nbytes))
+def memory_op(name: str, nbytes: float, flops: float = 0.0, *,
+              resident_grid: bool = False) -> ComputeOp:
+    """An HBM-bound kernel (elementwise, norm, RoPE) moving ``nbytes``; ``resident_grid``: its
+    grid fills the GPU once (:attr:`ComputeOp.resident_grid`)."""
+    return ComputeOp(name=name, kind="memory", flops=flops, bytes=float(nbytes),
+                     resident_grid=resident_grid)
+
+
+def norm_op(name: str, nbytes: float, flops: float) -> ComputeOp:
+    """A LayerNorm or RMSNorm kernel (forward or backward) as Transformer Engine launches it: one
+    block per free slot of every SM, looping over the rows (``ctas_per_col = SMs x blocks per
+    SM``), so its grid fills the GPU once."""
+    return memory_op(name, nbytes, flops, resident_grid=True)
+
+
+def dropout_op(name: str, nbytes: float, flops: float) -> ComputeOp:
+    """PyTorch's fused dropout kernel (eager ``F.dropout`` in training): its grid is capped at
+    ``SMs x 2048 / 256`` blocks, each looping over its share, so it fills the GPU once. (The
+    backward, ``native_dropout_backward``, is a plain elementwise kernel.)"""
+    return memory_op(name, nbytes, flops, resident_grid=True)
 
 
 class _LayerOps:
@@ -371,11 +388,11 @@ class _LayerOps:
         qk_elems = t * (self.hq + self.hkv) * d
         ops: list[ComputeOp | _Cut] = [
             *self._residual(backward=False),
-            memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+            norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
             self._gemm("linear_qkv", t, h, qkv_n),
         ]
         if m.qk_norm:
-            ops.append(memory_op("qk_norm", 2 * eb * qk_elems, flops=5.0 * qk_elems))
+            ops.append(norm_op("qk_norm", 2 * eb * qk_elems, flops=5.0 * qk_elems))
         if m.rope:
             ops.append(memory_op("rope", 2 * eb * qk_elems, flops=3.0 * qk_elems))
         if self.cp > 1:
@@ -384,7 +401,7 @@ class _LayerOps:
         ops.append(self._gemm("linear_proj", t, self.hq * d, h))
         ops.append(_Cut("ao" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_attn")))
         ops += self._residual(backward=False)
-        ops.append(memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
+        ops.append(norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
         ops.append(self._gemm("linear_fc1", t, h, fc1_n))
         ops += self._activation(backward=False)
@@ -399,12 +416,12 @@ class _LayerOps:
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
-        ops: list[ComputeOp | _Cut] = [memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h)]
+        ops: list[ComputeOp | _Cut] = [norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h)]
         ops += self._gemm_bwd("linear_fc2", t, self.ffn, h)
         ops += self._activation(backward=True)
         ops += self._gemm_bwd("linear_fc1", t, h, fc1_n)
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad")))
-        ops.append(memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
+        ops.append(norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
         ops += self._residual(backward=True)
         ops += self._gemm_bwd("linear_proj", t, self.hq * d, h)
         if self.cp > 1:
@@ -417,7 +434,7 @@ class _LayerOps:
         if m.rope:
             ops.append(memory_op("rope_bwd", 2 * eb * qk_elems, flops=3.0 * qk_elems))
         if m.qk_norm:
-            ops.append(memory_op("qk_norm_bwd", 3 * eb * qk_elems, flops=8.0 * qk_elems))
+            ops.append(norm_op("qk_norm_bwd", 3 * eb * qk_elems, flops=8.0 * qk_elems))
         ops += self._gemm_bwd("linear_qkv", t, h, qkv_n)
         ops.append(_Cut("qkv" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_qkv_dgrad")))
         return ops
@@ -527,18 +544,18 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
         if direction == "forward":
             ops = [memory_op("embedding", 3 * eb * t * h)]
             if m.embedding_norm:  # after the embedding's all-reduce in Megatron-LM; same work
-                ops.append(memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
+                ops.append(norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
             segs.append(Segment(label_slots(ops),
                                 tp_all_reduce("tp_allreduce_embedding", eb * t * h)))
         else:
             ops = [memory_op("embedding_bwd", 3 * eb * t * h)]
             if m.embedding_norm:
-                ops.insert(0, memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
+                ops.insert(0, norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
             segs.append(Segment(label_slots(ops), None))
     if stage == p.pp - 1:
         if direction == "forward":
             ops = [
-                memory_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+                norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
                 gemm_op("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
                 memory_op("cross_entropy", (eb + 4 + 4) * t * v, flops=5.0 * t * v),
             ]
@@ -547,7 +564,7 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
             ops = [
                 memory_op("cross_entropy_bwd", (4 + eb) * t * v, flops=3.0 * t * v),
                 *_gemm_bwd("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
-                memory_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h),
+                norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h),
             ]
             ar = tp_all_reduce("tp_allreduce_output_dgrad", eb * t * h)
         segs.append(Segment(label_slots(ops), ar))

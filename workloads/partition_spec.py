@@ -16,24 +16,39 @@ Spec format (JSON)::
      "ops": ["bias_dropout_add", "layernorm", "qkv_linear", "qkv_split", "rope",
              "flash_attention", "out_proj_linear"],
      "comm": {"kind": "all_reduce", "group_size": 2, "bytes": 33554432, "library": "msccl++"},
+     "fuse_ops": false,
      "description", "window", "energy": free text}
+
+**Windows count the fuser's basic ops, not the spec's op names.** The Kareus fuser
+(``AttentionFuser`` in the artifact) flattens each of Transformer Engine's fused operations into
+its basic operations and numbers the windows over those; a ``Linear`` is two, its GEMM
+(``BasicLinear``) and its ``Bias``. With ``fuse_ops`` false (the artifact's harness builds
+``AttentionFuser(..., fuse_ops=False)``, and it is the default here) the bias is a kernel of its
+own where it is applied (the QKV projection), and launches nothing where it is returned for a
+later fusion (the output projection, ``return_bias=True``: Megatron-LM adds it in the next
+bias-dropout-add), so the partition above runs eight kernels: BDA, LayerNorm, QKV GEMM, QKV bias,
+QKV split, RoPE, attention, output GEMM, and window index 6 is the attention. With ``fuse_ops``
+true the bias rides in the GEMM's epilogue and each linear is one op.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from kareus.graph import Collective, CommOp, ComputeOp, Partition
 from workloads.errors import WorkloadError
-from workloads.graph_builder import attention_op, gemm_op, label_slots, memory_op
+from workloads.graph_builder import (attention_op, dropout_op, gemm_op, label_slots, memory_op,
+                                     norm_op)
 
 #: Bytes per element of each supported dtype.
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 _TOP = {"description", "model", "tp", "batch_size", "nanobatch_size", "seq_len", "dtype", "ops",
-        "comm", "window", "energy"}
+        "comm", "fuse_ops", "window", "energy"}
 _REQUIRED = {"model", "tp", "batch_size", "nanobatch_size", "seq_len", "dtype", "ops", "comm"}
 _MODEL = {"hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
           "attention", "position_embedding", "norm", "head_dim"}
@@ -64,9 +79,12 @@ class PartitionSpec:
         batch, nanobatch: Micro-batch and nanobatch sizes (sequences).
         seq: Sequence length (tokens).
         dtype: ``fp16``, ``bf16`` or ``fp32``.
-        ops: Compute op names in program order.
+        ops: Compute op names in program order (each one or more kernels, see
+            :meth:`partition`).
         comm_kind, comm_group, comm_bytes: The overlapped collective (bytes per GPU).
         causal: Causal attention.
+        fuse_ops: The fuser fuses each linear's bias into its GEMM (otherwise the bias is a basic
+            op of its own and the window indices count it).
         sha256: Hash of the spec's canonical JSON without its free-text fields (ties a
             calibration to the partition it measured, whatever its description says).
     """
@@ -86,6 +104,7 @@ class PartitionSpec:
     comm_bytes: int
     causal: bool
     sha256: str
+    fuse_ops: bool = False
 
     @staticmethod
     def load(path: str | Path) -> "PartitionSpec":
@@ -168,6 +187,9 @@ class PartitionSpec:
                 raise _bad(path, f"comm.bytes {nbytes} does not match the other nanobatch's "
                                  f"activation: {nano} x {seq} x {hidden} x "
                                  f"{DTYPE_BYTES[dtype]} B = {expect}")
+        fuse_ops = raw.get("fuse_ops", False)
+        if not isinstance(fuse_ops, bool):
+            raise _bad(path, f"fuse_ops must be true or false, got {fuse_ops!r}")
         canon = json.dumps({k: v for k, v in raw.items() if k not in _FREE_TEXT},
                            sort_keys=True, separators=(",", ":"))
         return PartitionSpec(
@@ -175,7 +197,7 @@ class PartitionSpec:
             nanobatch=nano, seq=seq, dtype=dtype, ops=tuple(ops), comm_kind=kind,
             comm_group=group, comm_bytes=nbytes,
             causal=model.get("attention", "causal") == "causal",
-            sha256=hashlib.sha256(canon.encode()).hexdigest())
+            sha256=hashlib.sha256(canon.encode()).hexdigest(), fuse_ops=fuse_ops)
 
     @property
     def tokens(self) -> int:
@@ -183,9 +205,10 @@ class PartitionSpec:
         return self.nanobatch * self.seq
 
     def partition(self) -> Partition:
-        """The partition the simulator runs: the ops of one nanobatch, the collective of the
-        other."""
-        ops = [_OP_BUILDERS[name](self) for name in self.ops]
+        """The partition the simulator runs: the kernels of one nanobatch, in the order and
+        numbering of the fuser's basic ops (see the module docstring), and the collective of the
+        other nanobatch."""
+        ops = [op for name in self.ops for op in _OP_BUILDERS[name](self)]
         comm = CommOp(f"tp_{self.comm_kind}", self.comm_kind, float(self.comm_bytes),
                       self.comm_group, intra_node=True)
         return Partition(key="spec/0", compute=label_slots(ops), comm=comm)
@@ -201,25 +224,50 @@ def _attention(s: PartitionSpec) -> ComputeOp:
                         causal=s.causal, elem_bytes=DTYPE_BYTES[s.dtype])
 
 
-_OP_BUILDERS = {
-    # residual + bias + dropout: read input and residual, write output (+ a 1-byte dropout mask)
-    "bias_dropout_add": lambda s: memory_op(
-        "bda", (3 * DTYPE_BYTES[s.dtype] + 1) * s.tokens * s.hidden, 2.0 * s.tokens * s.hidden),
-    "layernorm": lambda s: memory_op("norm", 2 * DTYPE_BYTES[s.dtype] * s.tokens * s.hidden,
-                                     5.0 * s.tokens * s.hidden),
-    "rmsnorm": lambda s: memory_op("norm", 2 * DTYPE_BYTES[s.dtype] * s.tokens * s.hidden,
-                                   4.0 * s.tokens * s.hidden),
-    "qkv_linear": lambda s: gemm_op("linear_qkv", s.tokens, s.hidden, _qkv_width(s),
-                                    DTYPE_BYTES[s.dtype]),
+def _linear(name: str, shape: Callable[[PartitionSpec], tuple[int, int, int]],
+            bias: Literal["applied", "returned"]) -> "OpBuilder":
+    """A Transformer Engine ``Linear`` of ``shape(spec) = (M, K, N)``: its GEMM, then its bias as
+    the fuser runs it: ``"applied"`` adds it in a kernel of its own (reading and writing the
+    output) unless ``fuse_ops``, when the GEMM's epilogue adds it; ``"returned"`` hands it on and
+    launches nothing."""
+    def build(s: PartitionSpec) -> tuple[ComputeOp, ...]:
+        eb = DTYPE_BYTES[s.dtype]
+        m, k, n = shape(s)
+        gemm = gemm_op(name, m, k, n, eb)
+        if bias == "returned" or s.fuse_ops:
+            return (gemm,)
+        return gemm, memory_op(name + "_bias", 2 * eb * m * n, float(m * n))
+    return build
+
+
+OpBuilder = Callable[[PartitionSpec], tuple[ComputeOp, ...]]
+
+
+def _one(build: Callable[[PartitionSpec], ComputeOp]) -> OpBuilder:
+    return lambda s: (build(s),)
+
+
+_OP_BUILDERS: dict[str, OpBuilder] = {
+    # residual + bias + dropout: read input and residual, write output (+ a 1-byte dropout mask);
+    # the mask is drawn by ``aten.native_dropout`` (PyTorch's fused dropout kernel, whose grid
+    # fills the GPU once)
+    "bias_dropout_add": _one(lambda s: dropout_op(
+        "bda", (3 * DTYPE_BYTES[s.dtype] + 1) * s.tokens * s.hidden, 2.0 * s.tokens * s.hidden)),
+    "layernorm": _one(lambda s: norm_op("norm", 2 * DTYPE_BYTES[s.dtype] * s.tokens * s.hidden,
+                                        5.0 * s.tokens * s.hidden)),
+    "rmsnorm": _one(lambda s: norm_op("norm", 2 * DTYPE_BYTES[s.dtype] * s.tokens * s.hidden,
+                                      4.0 * s.tokens * s.hidden)),
+    "qkv_linear": _linear("linear_qkv", lambda s: (s.tokens, s.hidden, _qkv_width(s)), "applied"),
     # split the fused QKV output into contiguous Q, K, V (read and write each once)
-    "qkv_split": lambda s: memory_op("qkv_split", 2 * DTYPE_BYTES[s.dtype] * s.tokens
-                                     * _qkv_width(s)),
-    "rope": lambda s: memory_op(
+    "qkv_split": _one(lambda s: memory_op("qkv_split", 2 * DTYPE_BYTES[s.dtype] * s.tokens
+                                          * _qkv_width(s))),
+    "rope": _one(lambda s: memory_op(
         "rope", 2 * DTYPE_BYTES[s.dtype] * s.tokens * (s.heads + s.kv_heads) // s.tp
-        * s.head_dim, 3.0 * s.tokens * (s.heads + s.kv_heads) // s.tp * s.head_dim),
-    "flash_attention": _attention,
-    "out_proj_linear": lambda s: gemm_op("linear_proj", s.tokens, s.heads // s.tp * s.head_dim,
-                                         s.hidden, DTYPE_BYTES[s.dtype]),
+        * s.head_dim, 3.0 * s.tokens * (s.heads + s.kv_heads) // s.tp * s.head_dim)),
+    "flash_attention": _one(_attention),
+    "out_proj_linear": _linear("linear_proj",
+                               lambda s: (s.tokens, s.heads // s.tp * s.head_dim, s.hidden),
+                               "returned"),
 }
 
 #: Op names a spec may use.

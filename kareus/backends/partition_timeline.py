@@ -24,6 +24,10 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
   mid-kernel loses ``partial_wave_loss`` of one of its waves (``wave_s``): its tiles run in
   lockstep waves, which go out of step, and the last one ends ragged. (Causal attention's tiles
   differ in work, so its blocks already end at scattered times: it has no ``wave_s``.)
+- A kernel whose grid fills the GPU once (``resident_grid``: Transformer Engine's norms,
+  PyTorch's dropout) holds every SM from its start: a collective launched while it runs starts
+  when it ends. Beside a collective that was already running when it started, it takes its
+  ``t_beside`` (the blocks that found no SM run in a second round).
 
 Everything is vectorised over a grid of configurations (any common array shape): each op and the
 collective carry per-configuration arrays; the loop runs over the partition's ops only.
@@ -56,6 +60,7 @@ class TimelineOp:
         t_beside: Time of the op beside the collective (s); needed when the partition has one.
         p_beside: Combined dynamic power of the op and the collective beside it (W).
         rate_beside: The collective's throughput beside the op (bus B/s).
+        resident_grid: The op's grid fills the GPU once (see the module docstring).
     """
 
     t_alone: PerConfig
@@ -65,6 +70,7 @@ class TimelineOp:
     t_beside: PerConfig | None = None
     p_beside: PerConfig | None = None
     rate_beside: PerConfig | None = None
+    resident_grid: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,9 @@ def partition_timeline(ops: Sequence[TimelineOp], comm: TimelineCollective | Non
         begin = np.maximum(host, gpu)
         host = host + np.where(start == i + 1, launch_s, 0.0)
         t_a, p_a = op.t_alone, op.p_alone
+        if op.resident_grid:  # launched while the op holds every SM: it starts when the op ends
+            launch_at = np.where(~started & (launch_at > begin) & (launch_at < begin + t_a),
+                                 begin + t_a, launch_at)
         # The collective starts before this op ends (in the idle gap before it, or during it).
         joins = ~started & (launch_at < begin + t_a)
         if joins.any():

@@ -437,18 +437,35 @@ class SimulatorBackend:
     def _overlapped(self, op: ComputeOp, comm: CommOp, ks: tuple[int, ...], threads: int
                     ) -> tuple[_Phase, NDArray]:
         """``op`` on the SMs the collective leaves, beside ``comm``, shape (K, G): the compute
-        time, the combined dynamic power, and the collective's throughput meanwhile."""
+        time, the combined dynamic power, and the collective's throughput meanwhile.
+
+        Beside a GEMM or attention kernel a tuned collective moves at most
+        ``tuned_link_fraction_beside_compute`` of its link: its remote loads are served by the
+        peer GPU's memory system, which the peer's own compute keeps busy. A kernel whose grid
+        fills the GPU once (:attr:`ComputeOp.resident_grid`) runs in two rounds: its blocks on
+        the SMs the collective left, then, with the same work each, the blocks that found no SM.
+        """
         table, key = self._tables.overlapped, (op, comm, ks, threads)
         if key not in table:
             g = self.gpu
             k = self._comm_sms(ks)
             kk = np.asarray(ks, dtype=np.float64)[:, None]
+            library = kk == LIBRARY_DEFAULT
             rate, p_comm = self._comm_uncapped(comm, ks, threads)  # cached: shared by every op
-            rate = rate * np.where(kk == LIBRARY_DEFAULT, g.library_rate_beside,
-                                   _RATE_BESIDE[op.kind](g))
+            rate = rate * np.where(library, g.library_rate_beside, _RATE_BESIDE[op.kind](g))
+            if op.kind != "memory":
+                cap = g.tuned_link_fraction_beside_compute * self.link_bw(comm)
+                rate = np.where(library, rate, np.minimum(rate, cap))
             hbm_share = g.comm_hbm_factor * rate / g.hbm_bw  # of the peak: kernels leave headroom
             contention = _SLOWDOWN_BESIDE[op.kind](g) * k / g.sms
             t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention, beside=True)
+            if op.resident_grid:
+                left = (g.sms - k) / g.sms  # the first round's share of the blocks
+                t2, p2 = self._compute_raw(op, k, hbm_share, contention, beside=True)
+                t1 = (t - g.kernel_overhead_s) * left
+                t2 = (t2 - g.kernel_overhead_s) * (1.0 - left)
+                t = t1 + t2 + g.kernel_overhead_s
+                p_comp = (p_comp * t1 + p2 * t2) / (t1 + t2)
             t, p, rate = self._throttled(t, p_comp + p_comm, rate)
             table[key] = (_Phase(t, p), rate)
         return table[key]
@@ -520,7 +537,8 @@ class SimulatorBackend:
             else:
                 ov, rate_ov = self._overlapped(op, partition.comm, ks, threads)
                 ops.append(TimelineOp(per_clock(a.time), per_clock(a.power), host, wave_s,
-                                      grid(ov.time), grid(ov.power), grid(rate_ov)))
+                                      grid(ov.time), grid(ov.power), grid(rate_ov),
+                                      resident_grid=op.resident_grid))
         comm = None
         if partition.comm is not None:
             ph, rate = self._comm_alone(partition.comm, ks, threads)

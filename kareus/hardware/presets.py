@@ -82,6 +82,9 @@ class GPUPreset:
             ``(threads / comm_block_default) ** this`` (memory-level parallelism per SM).
         tuned_link_fraction: Fraction of the link's bandwidth (per direction) that the tuned
             collective's link path reaches.
+        tuned_link_fraction_beside_compute: The most a tuned collective moves beside a GEMM or
+            attention kernel, as a fraction of the link: its remote loads are served by the peer
+            GPU's memory system, which the peer's own compute keeps busy.
         tuned_pipelining: How the two limits of a tuned collective combine, the exponent ``p``
             of the soft minimum ``rate = ((SMs · per-SM rate)^-p + (link path)^-p)^(-1/p)``.
             ``p = 1`` is store-and-forward (the SMs' time and the link's add: no overlap between
@@ -169,6 +172,7 @@ class GPUPreset:
     tuned_bw_per_sm_mhz: float
     tuned_block_exponent: float
     tuned_link_fraction: float
+    tuned_link_fraction_beside_compute: float
     tuned_pipelining: float
     comm_block_default: int
     comm_max_sms: int
@@ -273,7 +277,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                           "network_hop_latency_s", "link_efficiency", "comm_bw_per_sm_mhz",
                           "comm_default_sms", "comm_max_sms", "comm_latency_s", "comm_hbm_factor",
                           "comm_launch_s", "comm_block_default", "tuned_bw_per_sm_mhz",
-                          "tuned_block_exponent", "tuned_link_fraction", "tuned_pipelining",
+                          "tuned_block_exponent", "tuned_link_fraction",
+                          "tuned_link_fraction_beside_compute", "tuned_pipelining",
                           "library_rate_beside"),
     "overlap": ("comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
                 "overlap_slowdown_memory", "overlap_slowdown_gemm", "overlap_slowdown_attention",
