@@ -183,7 +183,7 @@ def test_fit_recovers_a_law_it_can_express(tmp_path, spec, a100_40):
     carries to another clock without refitting."""
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, ROWS, scale=1.08)
-    sweep = load_sweep(path, 7, a100_40.comm_max_sms)
+    sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
     cal = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, holdout=False)
     assert cal.fit["time_mape_pct"] < 1.5 and cal.fit["energy_mape_pct"] < 3.0
     assert cal.fit["measured_best_predicted_rank"] <= 3
@@ -308,7 +308,8 @@ def test_calibrate_command_writes_the_fit_atomically(tmp_path, spec, spec_file, 
     rep = json.loads(out)
     assert rep["fit"]["time_mape_pct"] < 2.0 and "holdout" in rep["fit"]
     assert fig.stat().st_size > 0
-    cal = PartitionCalibration.load(out_file, "a100-sxm4-40gb", spec.sha256, 7)
+    cal = PartitionCalibration.load(out_file, "a100-sxm4-40gb", spec.sha256,
+                                    len(spec.partition().compute))
     assert set(cal.law) >= {"tuned_bw_per_sm_mhz", "tuned_pipelining", "comm_launch_s",
                             "activity_comm"}
     # the text report says where the measured best ranks and what the predicted best measures
@@ -413,9 +414,18 @@ def test_a_refit_does_not_start_from_the_previous_fit(tmp_path, spec, a100_40):
     already carries a fit (``cal.apply``) lands exactly where the first fit did."""
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, ROWS, scale=1.08)
-    sweep = load_sweep(path, 7, a100_40.comm_max_sms)
+    sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
     first = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, holdout=False)
     again = fit_partition(spec.partition(), sweep, first.apply(a100_40), spec.sha256,
                           holdout=False)
     assert again.law == first.law
     assert again.op_work == first.op_work and again.op_host == first.op_host
+
+
+def test_ops_after_every_wait_keep_their_counted_work():
+    # the sweep's windows end at op 6 at the latest, so op 7 (the output projection) runs after
+    # the compute stream's wait everywhere: the fit holds its work factor at 1
+    from kareus.backends.partition_calibration import _never_overlapped
+    cfg = _configs([(-1, -1, 4, 1024), (0, 6, 4, 1024), (2, 5, 9, 512)])
+    assert _never_overlapped(cfg, 8).tolist() == [False] * 7 + [True]
+    assert not _never_overlapped(_configs([(0, 7, 4, 1024)]), 8).any()
