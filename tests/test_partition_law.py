@@ -163,7 +163,8 @@ ROWS = [(-1, -1, k, b) for k in (1, 2, 4, 8, 16) for b in (512, 1024)] + \
     (lambda df: pd.concat([df, df.iloc[[3]]]), "duplicate configuration"),
     (lambda df: df.assign(overlap_start=df.overlap_start.where(df.index != 12, 5),
                           overlap_end=df.overlap_end.where(df.index != 12, 4)), "window"),
-    (lambda df: df.assign(overlap_end=df.overlap_end.where(df.index != 12, 7)), "outside"),
+    # the partition has 8 kernels (indices 0-7)
+    (lambda df: df.assign(overlap_end=df.overlap_end.where(df.index != 12, 8)), "outside"),
     (lambda df: df.assign(overlap_end=df.overlap_end.where(df.index != 0, 3)), "window"),
     (lambda df: df.assign(comm_sm_number=df.comm_sm_number.where(df.index != 1, 0)), "1..32"),
     (lambda df: df.assign(comm_sm_number=df.comm_sm_number.where(df.index != 1, 33)), "1..32"),
@@ -174,7 +175,7 @@ def test_bad_sweeps_are_refused(tmp_path, spec, a100_40, mutate, fragment):
     bad = tmp_path / "bad.csv"
     mutate(pd.read_csv(good)).to_csv(bad, index=False)
     with pytest.raises(SweepError, match=fragment):
-        load_sweep(bad, 7, a100_40.comm_max_sms)
+        load_sweep(bad, len(spec.partition().compute), a100_40.comm_max_sms)
 
 
 @pytest.mark.slow
@@ -429,3 +430,19 @@ def test_ops_after_every_wait_keep_their_counted_work():
     cfg = _configs([(-1, -1, 4, 1024), (0, 6, 4, 1024), (2, 5, 9, 512)])
     assert _never_overlapped(cfg, 8).tolist() == [False] * 7 + [True]
     assert not _never_overlapped(_configs([(0, 7, 4, 1024)]), 8).any()
+
+
+def test_factors_for_another_numbering_are_refused(spec, a100_40):
+    # factors fitted when the spec's linears were one op each (7) do not fit its 8 kernels
+    from kareus.backends.partition_calibration import predict, scaled_partition
+    part = spec.partition()
+    with pytest.raises(InputError, match="7 per-op work factors for a partition of 8 kernels"):
+        scaled_partition(part, np.ones(7))
+    with pytest.raises(InputError, match="per-op host factors"):
+        predict(part, _configs([(0, 6, 4, 1024)]), a100_40, None, np.ones(8), np.ones(7))
+
+
+def test_writing_fuse_ops_false_keeps_the_specs_hash():
+    assert PartitionSpec.from_dict({**SPEC, "fuse_ops": False}).sha256 == \
+        PartitionSpec.from_dict(SPEC).sha256 != PartitionSpec.from_dict(
+            {**SPEC, "fuse_ops": True}).sha256

@@ -443,7 +443,7 @@ class _LayerOps:
 _SLOT_KIND = {
     "bda": "bda", "bda_bwd": "bda", "norm": "norm", "norm_bwd": "norm", "rope": "rope",
     "rope_bwd": "rope", "qk_norm": "qknorm", "qk_norm_bwd": "qknorm", "attention": "attn",
-    "flash_attention": "attn", "qkv_split": "split",
+    "flash_attention": "attn", "qkv_split": "split", "linear_qkv_bias": "bias",
     "attention_bwd": "attn", "activation": "activation", "activation_bwd": "activation",
     "attention_softmax": "softmax", "attention_softmax_bwd": "softmax",
     "attention_dropout": "dropout", "attention_dropout_bwd": "dropout",

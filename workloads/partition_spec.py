@@ -190,7 +190,9 @@ class PartitionSpec:
         fuse_ops = raw.get("fuse_ops", False)
         if not isinstance(fuse_ops, bool):
             raise _bad(path, f"fuse_ops must be true or false, got {fuse_ops!r}")
-        canon = json.dumps({k: v for k, v in raw.items() if k not in _FREE_TEXT},
+        # ``fuse_ops`` at its default is left out, so writing it or not gives the same hash
+        canon = json.dumps({k: v for k, v in raw.items()
+                            if k not in _FREE_TEXT and not (k == "fuse_ops" and v is False)},
                            sort_keys=True, separators=(",", ":"))
         return PartitionSpec(
             hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim, tp=tp, batch=batch,

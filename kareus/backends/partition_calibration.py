@@ -129,12 +129,22 @@ def _decode(kind: str, x: float) -> float:
     return float(x)
 
 
+def _check_factors(partition: Partition, factors: NDArray[np.float64] | None, what: str) -> None:
+    """Refuse per-op factors made for another numbering of the partition's kernels (a fit made
+    before the spec's linears became two basic ops, say) in one line."""
+    if factors is not None and len(factors) != len(partition.compute):
+        raise InputError(f"{len(factors)} per-op {what} factors for a partition of "
+                         f"{len(partition.compute)} kernels: refit them for this partition "
+                         "(`kareus calibrate --partition-sweep`)")
+
+
 def scaled_partition(partition: Partition, work: NDArray[np.float64] | None) -> Partition:
     """``partition`` with op ``i`` doing ``work[i]`` times its counted FLOPs and bytes."""
     if work is None:
         return partition
+    _check_factors(partition, work, "work")
     ops = tuple(replace(op, flops=op.flops * w, bytes=op.bytes * w)
-                for op, w in zip(partition.compute, work))
+                for op, w in zip(partition.compute, work, strict=True))
     return replace(partition, compute=ops)
 
 
@@ -156,6 +166,7 @@ def predict(partition: Partition, configs: PartitionConfigs, gpu: GPUPreset,
     lo = gpu.clock_min_mhz + np.floor((lo - gpu.clock_min_mhz) / gpu.clock_step_mhz) \
         * gpu.clock_step_mhz
     sim = SimulatorBackend(gpu.with_overrides(clock_min_mhz=lo))
+    _check_factors(partition, host, "host")
     part = scaled_partition(partition, work)
     time = np.zeros(len(configs))
     dyn = np.zeros(len(configs))
@@ -183,9 +194,11 @@ class PartitionCalibration:
         spec_sha256: Hash of the spec the sweep measured.
         clock_mhz: Clock of the sweep (``None``: the default, unlocked clock).
         law: Fitted preset parameters (see the module docstring).
-        op_work: Work factor of each op of the spec (its FLOPs and bytes are that many times
-            what the spec's shapes count).
-        op_host: Host-issue factor of each op of the spec (times its class's host time).
+        op_work: Work factor of each kernel of the spec's partition (``spec.partition()``, the
+            fuser's basic ops; its FLOPs and bytes are that many times what the spec's shapes
+            count).
+        op_host: Host-issue factor of each kernel of that partition (times its class's host
+            time).
         fit: Fit and hold-out errors.
     """
 

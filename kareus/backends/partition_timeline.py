@@ -8,7 +8,7 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
   GPU starts op ``i`` when it has been issued *and* op ``i - 1`` is done.
 - The **collective** (the other nanobatch's communication, whose input is ready) is launched by the
   host just before it issues op ``s`` (``launch_s`` of host time), and runs on a side stream from
-  then on, whatever the compute stream is doing.
+  then on, whatever the compute stream is doing (unless a kernel holds every SM, below).
 - The **compute stream waits** for the collective right after op ``e``: op ``e + 1`` cannot start
   before the collective is done.
 - Window ``(-1, -1)``: the collective runs alone before op 0 (no overlap).
@@ -27,7 +27,9 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
 - A kernel whose grid fills the GPU once (``resident_grid``: Transformer Engine's norms,
   PyTorch's dropout) holds every SM from its start: a collective launched while it runs starts
   when it ends. Beside a collective that was already running when it started, it takes its
-  ``t_beside`` (the blocks that found no SM run in a second round).
+  ``t_beside`` (the blocks that found no SM run in a second round); if the collective ends inside
+  it, the rest runs at its ``t_alone`` pace, as for any op (an approximation: the first round,
+  on more SMs, does more than its share of the work per second).
 
 Everything is vectorised over a grid of configurations (any common array shape): each op and the
 collective carry per-configuration arrays; the loop runs over the partition's ops only.

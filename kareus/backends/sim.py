@@ -465,7 +465,9 @@ class SimulatorBackend:
                 t1 = (t - g.kernel_overhead_s) * left
                 t2 = (t2 - g.kernel_overhead_s) * (1.0 - left)
                 t = t1 + t2 + g.kernel_overhead_s
-                p_comp = (p_comp * t1 + p2 * t2) / (t1 + t2)
+                span = t1 + t2
+                p_comp = np.divide(p_comp * t1 + p2 * t2, span, out=np.broadcast_to(
+                    p_comp, span.shape).copy(), where=span > 0)
             t, p, rate = self._throttled(t, p_comp + p_comm, rate)
             table[key] = (_Phase(t, p), rate)
         return table[key]

@@ -243,8 +243,9 @@ class PartitionOpFactors:
     the simulator's FLOP and byte counts (see :mod:`kareus.backends.partition_calibration`).
 
     Attributes:
-        op_work: Work factor of each op of the spec, in program order (its FLOPs and bytes are
-            that many times what the spec's shapes count).
+        op_work: Work factor of each kernel of the spec's partition (``spec.partition()``: the
+            fuser's basic ops), in program order (its FLOPs and bytes are that many times what
+            the spec's shapes count).
         op_host: Host-issue factor of each op (times its class's host issue time).
         source: Where the factors come from.
     """
