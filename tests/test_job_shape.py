@@ -121,6 +121,27 @@ def test_unfused_attention_materialises_the_scores():
     assert flash.model_flops == unfused.model_flops
 
 
+def test_megatron_softmax_falls_back_to_pytorch_where_its_fused_kernel_cannot_run():
+    """Megatron-LM's fused causal softmax needs b x local heads to be a multiple of 4 (and half
+    precision); otherwise its four PyTorch kernels run, forward and backward."""
+    from workloads.graph_builder import megatron_fused_softmax
+
+    assert megatron_fused_softmax(2, 2, 1024, 1024, "fp16")
+    assert not megatron_fused_softmax(1, 2, 1024, 1024, "fp16")  # 16 heads over TP8, mbs 1
+    assert not megatron_fused_softmax(4, 4, 1024, 1024, "tf32")  # not half precision
+    assert not megatron_fused_softmax(4, 4, 8192, 8192, "bf16")  # too many keys
+    assert not megatron_fused_softmax(2, 2, 64, 64, "fp16")  # 4 batches, 8 to a block
+    job = dict(tp=8, pp=1, microbatches=2, seq=1024, attention="unfused")
+    fused, fallback = (make_workload("gpt3-xl", mbs=mbs, **job) for mbs in (4, 1))
+    for key in ((0, "forward"), (0, "backward")):
+        f_names = [op.name for op in _kernels(fused, key)]
+        names = [op.name for op in _kernels(fallback, key)]
+        softmax = [n for n in names if n.startswith(("attention_softmax", "attention_mask"))]
+        assert len(softmax) == 4 * len([n for n in f_names if n.startswith("attention_softmax")])
+    eager = make_workload("gpt3-xl", mbs=1, elementwise="eager", **job)  # Hugging Face's own
+    assert not any(op.name.startswith("attention_softmax_cast") for op in _kernels(eager))
+
+
 def _kernels(w, key=(0, "forward")):
     ig = build_iteration_graph(w).instruction_graphs[key]
     return [op for seg in ig.sequential for op in seg.compute]

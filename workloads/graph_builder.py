@@ -122,8 +122,41 @@ def attention_op(name: str, b: int, hq: int, hkv: int, d: int, s_q: int, s_kv: i
                      precision=precision)
 
 
+def megatron_fused_softmax(b: int, hq: int, s_q: int, s_kv: int, precision: str) -> bool:
+    """Whether Megatron-LM's fused causal scale-mask-softmax kernel runs for a ``[b, hq, s_q,
+    s_kv]`` score tensor (``FusedScaleMaskSoftmax.is_kernel_available``): half-precision input,
+    ``16 < s_kv <= 4096``, ``s_q`` and ``s_kv`` multiples of 4, and ``b · hq`` (the attention
+    batches) a multiple of 4 and of the kernel's batches per block (four 32-wide warps of 128
+    threads, two rows per warp up to 128 keys). Otherwise Megatron-LM falls back to PyTorch's
+    kernels (:func:`torch_softmax_ops`). ``hq``: the heads on this GPU."""
+    if precision not in ("fp16", "bf16") or not 16 < s_kv <= 4096 or s_q % 4 or s_kv % 4:
+        return False
+    pow2 = 1 << math.ceil(math.log2(s_kv))
+    batch_per_block = (128 // min(pow2, 32)) * (2 if pow2 <= 128 else 1)
+    return (b * hq) % 4 == 0 and (b * hq) % batch_per_block == 0
+
+
+def torch_softmax_ops(n: int, elem_bytes: int, backward: bool) -> list[ComputeOp]:
+    """Megatron-LM's softmax when its fused kernel cannot run (``forward_torch_softmax``, the
+    softmax in fp32 as Megatron-LM's default ``attention_softmax_in_fp32`` asks): the ``n``
+    scores cast to fp32, the causal mask filled in, ``torch.softmax``, and the cast back; the
+    backward is autograd's four kernels of the same passes. Bytes are HBM bytes read plus
+    written (the boolean mask, ``s_q x s_kv`` bytes broadcast over the batches, stays in L2)."""
+    e = elem_bytes
+    if backward:
+        return [memory_op("attention_softmax_uncast_bwd", (e + 4) * n),
+                memory_op("attention_softmax_bwd", 12 * n, flops=3.0 * n),
+                memory_op("attention_mask_bwd", 8 * n),
+                memory_op("attention_softmax_cast_bwd", (4 + e) * n)]
+    return [memory_op("attention_softmax_cast", (e + 4) * n),
+            memory_op("attention_mask", 8 * n, flops=1.0 * n),
+            memory_op("attention_softmax", 8 * n, flops=5.0 * n),
+            memory_op("attention_softmax_uncast", (4 + e) * n)]
+
+
 def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_bytes: int,
-                          precision: str, backward: bool) -> list[ComputeOp]:
+                          precision: str, backward: bool, torch_softmax: bool = False
+                          ) -> list[ComputeOp]:
     """Megatron-LM's core attention without flash attention (``CoreAttention``: ``baddbmm``,
     the fused scale-mask-softmax, dropout, ``bmm``), which materialises the ``N = b·hq·s_q·s_kv``
     score matrix and, the mask notwithstanding, computes all of it.
@@ -132,10 +165,13 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
     dropout (reads them, writes them and a one-byte mask), ``PV`` (``2·N·d`` FLOP, reads them).
     Backward: ``dP = dO·V^T`` and ``dV = P^T·dO``, dropout's and softmax's backward (each
     reading two score-sized tensors and writing one), ``dQ = dS·K`` and ``dK = dS^T·Q``. Batched
-    GEMMs tile like GEMMs (128 x 128 output tiles per (batch, head))."""
+    GEMMs tile like GEMMs (128 x 128 output tiles per (batch, head)). ``torch_softmax``: the
+    softmax is PyTorch's kernels instead (:func:`torch_softmax_ops`; see
+    :func:`megatron_fused_softmax`)."""
     n = b * hq * s_q * s_kv
     e = elem_bytes
     qkv = e * b * hq * d * (s_q + 2 * s_kv)
+    fused = not torch_softmax
 
     def bmm(name: str, rows: int, cols: int, depth: int, io_bytes: float) -> ComputeOp:
         return ComputeOp(name, "gemm", 2.0 * b * hq * rows * cols * depth, float(io_bytes),
@@ -145,7 +181,8 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
     if not backward:
         return [
             bmm("attention_scores", s_q, s_kv, d, qkv + e * n),
-            memory_op("attention_softmax", 2 * e * n, flops=5.0 * n),
+            *([memory_op("attention_softmax", 2 * e * n, flops=5.0 * n)] if fused
+              else torch_softmax_ops(n, e, backward)),
             dropout_op("attention_dropout", (2 * e + 1) * n, flops=1.0 * n),
             bmm("attention_context", s_q, d, s_kv, qkv + e * n),
         ]
@@ -153,7 +190,8 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
         bmm("attention_context_dgrad", s_q, s_kv, d, qkv + e * n),
         bmm("attention_context_wgrad", s_kv, d, s_q, qkv + e * n),
         memory_op("attention_dropout_bwd", (2 * e + 1) * n, flops=1.0 * n),
-        memory_op("attention_softmax_bwd", 3 * e * n, flops=3.0 * n),
+        *([memory_op("attention_softmax_bwd", 3 * e * n, flops=3.0 * n)] if fused
+          else torch_softmax_ops(n, e, backward)),
         bmm("attention_scores_dgrad", s_q, d, s_kv, qkv + e * n),
         bmm("attention_scores_wgrad", s_kv, d, s_q, qkv + e * n),
     ]
@@ -332,8 +370,12 @@ class _LayerOps:
         path (:func:`unfused_attention_ops`)."""
         if self.attention == "flash":
             return [self._attention("attention_bwd" if backward else "attention", backward)]
+        # Megatron-LM's own path falls back to PyTorch's softmax where its fused kernel cannot
+        # run; Hugging Face's eager attention always runs PyTorch's one softmax kernel.
+        torch_softmax = not self.eager and not megatron_fused_softmax(
+            self.b, self.hq, self.s_local, self.seq, self.precision)
         ops = unfused_attention_ops(self.b, self.hq, self.m.head_dim, self.s_local, self.seq,
-                                    self.eb, self.precision, backward)
+                                    self.eb, self.precision, backward, torch_softmax)
         if not self.eager:
             return ops
         before, inner, after = eager_attention_passes(
@@ -451,7 +493,9 @@ _SLOT_KIND = {
     "residual_add_bwd": "bda", "attention_scale": "softmax", "attention_scale_bwd": "softmax",
     "attention_mask": "softmax", "attention_mask_bwd": "softmax", "attention_merge": "split",
     "attention_merge_bwd": "split", "attention_split": "split", "attention_split_bwd": "split",
-    "attention_alibi": "softmax",
+    "attention_alibi": "softmax", "attention_softmax_cast": "softmax",
+    "attention_softmax_uncast": "softmax", "attention_softmax_cast_bwd": "softmax",
+    "attention_softmax_uncast_bwd": "softmax",
 }
 
 

@@ -661,16 +661,22 @@ class SimulatorBackend:
 
     def host_time(self, ig: InstructionGraph) -> float:
         """Host time (s) to issue one sequential instruction's ops: ``host_eager_op_s`` per
-        compute op and per collective. The host runs ahead of the GPU, so a sequential
-        instruction takes the longer of its GPU time and this (at small micro-batches the
-        kernels are shorter than their issue, and the GPU waits; Megatron-LM synchronises the
-        host with the GPU at every pipeline transfer, so no instruction inherits another's
-        head start)."""
-        def issued(segs: tuple[Segment, ...]) -> int:
-            return sum(len(seg.compute) + (seg.comm is not None and seg.comm.group > 1)
-                       for seg in segs)
+        compute op and ``host_issue_call_s`` per collective (one call into the communication
+        library, from inside the layer's autograd function: no module of its own). The host
+        runs ahead of the GPU, so a sequential instruction takes the longer of its GPU time and
+        this (at small micro-batches the kernels are shorter than their issue, and the GPU
+        waits; Megatron-LM synchronises the host with the GPU at every pipeline transfer, so no
+        instruction inherits another's head start)."""
+        def ops(segs: tuple[Segment, ...]) -> int:
+            return sum(len(seg.compute) for seg in segs)
 
-        return self.gpu.host_eager_op_s * (issued(ig.sequential) * ig.layers + issued(ig.extra))
+        def collectives(segs: tuple[Segment, ...]) -> int:
+            return sum(seg.comm is not None and seg.comm.group > 1 for seg in segs)
+
+        g = self.gpu
+        return (g.host_eager_op_s * (ops(ig.sequential) * ig.layers + ops(ig.extra))
+                + g.host_issue_call_s * (collectives(ig.sequential) * ig.layers
+                                         + collectives(ig.extra)))
 
     # ------------------------------------------------------------------ iterations
     def p2p_time(self, graph: IterationGraph) -> float:

@@ -55,9 +55,9 @@ class GPUPreset:
             ring all-reduce over ``n`` nodes takes ``2(n-1)`` steps, a tree ``2·log2(n)``, and NCCL
             takes the faster.
         host_eager_op_s: Host time the framework (eager PyTorch, Megatron-LM) spends to issue one
-            op outside partitions (s). A sequential instruction takes the longer of its GPU time
-            and its ops' host time: the host runs ahead of short kernels only as fast as it
-            issues them.
+            compute op outside partitions (s). A sequential instruction takes the longer of its
+            GPU time and its ops' host time (with ``host_issue_call_s`` per collective): the host
+            runs ahead of short kernels only as fast as it issues them.
         power_limit_w: Default board power limit; above it the card lowers its clock.
         static_power_w: Power while blocked on a point-to-point receive (the paper's static power).
         gemm_efficiency: Fraction of tensor peak a deep GEMM reaches per full wave.
@@ -105,7 +105,8 @@ class GPUPreset:
             one compute op of that class inside a synchronised partition (s); inside a partition
             the GPU waits for the host when an op is issued later than the previous op ends.
         host_issue_call_s: Host time of one framework call an op makes besides issuing its own
-            kernel (:attr:`~kareus.graph.ComputeOp.host_calls`; s).
+            kernel (:attr:`~kareus.graph.ComputeOp.host_calls`; s); outside partitions, also
+            what issuing a collective costs (one call into the communication library).
         iteration_host_fraction: The share of an op's host issue time that reaches the GPU inside
             an iteration. The partition sweep runs one partition per execution from an idle GPU
             and sees all of it; an iteration runs partitions back to back, and the fuser's
