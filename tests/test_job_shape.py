@@ -140,6 +140,8 @@ def test_megatron_softmax_falls_back_to_pytorch_where_its_fused_kernel_cannot_ru
         assert len(softmax) == 4 * len([n for n in f_names if n.startswith("attention_softmax")])
     eager = make_workload("gpt3-xl", mbs=1, elementwise="eager", **job)  # Hugging Face's own
     assert not any(op.name.startswith("attention_softmax_cast") for op in _kernels(eager))
+    fp32 = [op.name for op in _kernels(make_workload("gpt3-xl", mbs=4, precision="fp32", **job))]
+    assert "attention_mask" in fp32 and "attention_softmax_cast" not in fp32  # nothing to cast
 
 
 def _kernels(w, key=(0, "forward")):

@@ -139,19 +139,21 @@ def megatron_fused_softmax(b: int, hq: int, s_q: int, s_kv: int, precision: str)
 def torch_softmax_ops(n: int, elem_bytes: int, backward: bool) -> list[ComputeOp]:
     """Megatron-LM's softmax when its fused kernel cannot run (``forward_torch_softmax``, the
     softmax in fp32 as Megatron-LM's default ``attention_softmax_in_fp32`` asks): the ``n``
-    scores cast to fp32, the causal mask filled in, ``torch.softmax``, and the cast back; the
-    backward is autograd's four kernels of the same passes. Bytes are HBM bytes read plus
-    written (the boolean mask, ``s_q x s_kv`` bytes broadcast over the batches, stays in L2)."""
+    scores cast to fp32 (16-bit scores only), the causal mask filled in, ``torch.softmax``, and
+    the cast back; the backward is autograd's kernels of the same passes. Bytes are HBM bytes
+    read plus written (the boolean mask, ``s_q x s_kv`` bytes broadcast over the batches, stays
+    in L2)."""
     e = elem_bytes
+    cast = e < 4
     if backward:
-        return [memory_op("attention_softmax_uncast_bwd", (e + 4) * n),
+        return [*([memory_op("attention_softmax_uncast_bwd", (e + 4) * n)] if cast else []),
                 memory_op("attention_softmax_bwd", 12 * n, flops=3.0 * n),
                 memory_op("attention_mask_bwd", 8 * n),
-                memory_op("attention_softmax_cast_bwd", (4 + e) * n)]
-    return [memory_op("attention_softmax_cast", (e + 4) * n),
+                *([memory_op("attention_softmax_cast_bwd", (4 + e) * n)] if cast else [])]
+    return [*([memory_op("attention_softmax_cast", (e + 4) * n)] if cast else []),
             memory_op("attention_mask", 8 * n, flops=1.0 * n),
             memory_op("attention_softmax", 8 * n, flops=5.0 * n),
-            memory_op("attention_softmax_uncast", (4 + e) * n)]
+            *([memory_op("attention_softmax_uncast", (4 + e) * n)] if cast else [])]
 
 
 def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_bytes: int,
