@@ -141,7 +141,7 @@ def test_2_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
         pick = np.random.default_rng(s).choice(space.size, budget, replace=False)
         ev.measure(space.all_indices()[pick])
         rand.append(_hv_fraction(ev.result(), exact, total=True))
-    assert np.mean(rand) < 0.96
+    assert np.mean(rand) < 0.93
     for name in SAMPLERS:
         runs = [run(name, problem, part, space, budget, seed=s)[0] for s in seeds]
         tot = [_hv_fraction(r, exact, total=True) for r in runs]
@@ -154,9 +154,13 @@ def test_2_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
         # code and versions, gave 0.973 for seed 2), nsga2 0.993-1.0 on 7 of 8 and 0.36 on the
         # other (a genetic search either finds the valley of SM counts or does not). The test
         # runs seeds 0-2. The surrogate's worst-seed bar (0.93) only tells a search that found
-        # the front from a collapse like nsga2's 0.36.
-        assert np.median(tot) >= 0.98, (name, tot)
-        assert np.mean(tot) > np.mean(rand) + 0.02, (name, tot, rand)
+        # the front from a collapse like nsga2's 0.36. Under the partition law of 2026-12-05
+        # (the collective's SM path slowed beside memory kernels), seeds 0-7 at 2 %: nsga2
+        # 0.965, 0.976, 0.973, 1.0, 0.966, 0.975, 0.959, 0.958 (dynamic 0.979-0.994); surrogate
+        # 0.934, 0.965, 0.984, 0.994, 0.95, 1.0, 0.944, 0.974 (dynamic 0.993-0.996); random
+        # 0.835-0.922, mean 0.881; the bars below moved with them (0.98 and +0.02 before).
+        assert np.median(tot) >= 0.95, (name, tot)
+        assert np.mean(tot) > np.mean(rand) + 0.04, (name, tot, rand)
         assert np.median(dyn) >= 0.97, (name, dyn)
         if name == "surrogate":
             assert min(tot) >= 0.93, (name, tot)

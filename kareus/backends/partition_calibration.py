@@ -52,7 +52,8 @@ from kareus.progress import SILENT, Progress, ProgressTask
 
 CALIBRATION_KIND = "kareus-partition-calibration"
 #: 4: the op factors follow the fuser's basic ops (a linear's applied bias is an op of its own).
-CALIBRATION_VERSION = 4
+#: 5: ``comm_rate_beside_memory`` scales the tuned collective's SM path, not its rate.
+CALIBRATION_VERSION = 5
 
 # (preset field, transform, initial value): "log" > 0, "unit" in (0, 1), "lo..hi" bounded
 _TIME_PARAMS: tuple[tuple[str, str, float], ...] = (

@@ -66,10 +66,10 @@ _MEM_BYTES_PER_CLK_PER_SM = 64.0
 #: Smallest reduction slice a split-K GEMM gives one thread block (cuBLAS-like heuristic).
 _SPLIT_K_DEPTH = 512
 
-#: Per compute-op class: a collective's throughput beside it (relative), the op's extra slowdown
+#: Per compute-op class: a tuned collective's throughput beside it (relative; beside a memory
+#: kernel only its SM path slows, :meth:`SimulatorBackend._overlapped`), the op's extra slowdown
 #: per unit of collective SMs / SMs, and the host time to issue it inside a partition.
-_RATE_BESIDE = {"memory": lambda g: g.comm_rate_beside_memory,
-                "gemm": lambda g: g.comm_rate_beside_gemm,
+_RATE_BESIDE = {"gemm": lambda g: g.comm_rate_beside_gemm,
                 "attention": lambda g: g.comm_rate_beside_attention}
 _SLOWDOWN_BESIDE = {"memory": lambda g: g.overlap_slowdown_memory,
                     "gemm": lambda g: g.overlap_slowdown_gemm,
@@ -278,19 +278,27 @@ class SimulatorBackend:
         library = sms == LIBRARY_DEFAULT
         channels = np.where(library, g.comm_default_sms, sms)
         lib_rate = np.minimum(self.link_rate(comm), channels * g.comm_bw_per_sm_mhz * f)
-        per_sm = g.tuned_bw_per_sm_mhz * (threads / g.comm_block_default) ** g.tuned_block_exponent
-        tuned_link = g.tuned_link_fraction * link
-        # the soft minimum ((a^-q + b^-q)^(-1/q)), written as lo · (1 + (lo/hi)^q)^(-1/q) so that
-        # no power of a bandwidth under- or overflows
-        sm_path = np.maximum(sms, 1) * per_sm * f
-        lo, hi = np.minimum(sm_path, tuned_link), np.maximum(sm_path, tuned_link)
-        ratio = np.divide(lo, hi, out=np.zeros(np.broadcast(lo, hi).shape), where=hi > 0)
-        tuned_rate = lo * (1.0 + ratio ** g.tuned_pipelining) ** (-1.0 / g.tuned_pipelining)
-        rate = np.where(library, lib_rate, tuned_rate)
+        rate = np.where(library, lib_rate, self._tuned_rate(comm, sms, threads))
         activity = np.where(library, g.library_activity_comm, g.activity_comm)
         return rate, dynamic_power(g, self._sm_scale[None, :], activity * (channels / g.sms),
                                    np.minimum(1.0, g.comm_hbm_factor * rate / g.hbm_bw),
                                    np.minimum(1.0, rate / link))
+
+    def _tuned_rate(self, comm: CommOp, sms: NDArray[np.float64], threads: int,
+                    sm_share: NDArray | float = 1.0) -> NDArray:
+        """A tuned collective's throughput (bus B/s) on ``sms`` SMs (shape (K, 1)) at every grid
+        clock: the soft minimum ``(sm_path^-p + link_path^-p)^(-1/p)`` of its SM path (SMs ·
+        clock · per-SM rate, times ``sm_share``) and its link path (``tuned_link_fraction`` of
+        the link), ``p = tuned_pipelining`` (see :meth:`_comm_raw`)."""
+        g = self.gpu
+        per_sm = g.tuned_bw_per_sm_mhz * (threads / g.comm_block_default) ** g.tuned_block_exponent
+        link_path = g.tuned_link_fraction * self.link_bw(comm)
+        sm_path = np.maximum(sms, 1) * per_sm * self.grid[None, :] * sm_share
+        # written as lo · (1 + (lo/hi)^p)^(-1/p) so that no power of a bandwidth under- or
+        # overflows
+        lo, hi = np.minimum(sm_path, link_path), np.maximum(sm_path, link_path)
+        ratio = np.divide(lo, hi, out=np.zeros(np.broadcast(lo, hi).shape), where=hi > 0)
+        return lo * (1.0 + ratio ** g.tuned_pipelining) ** (-1.0 / g.tuned_pipelining)
 
     def link_bw(self, comm: CommOp) -> float:
         """Raw bandwidth per direction (B/s) of the links a collective's ring uses on one GPU:
@@ -439,7 +447,11 @@ class SimulatorBackend:
         """``op`` on the SMs the collective leaves, beside ``comm``, shape (K, G): the compute
         time, the combined dynamic power, and the collective's throughput meanwhile.
 
-        Beside a GEMM or attention kernel a tuned collective moves at most
+        Beside a memory-bound kernel a tuned collective's SM path slows to
+        ``comm_rate_beside_memory`` of itself (its latency-bound loads queue behind the kernel's
+        in the memory system) and its link path does not: on few SMs it runs at that share of its
+        speed alone, on many, where the link bounds it, nearly at its speed alone. Beside a GEMM
+        or attention kernel its throughput is ``comm_rate_beside_<class>`` of alone, and at most
         ``tuned_link_fraction_beside_compute`` of its link: its remote loads are served by the
         peer GPU's memory system, which the peer's own compute keeps busy. A kernel whose grid
         fills the GPU once (:attr:`ComputeOp.resident_grid`) runs in two rounds: its blocks on
@@ -452,10 +464,12 @@ class SimulatorBackend:
             kk = np.asarray(ks, dtype=np.float64)[:, None]
             library = kk == LIBRARY_DEFAULT
             rate, p_comm = self._comm_uncapped(comm, ks, threads)  # cached: shared by every op
-            rate = rate * np.where(library, g.library_rate_beside, _RATE_BESIDE[op.kind](g))
-            if op.kind != "memory":
+            if op.kind == "memory":
+                tuned = self._tuned_rate(comm, kk, threads, g.comm_rate_beside_memory)
+            else:
                 cap = g.tuned_link_fraction_beside_compute * self.link_bw(comm)
-                rate = np.where(library, rate, np.minimum(rate, cap))
+                tuned = np.minimum(rate * _RATE_BESIDE[op.kind](g), cap)
+            rate = np.where(library, rate * g.library_rate_beside, tuned)
             hbm_share = g.comm_hbm_factor * rate / g.hbm_bw  # of the peak: kernels leave headroom
             contention = _SLOWDOWN_BESIDE[op.kind](g) * k / g.sms
             t, p_comp = self._compute_raw(op, g.sms - k, hbm_share, contention, beside=True)

@@ -93,9 +93,12 @@ class GPUPreset:
         comm_block_default: Threads per block of a tuned collective unless a plan says otherwise.
         comm_max_sms: Most SMs (thread blocks) the collective library accepts for one kernel.
         comm_launch_s: Host time to launch a side-stream collective (s).
-        comm_rate_beside_memory, comm_rate_beside_gemm, comm_rate_beside_attention: A tuned
-            collective's throughput while a kernel of that class runs beside it, relative to
-            alone (HBM, L2 and issue contention).
+        comm_rate_beside_memory: A tuned collective's SM path (its per-SM rate) while a
+            memory-bound kernel runs beside it, relative to alone (its loads queue behind the
+            kernel's); its link path is unchanged.
+        comm_rate_beside_gemm, comm_rate_beside_attention: A tuned collective's throughput while
+            a kernel of that class runs beside it, relative to alone (HBM, L2 and issue
+            contention).
         library_rate_beside: The library collective's (NCCL's) throughput while compute runs
             beside it, relative to alone.
         overlap_slowdown_memory, overlap_slowdown_gemm, overlap_slowdown_attention: Extra
