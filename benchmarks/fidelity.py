@@ -74,9 +74,12 @@ FIT_PARAMETERS = {
     "library_activity_comm": (0.05, 2.0),
 }
 
-#: Parameters that act on nanobatched partitions only (docs/simulator.md, "The host inside an
-#: iteration"): the share of the host's issue time an iteration exposes, and the host time per
-#: framework call. They are fitted on what they change, the measured ratio of Nanobatching +
+#: Parameters of the host inside an iteration's nanobatched partitions (docs/simulator.md, "The
+#: host inside an iteration"): the share of the host's issue time an iteration exposes, and the
+#: host time per framework call (which also prices a collective's issue in a sequential
+#: instruction's host floor, so a refit here moves small-micro-batch Megatron-LM runs a little:
+#: vTrain's). On the artifact's configurations, whose sequential instructions are far from their
+#: host floor, they act on the partitions only. They are fitted on what they change, the measured ratio of Nanobatching +
 #: Perseus's fastest time to Perseus's (one per configuration), which cancels what the two methods
 #: share. On the endpoints instead, the two trade against each other along a flat valley (fits from
 #: three starts ended at 0.35 / 21 us, 0.47 / 15 us and 0.74 / 6 us within 0.2 points of MAPE).
@@ -271,7 +274,8 @@ def problems(configs: list[FrontierConfig], gpu: str, overrides: dict[str, float
 
 
 def _makes_framework_calls(configs: list[FrontierConfig], gpu: str) -> bool:
-    """Whether any op of ``configs`` makes framework host calls (``host_issue_call_s`` acts)."""
+    """Whether any op of ``configs`` makes framework host calls inside a partition (then
+    ``host_issue_call_s`` acts on the nanobatched partitions)."""
     return any(op.host_calls > 0
                for problem in problems(configs, gpu, {}).values()
                for ig in problem.graph.instruction_graphs.values()

@@ -153,14 +153,15 @@ def test_2_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
         # seeded, but their fits follow the machine's floating-point path: another machine, same
         # code and versions, gave 0.973 for seed 2), nsga2 0.993-1.0 on 7 of 8 and 0.36 on the
         # other (a genetic search either finds the valley of SM counts or does not). The test
-        # runs seeds 0-2. The surrogate's worst-seed bar (0.93) only tells a search that found
+        # runs seeds 0-2. The surrogate's worst-seed bar only tells a search that found
         # the front from a collapse like nsga2's 0.36. Under the partition law of 2026-12-05
         # (the collective's SM path slowed beside memory kernels), seeds 0-7 at 2 %: nsga2
         # 0.965, 0.976, 0.973, 1.0, 0.966, 0.975, 0.959, 0.958 (dynamic 0.979-0.994); surrogate
         # 0.934, 0.965, 0.984, 0.994, 0.95, 1.0, 0.944, 0.974 (dynamic 0.993-0.996); random
-        # 0.835-0.922, mean 0.881; the bars below moved with them (0.98 and +0.02 before).
+        # 0.835-0.922, mean 0.881; the bars below moved with them (0.98, +0.02 and, for the
+        # surrogate's worst seed, 0.93 before).
         assert np.median(tot) >= 0.95, (name, tot)
         assert np.mean(tot) > np.mean(rand) + 0.04, (name, tot, rand)
         assert np.median(dyn) >= 0.97, (name, dyn)
         if name == "surrogate":
-            assert min(tot) >= 0.93, (name, tot)
+            assert min(tot) >= 0.90, (name, tot)

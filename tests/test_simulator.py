@@ -62,6 +62,38 @@ def test_collective_speed_grows_with_sms_and_clock_until_the_link_saturates(unca
         link_time + a100.comm_latency_s)
 
 
+def test_beside_a_memory_kernel_only_the_collectives_sm_path_slows(uncapped, a100):
+    """The tuned collective's latency-bound loads queue behind a memory-bound kernel's: on one
+    SM (SM-bound) it keeps ``comm_rate_beside_memory`` of its rate alone; on many, where its link
+    path binds and that kernel does not touch the link, nearly all of it. Beside a GEMM it keeps
+    ``comm_rate_beside_gemm`` of its rate, capped at ``tuned_link_fraction_beside_compute`` of
+    the link."""
+    ks = (1, 64)
+    j = int(uncapped.clock_index(np.array([1410.0]))[0])
+    alone, _ = uncapped._comm_uncapped(AR, ks, 1024)
+    share = {op.kind: uncapped._overlapped(op, AR, ks, 1024)[1][:, j] / alone[:, j]
+             for op in (STREAM, BIG_GEMM)}
+    assert share["memory"][0] == pytest.approx(a100.comm_rate_beside_memory, rel=0.02)
+    assert a100.comm_rate_beside_memory + 0.05 < share["memory"][1] < 1.0
+    cap = a100.tuned_link_fraction_beside_compute * a100.nvlink_bw
+    gemm = np.minimum(a100.comm_rate_beside_gemm * alone[:, j], cap) / alone[:, j]
+    np.testing.assert_allclose(share["gemm"], gemm)
+
+
+def test_a_sequential_instruction_pays_an_eager_op_per_kernel_and_a_call_per_collective(
+        a100, llama_tp8):
+    """The host floor of a sequential instruction: ``host_eager_op_s`` per compute op and
+    ``host_issue_call_s`` per collective (one call into the communication library)."""
+    ig = llama_tp8.instruction_graphs[(0, "forward")]
+    segs = [(ig.sequential, ig.layers), (ig.extra, 1)]
+    ops = sum(len(seg.compute) * n for group, n in segs for seg in group)
+    colls = sum((seg.comm is not None and seg.comm.group > 1) * n for group, n in segs
+                for seg in group)
+    assert colls > 0
+    g = a100.with_overrides(host_eager_op_s=80e-6, host_issue_call_s=5e-6)
+    assert SimulatorBackend(g).host_time(ig) == pytest.approx(80e-6 * ops + 5e-6 * colls)
+
+
 def test_overlap_slows_compute_but_beats_running_in_sequence(sim):
     part = Partition("p/0", (BIG_GEMM,), AR)
     alone = sim.evaluate_partition(Partition("c/0", (BIG_GEMM,), None), np.array([1410.0]),
@@ -100,7 +132,8 @@ def test_host_issue_reaches_the_gpu_inside_partitions_only(a100):
 
 def test_the_host_costs_nanobatched_instructions_only(a100, llama_cp2):
     """Under CP2+TP4 a nanobatched instruction waits for the host (the per-op issue and the CP
-    attention's framework calls), a sequential one never does."""
+    attention's framework calls); a sequential one, far from its host floor at this micro-batch
+    (where ``host_issue_call_s`` prices only its collectives' issue), does not."""
     quiet = a100.with_overrides(iteration_host_fraction=0.05, host_issue_call_s=1e-6)
     busy = a100.with_overrides(iteration_host_fraction=1.0, host_issue_call_s=40e-6)
     key = (0, "backward")

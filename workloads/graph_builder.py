@@ -138,7 +138,9 @@ def megatron_fused_softmax(b: int, hq: int, s_q: int, s_kv: int, precision: str)
 
 def torch_softmax_ops(n: int, elem_bytes: int, backward: bool) -> list[ComputeOp]:
     """Megatron-LM's softmax when its fused kernel cannot run (``forward_torch_softmax``, the
-    softmax in fp32 as Megatron-LM's default ``attention_softmax_in_fp32`` asks): the ``n``
+    softmax in fp32 as Megatron Core's ``TransformerConfig`` defaults ask:
+    ``attention_softmax_in_fp32``, no query-key layer scaling; older Megatron-LM, whose
+    query-key layer scaling was on by default, runs a fifth, scaling pass each way): the ``n``
     scores cast to fp32 (16-bit scores only), the causal mask filled in, ``torch.softmax``, and
     the cast back; the backward is autograd's kernels of the same passes. Bytes are HBM bytes
     read plus written (the boolean mask, ``s_q x s_kv`` bytes broadcast over the batches, stays

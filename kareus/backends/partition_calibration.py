@@ -11,8 +11,9 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   the sequential window, where the collective runs alone) and its launch cost (``comm_launch_s``);
   its fixed latency (``comm_latency_s``) stays the preset's, since one message size cannot tell
   it from the link path;
-- **contention**: the collective's throughput beside each class of compute kernel
-  (``comm_rate_beside_*``), the most it moves beside a GEMM or attention kernel
+- **contention**: the collective's throughput beside a GEMM or attention kernel and its SM
+  path beside a memory-bound one (``comm_rate_beside_*``), the most it moves beside a GEMM or
+  attention kernel
   (``tuned_link_fraction_beside_compute`` of the link) and the extra slowdown of compute beside
   it (``overlap_slowdown_*``);
 - **waves**: the fraction of a wave a tiled kernel loses when the collective ends inside it
