@@ -79,10 +79,11 @@ FIT_PARAMETERS = {
 #: host time per framework call (which also prices a collective's issue in a sequential
 #: instruction's host floor, so a refit here moves small-micro-batch Megatron-LM runs a little:
 #: vTrain's). On the artifact's configurations, whose sequential instructions are far from their
-#: host floor, they act on the partitions only. They are fitted on what they change, the measured ratio of Nanobatching +
-#: Perseus's fastest time to Perseus's (one per configuration), which cancels what the two methods
-#: share. On the endpoints instead, the two trade against each other along a flat valley (fits from
-#: three starts ended at 0.35 / 21 us, 0.47 / 15 us and 0.74 / 6 us within 0.2 points of MAPE).
+#: host floor, they act on the partitions only. They are fitted on what they change, the measured
+#: ratio of Nanobatching + Perseus's fastest time to Perseus's (one per configuration), which
+#: cancels what the two methods share. On the endpoints instead, the two trade against each other
+#: along a flat valley (fits from three starts ended at 0.35 / 21 us, 0.47 / 15 us and
+#: 0.74 / 6 us within 0.2 points of MAPE).
 HOST_PARAMETERS = {
     "iteration_host_fraction": (0.05, 1.0),
     "host_issue_call_s": (1e-6, 50e-6),

@@ -175,7 +175,6 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
     n = b * hq * s_q * s_kv
     e = elem_bytes
     qkv = e * b * hq * d * (s_q + 2 * s_kv)
-    fused = not torch_softmax
 
     def bmm(name: str, rows: int, cols: int, depth: int, io_bytes: float) -> ComputeOp:
         return ComputeOp(name, "gemm", 2.0 * b * hq * rows * cols * depth, float(io_bytes),
@@ -185,7 +184,7 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
     if not backward:
         return [
             bmm("attention_scores", s_q, s_kv, d, qkv + e * n),
-            *([memory_op("attention_softmax", 2 * e * n, flops=5.0 * n)] if fused
+            *([memory_op("attention_softmax", 2 * e * n, flops=5.0 * n)] if not torch_softmax
               else torch_softmax_ops(n, e, backward)),
             dropout_op("attention_dropout", (2 * e + 1) * n, flops=1.0 * n),
             bmm("attention_context", s_q, d, s_kv, qkv + e * n),
@@ -194,7 +193,7 @@ def unfused_attention_ops(b: int, hq: int, d: int, s_q: int, s_kv: int, elem_byt
         bmm("attention_context_dgrad", s_q, s_kv, d, qkv + e * n),
         bmm("attention_context_wgrad", s_kv, d, s_q, qkv + e * n),
         memory_op("attention_dropout_bwd", (2 * e + 1) * n, flops=1.0 * n),
-        *([memory_op("attention_softmax_bwd", 3 * e * n, flops=3.0 * n)] if fused
+        *([memory_op("attention_softmax_bwd", 3 * e * n, flops=3.0 * n)] if not torch_softmax
           else torch_softmax_ops(n, e, backward)),
         bmm("attention_scores_dgrad", s_q, d, s_kv, qkv + e * n),
         bmm("attention_scores_wgrad", s_kv, d, s_q, qkv + e * n),

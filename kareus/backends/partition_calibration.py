@@ -13,9 +13,8 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   it from the link path;
 - **contention**: the collective's throughput beside a GEMM or attention kernel and its SM
   path beside a memory-bound one (``comm_rate_beside_*``), the most it moves beside a GEMM or
-  attention kernel
-  (``tuned_link_fraction_beside_compute`` of the link) and the extra slowdown of compute beside
-  it (``overlap_slowdown_*``);
+  attention kernel (``tuned_link_fraction_beside_compute`` of the link) and the extra slowdown
+  of compute beside it (``overlap_slowdown_*``);
 - **waves**: the fraction of a wave a tiled kernel loses when the collective ends inside it
   (``partial_wave_loss``);
 - **the host**: time to issue each class of op (``host_issue_*_s``) and the profiling harness's
