@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kareus.suite.provenance import import_from_base
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The data model and its formulas: everything else stands on these.
@@ -69,12 +71,7 @@ def imported_modules(module: str, source: str, is_package: bool = False) -> list
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = module.split(".")
-                pkg = pkg if is_package else pkg[:-1]
-                pkg = pkg[:len(pkg) - (node.level - 1)]
-                base = ".".join(pkg + ([base] if base else []))
+            base = import_from_base(module, node, is_package)
             for a in node.names:
                 sub = f"{base}.{a.name}"
                 is_mod = (ROOT / Path(*sub.split("."))).with_suffix(".py").exists() or \

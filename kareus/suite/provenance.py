@@ -150,16 +150,23 @@ class CodeHasher:
             if isinstance(node, ast.Import):
                 names += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    pkg = module.split(".")
-                    pkg = pkg if is_package else pkg[:-1]
-                    pkg = pkg[:len(pkg) - (node.level - 1)]
-                    base = ".".join(pkg + ([base] if base else []))
+                base = import_from_base(module, node, is_package)
                 names.append(base)
                 names += [f"{base}.{a.name}" for a in node.names if a.name != "*"]
         self._imports[(path, whole)] = names
         return names
+
+def import_from_base(module: str, node: ast.ImportFrom, is_package: bool = False) -> str:
+    """The absolute module ``from ... import`` in ``module`` imports from (``from .x import y``
+    in ``a.b`` gives ``a.x``); ``is_package``: ``module`` is a package's ``__init__``."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    pkg = module.split(".")
+    pkg = pkg if is_package else pkg[:-1]
+    pkg = pkg[:len(pkg) - (node.level - 1)]
+    return ".".join(pkg + ([base] if base else []))
+
 
 def optimizer_module(name: str) -> str:
     """The module an optimizer's entry point names (``baselines.perseus`` for ``perseus``).
