@@ -205,7 +205,7 @@ def test_eager_swiglu_and_flash_attention():
     (["--elementwise", "jit"], "jit"),
     (["--stage-layers", "6,6,7"], "stage(s)"),
     (["--stage-layers", "6,x"], "comma-separated"),
-    (["--gpus-per-node", "0"], "positive"),
+    (["--gpus-per-node", "0"], "--gpus-per-node must be a positive integer"),
     (["--precision", "fp8"], "fp8"),
     (["--recompute", "some"], "some"),
 ])
