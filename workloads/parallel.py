@@ -268,7 +268,8 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
                  "gpus_per_node"):
         value = getattr(p, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise WorkloadError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            flag = "--" + name.replace("_", "-")
+            raise WorkloadError(f"{flag} must be a positive integer, got {value!r}")
     if model.heads % p.tp:
         raise WorkloadError(
             f"{model.name}: {model.heads} attention heads are not divisible by TP={p.tp}; "

@@ -156,6 +156,7 @@ class CodeHasher:
         self._imports[(path, whole)] = names
         return names
 
+
 def import_from_base(module: str, node: ast.ImportFrom, is_package: bool = False) -> str:
     """The absolute module ``from ... import`` in ``module`` imports from (``from .x import y``
     in ``a.b`` gives ``a.x``); ``is_package``: ``module`` is a package's ``__init__``."""
