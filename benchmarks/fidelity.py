@@ -216,7 +216,7 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
 
 def _perseus_measured() -> None:
     from kareus.suite.datasets import perseus_measured
-    from kareus.suite.megatron_runs import perseus_xl_comparison
+    from kareus.suite.megatron_runs import perseus_xl_comparison, power_limit_curve
 
     path = perseus_measured("gpt3-xl_a100-pcie_pp4.csv")
     if path is None:
@@ -241,6 +241,16 @@ def _perseus_measured() -> None:
                    f"({r.measured_time_at_least_energy_pct:+.1f} % time)  simulated "
                    f"{r.simulated_saved_least_energy_pct:5.1f} "
                    f"({r.simulated_time_at_least_energy_pct:+.1f} % time)")
+    curve = power_limit_curve(path)
+    RECORD["perseus-measured"]["power_limits"] = [
+        {k: round(float(v), 2) for k, v in row.items()} for row in curve.to_dict("records")]
+    click.echo("Zeus's global power limit, limit by limit (change against each default plan, %; "
+               "average power per GPU, W):")
+    for _, r in curve.iterrows():
+        click.echo(f"  {r.power_limit_w:4.0f} W  time measured {r.measured_time_pct:+6.1f}  "
+                   f"simulated {r.simulated_time_pct:+6.1f};  energy measured "
+                   f"{r.measured_energy_pct:+6.1f}  simulated {r.simulated_energy_pct:+6.1f};  "
+                   f"power {r.measured_power_per_gpu_w:5.1f} / {r.simulated_power_per_gpu_w:5.1f}")
 
 
 SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")

@@ -233,3 +233,20 @@ def test_perseus_job_runs_on_the_pcie_card(capsys):
     assert status == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["stage_layers"] == [6, 6, 7, 5] and obj["parallel"]["precision"] == "tf32"
+
+
+def test_power_limit_curve_follows_every_measured_limit():
+    """Zeus's power limits on the Perseus GPT-3 XL job: every measured limit gets its simulated
+    point, the simulated time only grows as the limit falls, and the cap holds on average."""
+    from kareus.suite.datasets import perseus_measured
+    from kareus.suite.megatron_runs import power_limit_curve
+
+    path = perseus_measured("gpt3-xl_a100-pcie_pp4.csv")
+    if path is None:
+        pytest.skip("shared/perseus_sosp24/measured not found")
+    curve = power_limit_curve(path)
+    assert list(curve.power_limit_w) == [300.0, 275.0, 250.0, 225.0, 200.0, 175.0]
+    assert curve.simulated_time_pct.iloc[0] == pytest.approx(0.0, abs=1e-9)
+    assert (curve.simulated_time_pct.diff().iloc[1:] > 0).all()
+    assert (curve.simulated_power_per_gpu_w <= curve.power_limit_w).all()
+    assert (curve.measured_time_pct.diff().iloc[1:] > 0).all()

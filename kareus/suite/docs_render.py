@@ -212,6 +212,24 @@ def render_fidelity(root: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_power_limits(root: Path) -> str:
+    """Zeus's global power limit on the Perseus GPT-3 XL job, limit by limit, measured against
+    simulated, from results/fidelity/summary.json."""
+    v = _fidelity(root).get("perseus-measured", {})
+    if not v.get("power_limits"):
+        return ("Not recorded yet: run `python benchmarks/fidelity.py --only perseus-measured "
+                "--write results/fidelity/summary.json`.\n")
+    rows = ["| power limit | time, measured / simulated | energy, measured / simulated | "
+            "average power per GPU, measured / simulated |", "|---|---|---|---|"]
+    for r in v["power_limits"]:
+        rows.append(
+            f"| {r['power_limit_w']:.0f} W | {r['measured_time_pct']:+.1f} / "
+            f"{r['simulated_time_pct']:+.1f} % | {r['measured_energy_pct']:+.1f} / "
+            f"{r['simulated_energy_pct']:+.1f} % | {r['measured_power_per_gpu_w']:.0f} / "
+            f"{r['simulated_power_per_gpu_w']:.0f} W |")
+    return "\n".join(rows) + "\n"
+
+
 def render_parameters(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
     """Every parameter of the paper testbed's preset with its source (``kareus gpus --json``)."""
     from dataclasses import fields
@@ -237,6 +255,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "paper-summary": render_paper_summary,
     "paper-tables": render_paper_tables,
     "fidelity": render_fidelity,
+    "power-limits": render_power_limits,
 }
 
 

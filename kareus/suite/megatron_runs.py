@@ -36,6 +36,8 @@ from workloads.parallel import ParallelConfig, Workload
 
 if TYPE_CHECKING:
     from kareus.hardware.presets import GPUPreset
+    from kareus.plugins import Problem
+    from kareus.suite.harness import OptimizerRun
 
 #: Preset overrides that describe vTrain's cluster rather than the GPU: 800 Gb/s of network per
 #: node of 8 GPUs (vTrain's validation configs), one NIC's share per GPU (B/s).
@@ -174,23 +176,12 @@ def perseus_xl_comparison(measured_csv: str | Path) -> pd.DataFrame:
     """Each measured method's savings on the Perseus GPT-3 XL job beside the simulator's (the
     suite's optimizer on the same job): one row per method with the measured and simulated
     :func:`savings` and both default plans' iteration time (s) and energy (J)."""
-    from kareus.plugins import load_optimizer
-    from kareus.suite.harness import run_optimizer
-    from kareus.suite.problem import make_problem
-
-    meas = pd.read_csv(measured_csv)
-    default = meas[meas.method == "default"]
-    t0, e0 = float(default.time_s.mean()), float(default.energy_j.mean())
-    problem = make_problem("gpt3-xl", gpu=PERSEUS_XL_GPU, **PERSEUS_XL_JOB)
-    base = problem.backend.evaluate_plan(
-        problem.graph, IterationPlan.uniform(problem.graph, problem.gpu.clock_max_mhz))
-    st0, se0 = base.energy.time_s, base.energy.total_j
+    meas, (t0, e0) = _measured_with_default(measured_csv)
+    problem, (st0, se0) = _perseus_xl_problem()
     rows = []
     for method, optimizer in PERSEUS_XL_METHODS.items():
         m = meas[meas.method == method]
-        run = run_optimizer(optimizer, load_optimizer(optimizer), problem)
-        if run.error:
-            raise InputError(f"{optimizer} failed on the Perseus GPT-3 XL job: {run.error}")
+        run = _run(optimizer, problem)
         sim = savings([p.time_s for p in run.points], [p.energy_j for p in run.points], st0, se0)
         rows.append({"method": method, "optimizer": optimizer,
                      **{f"measured_{k}": v for k, v in savings(m.time_s, m.energy_j, t0,
@@ -199,3 +190,59 @@ def perseus_xl_comparison(measured_csv: str | Path) -> pd.DataFrame:
                      "measured_default_time_s": t0, "simulated_default_time_s": st0,
                      "measured_default_energy_j": e0, "simulated_default_energy_j": se0})
     return pd.DataFrame(rows)
+
+
+def power_limit_curve(measured_csv: str | Path) -> pd.DataFrame:
+    """Zeus's global power limit on the Perseus GPT-3 XL job, limit by limit: the measured and the
+    simulated iteration time and energy, each as a change (%) against its own default plan
+    (every instruction at the top clock, the card's own limit). One row per limit the
+    measurement swept (W, descending); a limit the simulated sweep lacks is left out."""
+    meas, (t0, e0) = _measured_with_default(measured_csv)
+    problem, (st0, se0) = _perseus_xl_problem()
+    run = _run(PERSEUS_XL_METHODS["zeus_global"], problem)
+    simulated = {float(run.plans[p.plan_id].power_limit_w or problem.gpu.power_limit_w): p
+                 for p in run.points}
+    rows = []
+    for _, m in meas[meas.method == "zeus_global"].sort_values("knob_mean",
+                                                               ascending=False).iterrows():
+        limit = float(m.knob_mean)
+        if limit not in simulated:
+            continue
+        p = simulated[limit]
+        rows.append({"power_limit_w": limit,
+                     "measured_time_pct": 100 * (m.time_s / t0 - 1),
+                     "simulated_time_pct": 100 * (p.time_s / st0 - 1),
+                     "measured_energy_pct": 100 * (m.energy_j / e0 - 1),
+                     "simulated_energy_pct": 100 * (p.energy_j / se0 - 1),
+                     "measured_power_per_gpu_w": m.energy_j / m.time_s / problem.graph.num_gpus,
+                     "simulated_power_per_gpu_w": p.energy_j / p.time_s / problem.graph.num_gpus})
+    return pd.DataFrame(rows)
+
+
+def _measured_with_default(measured_csv: str | Path) -> tuple[pd.DataFrame, tuple[float, float]]:
+    """The measured runs and their default plan's mean iteration time (s) and energy (J)."""
+    meas = pd.read_csv(measured_csv)
+    default = meas[meas.method == "default"]
+    return meas, (float(default.time_s.mean()), float(default.energy_j.mean()))
+
+
+def _perseus_xl_problem() -> tuple["Problem", tuple[float, float]]:
+    """The suite's problem for the Perseus GPT-3 XL job and its default plan's simulated
+    iteration time (s) and energy (J)."""
+    from kareus.suite.problem import make_problem
+
+    problem = make_problem("gpt3-xl", gpu=PERSEUS_XL_GPU, **PERSEUS_XL_JOB)
+    base = problem.backend.evaluate_plan(
+        problem.graph, IterationPlan.uniform(problem.graph, problem.gpu.clock_max_mhz))
+    return problem, (base.energy.time_s, base.energy.total_j)
+
+
+def _run(optimizer: str, problem: "Problem") -> "OptimizerRun":
+    """``optimizer`` run on ``problem`` by the suite's harness; :class:`InputError` if it fails."""
+    from kareus.plugins import load_optimizer
+    from kareus.suite.harness import run_optimizer
+
+    run = run_optimizer(optimizer, load_optimizer(optimizer), problem)
+    if run.error:
+        raise InputError(f"{optimizer} failed on the Perseus GPT-3 XL job: {run.error}")
+    return run
