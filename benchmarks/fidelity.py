@@ -216,7 +216,11 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
 
 def _perseus_measured() -> None:
     from kareus.suite.datasets import perseus_measured
-    from kareus.suite.megatron_runs import perseus_xl_comparison, power_limit_curve
+    from kareus.suite.megatron_runs import (
+        locked_clock_points,
+        perseus_xl_comparison,
+        power_limit_curve,
+    )
 
     path = perseus_measured("gpt3-xl_a100-pcie_pp4.csv")
     if path is None:
@@ -241,6 +245,22 @@ def _perseus_measured() -> None:
                    f"({r.measured_time_at_least_energy_pct:+.1f} % time)  simulated "
                    f"{r.simulated_saved_least_energy_pct:5.1f} "
                    f"({r.simulated_time_at_least_energy_pct:+.1f} % time)")
+    locked = locked_clock_points(path)
+    t_err = 100 * (locked.simulated_time_s / locked.measured_time_s - 1)
+    e_err = 100 * (locked.simulated_energy_j / locked.measured_energy_j - 1)
+    dt = locked.simulated_time_pct - locked.measured_time_pct
+    de = locked.simulated_energy_pct - locked.measured_energy_pct
+    RECORD["perseus-measured"]["locked_clocks"] = {
+        "plans": len(locked),
+        "time_error_pct": [round(float(t_err.min()), 2), round(float(t_err.max()), 2)],
+        "energy_error_pct": [round(float(e_err.min()), 2), round(float(e_err.max()), 2)],
+        "time_change_error_points": [round(float(dt.min()), 2), round(float(dt.max()), 2)],
+        "energy_change_error_points": [round(float(de.min()), 2), round(float(de.max()), 2)]}
+    click.echo(f"the {len(locked)} measured plans that lock clocks (Perseus's frontier, EnvPipe), "
+               f"simulated at their clocks: time {t_err.min():+.1f} to {t_err.max():+.1f} %, energy "
+               f"{e_err.min():+.1f} to {e_err.max():+.1f} % against measured; their change against "
+               f"each default plan: time {dt.min():+.1f} to {dt.max():+.1f} points, energy "
+               f"{de.min():+.1f} to {de.max():+.1f} points")
     curve = power_limit_curve(path)
     RECORD["perseus-measured"]["power_limits"] = [
         {k: round(float(v), 2) for k, v in row.items()} for row in curve.to_dict("records")]

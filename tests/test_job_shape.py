@@ -250,3 +250,22 @@ def test_power_limit_curve_follows_every_measured_limit():
     assert (curve.simulated_time_pct.diff().iloc[1:] > 0).all()
     assert (curve.simulated_power_per_gpu_w <= curve.power_limit_w).all()
     assert (curve.measured_time_pct.diff().iloc[1:] > 0).all()
+
+
+def test_locked_clock_plans_follow_the_measured_clock_law():
+    """The Perseus GPT-3 XL job's 37 measured plans that lock clocks, simulated at their clocks:
+    each one's change against its default plan within 3 points of the measured change, and the
+    plans in the same order of time."""
+    from scipy.stats import spearmanr
+
+    from kareus.suite.datasets import perseus_measured
+    from kareus.suite.megatron_runs import locked_clock_points
+
+    path = perseus_measured("gpt3-xl_a100-pcie_pp4.csv")
+    if path is None:
+        pytest.skip("shared/perseus_sosp24/measured not found")
+    pts = locked_clock_points(path)
+    assert len(pts) == 37 and set(pts.method) == {"perseus", "envpipe"}
+    assert (abs(pts.simulated_time_pct - pts.measured_time_pct) < 3).all()
+    assert (abs(pts.simulated_energy_pct - pts.measured_energy_pct) < 3).all()
+    assert spearmanr(pts.measured_time_s, pts.simulated_time_s).statistic > 0.9

@@ -230,6 +230,22 @@ def render_power_limits(root: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_locked_clocks(root: Path) -> str:
+    """The Perseus GPT-3 XL job's measured plans that lock clocks, simulated at their clocks, from
+    results/fidelity/summary.json."""
+    v = _fidelity(root).get("perseus-measured", {}).get("locked_clocks")
+    if not v:
+        return ("Not recorded yet: run `python benchmarks/fidelity.py --only perseus-measured "
+                "--write results/fidelity/summary.json`.\n")
+    t, e = v["time_error_pct"], v["energy_error_pct"]
+    dt, de = v["time_change_error_points"], v["energy_change_error_points"]
+    return (f"| plans | time, simulated against measured | energy, simulated against measured | "
+            f"change against each default plan, simulated minus measured |\n|---|---|---|---|\n"
+            f"| {v['plans']} | {t[0]:+.1f} to {t[1]:+.1f} % | {e[0]:+.1f} to {e[1]:+.1f} % | "
+            f"time {dt[0]:+.1f} to {dt[1]:+.1f} points, energy {de[0]:+.1f} to {de[1]:+.1f} "
+            f"points |\n")
+
+
 def render_parameters(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
     """Every parameter of the paper testbed's preset with its source (``kareus gpus --json``)."""
     from dataclasses import fields
@@ -256,6 +272,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "paper-tables": render_paper_tables,
     "fidelity": render_fidelity,
     "power-limits": render_power_limits,
+    "locked-clocks": render_locked_clocks,
 }
 
 

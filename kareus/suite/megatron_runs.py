@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kareus.errors import InputError
-from kareus.plan import IterationPlan
+from kareus.plan import InstructionPlan, IterationPlan
 from kareus.progress import SILENT, Progress
 from workloads.graph_builder import build_iteration_graph
 from workloads.models import ModelSpec
@@ -216,6 +216,39 @@ def power_limit_curve(measured_csv: str | Path) -> pd.DataFrame:
                      "simulated_energy_pct": 100 * (p.energy_j / se0 - 1),
                      "measured_power_per_gpu_w": m.energy_j / m.time_s / problem.graph.num_gpus,
                      "simulated_power_per_gpu_w": p.energy_j / p.time_s / problem.graph.num_gpus})
+    return pd.DataFrame(rows)
+
+
+def locked_clock_points(measured_csv: str | Path) -> pd.DataFrame:
+    """The measured plans of the Perseus GPT-3 XL job that lock clocks (Perseus's frontier and
+    EnvPipe's plan), each simulated at the clocks it ran: every forward (backward) of a stage at
+    that stage's mean forward (backward) clock, rounded to the card's clock grid. One row per
+    plan: measured and simulated iteration time (s) and energy (J), and each as a change (%)
+    against its own default plan."""
+    meas, (t0, e0) = _measured_with_default(measured_csv)
+    problem, (st0, se0) = _perseus_xl_problem()
+    gpu, graph = problem.gpu, problem.graph
+    order = [ins for seq in graph.schedule().values() for ins in seq]
+
+    def on_grid(mhz: float) -> float:
+        steps = round((mhz - gpu.clock_min_mhz) / gpu.clock_step_mhz)
+        return float(min(max(gpu.clock_min_mhz + steps * gpu.clock_step_mhz, gpu.clock_min_mhz),
+                         gpu.clock_max_mhz))
+
+    rows = []
+    for _, m in meas[meas.method.isin(["perseus", "envpipe"])].iterrows():
+        fwd = [float(x) for x in str(m.fwd_freq_mean_per_stage).split(";")]
+        bwd = [float(x) for x in str(m.bwd_freq_mean_per_stage).split(";")]
+        plan = IterationPlan({ins: InstructionPlan.make(on_grid(
+            (fwd if ins.direction == "forward" else bwd)[ins.stage])) for ins in order})
+        sim = problem.backend.evaluate_plan(graph, plan).energy
+        rows.append({"method": m.method, "point": int(m.point),
+                     "measured_time_s": float(m.time_s), "simulated_time_s": sim.time_s,
+                     "measured_energy_j": float(m.energy_j), "simulated_energy_j": sim.total_j,
+                     "measured_time_pct": 100 * (m.time_s / t0 - 1),
+                     "simulated_time_pct": 100 * (sim.time_s / st0 - 1),
+                     "measured_energy_pct": 100 * (m.energy_j / e0 - 1),
+                     "simulated_energy_pct": 100 * (sim.total_j / se0 - 1)})
     return pd.DataFrame(rows)
 
 
