@@ -227,13 +227,11 @@ def locked_clock_points(measured_csv: str | Path) -> pd.DataFrame:
     against its own default plan."""
     meas, (t0, e0) = _measured_with_default(measured_csv)
     problem, (st0, se0) = _perseus_xl_problem()
-    gpu, graph = problem.gpu, problem.graph
+    graph, grid = problem.graph, problem.gpu.clock_grid()
     order = [ins for seq in graph.schedule().values() for ins in seq]
 
-    def on_grid(mhz: float) -> float:
-        steps = round((mhz - gpu.clock_min_mhz) / gpu.clock_step_mhz)
-        return float(min(max(gpu.clock_min_mhz + steps * gpu.clock_step_mhz, gpu.clock_min_mhz),
-                         gpu.clock_max_mhz))
+    def on_grid(mhz: float) -> float:  # the lockable clock nearest to a stage's mean clock
+        return float(grid[np.argmin(np.abs(grid - mhz))])
 
     rows = []
     for _, m in meas[meas.method.isin(["perseus", "envpipe"])].iterrows():
