@@ -246,6 +246,24 @@ def _perseus_measured() -> None:
                    f"{r.simulated_saved_least_energy_pct:5.1f} "
                    f"({r.simulated_time_at_least_energy_pct:+.1f} % time)")
     locked = locked_clock_points(path)
+    if locked.empty:
+        click.echo("(no measured plan locks clocks; the locked-clock comparison is skipped)")
+    else:
+        _locked_clock_record(locked)
+    curve = power_limit_curve(path)
+    RECORD["perseus-measured"]["power_limits"] = [
+        {k: round(float(v), 2) for k, v in row.items()} for row in curve.to_dict("records")]
+    click.echo("Zeus's global power limit, limit by limit (change against each default plan, %; "
+               "average power per GPU, W):")
+    for _, r in curve.iterrows():
+        click.echo(f"  {r.power_limit_w:4.0f} W  time measured {r.measured_time_pct:+6.1f}  "
+                   f"simulated {r.simulated_time_pct:+6.1f};  energy measured "
+                   f"{r.measured_energy_pct:+6.1f}  simulated {r.simulated_energy_pct:+6.1f};  "
+                   f"power {r.measured_power_per_gpu_w:5.1f} / {r.simulated_power_per_gpu_w:5.1f}")
+
+
+def _locked_clock_record(locked: pd.DataFrame) -> None:
+    """Record and print the locked-clock plans' errors (:func:`locked_clock_points`)."""
     t_err = 100 * (locked.simulated_time_s / locked.measured_time_s - 1)
     e_err = 100 * (locked.simulated_energy_j / locked.measured_energy_j - 1)
     dt = locked.simulated_time_pct - locked.measured_time_pct
@@ -261,19 +279,9 @@ def _perseus_measured() -> None:
                f"{e_err.min():+.1f} to {e_err.max():+.1f} % against measured; their change against "
                f"each default plan: time {dt.min():+.1f} to {dt.max():+.1f} points, energy "
                f"{de.min():+.1f} to {de.max():+.1f} points")
-    curve = power_limit_curve(path)
-    RECORD["perseus-measured"]["power_limits"] = [
-        {k: round(float(v), 2) for k, v in row.items()} for row in curve.to_dict("records")]
-    click.echo("Zeus's global power limit, limit by limit (change against each default plan, %; "
-               "average power per GPU, W):")
-    for _, r in curve.iterrows():
-        click.echo(f"  {r.power_limit_w:4.0f} W  time measured {r.measured_time_pct:+6.1f}  "
-                   f"simulated {r.simulated_time_pct:+6.1f};  energy measured "
-                   f"{r.measured_energy_pct:+6.1f}  simulated {r.simulated_energy_pct:+6.1f};  "
-                   f"power {r.measured_power_per_gpu_w:5.1f} / {r.simulated_power_per_gpu_w:5.1f}")
-
 
 SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")
+
 
 #: What each section measured, for ``--write`` (the docs render their accuracy from it).
 RECORD: dict[str, dict] = {}
