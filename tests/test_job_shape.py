@@ -269,3 +269,27 @@ def test_locked_clock_plans_follow_the_measured_clock_law():
     assert (abs(pts.simulated_time_pct - pts.measured_time_pct) < 3).all()
     assert (abs(pts.simulated_energy_pct - pts.measured_energy_pct) < 3).all()
     assert spearmanr(pts.measured_time_s, pts.simulated_time_s).statistic > 0.9
+
+
+def test_fidelity_records_the_perseus_job(tmp_path):
+    """``benchmarks/fidelity.py --only perseus-measured --write`` records the savings, the
+    locked-clock plans and Zeus's limits, the three things the docs render from it."""
+    import sys
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from kareus.suite.datasets import perseus_measured
+
+    if perseus_measured("gpt3-xl_a100-pcie_pp4.csv") is None:
+        pytest.skip("shared/perseus_sosp24/measured not found")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fidelity
+
+    out = tmp_path / "summary.json"
+    res = CliRunner().invoke(fidelity.main, ["--only", "perseus-measured", "--write", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(out.read_text())["perseus-measured"]
+    assert [r["method"] for r in rec["rows"]] == ["perseus", "zeus_global", "envpipe"]
+    assert rec["locked_clocks"]["plans"] == 37
+    assert [r["power_limit_w"] for r in rec["power_limits"]] == [300, 275, 250, 225, 200, 175]
