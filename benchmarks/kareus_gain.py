@@ -7,7 +7,9 @@ Three tables:
 - **the shared partition sweep**: the measured best configuration, window (2, 6) with 9 SMs, and
   the overlap launched at the partition's start with 20 SMs, window (0, 6) (1024 threads), and
   each window's time along its SM counts, measured (mean of the sweep's 3 repeats) against the
-  simulator (the preset's partition law and the per-op factors of the fit it came from);
+  simulator (the preset's partition law and the per-op factors of the fit it came from); and what
+  launching at op 0 instead of op 2 costs, window (0, 6) minus (2, 6), in time and energy (the
+  two GPUs' meter energy), where the law and the sweep part (docs/calibration.md);
 - **the workload's partitions at the top clock**: each distinct partition's time sequential,
   as Nanobatching + Perseus runs it (the collective library's kernel, NCCL's default channels,
   launched at the partition's start), at Kareus's best (clock fixed, over its knob space of
@@ -17,7 +19,7 @@ Three tables:
   and energy reductions against Megatron-LM, and which collective kernel and SM count each
   fastest plan's partitions use.
 
-Units: ms, %, GB/s. Needs ``../shared/kareus_artifact`` for the first table (skipped without).
+Units: ms, µs, mJ, %, GB/s. Needs ``../shared/kareus_artifact`` for the first table (skipped without).
 """
 
 from __future__ import annotations
@@ -51,13 +53,30 @@ def partition_comparison(gpu_name: str = DEFAULT_GPU) -> dict[str, object] | Non
     work = None if own is None else np.array(own.op_work)
     host = None if own is None else np.array(own.op_host)
     sweep = load_sweep(csv, len(part.compute), gpu.comm_max_sms)
-    t, _ = predict(part, sweep.configs, gpu, None, work, host)
+    t, e = predict(part, sweep.configs, gpu, None, work, host)
     c = sweep.configs
     table: dict[tuple[int, int, int], tuple[float, float]] = {}
+    energy: dict[tuple[int, int, int], tuple[float, float]] = {}
     for i in np.flatnonzero(c.threads == 1024):
-        table[(int(c.start[i]), int(c.end[i]), int(c.sms[i]))] = (1e3 * float(sweep.time_s[i]),
-                                                                 1e3 * float(t[i]))
-    return {"table": table, "best": table[BEST], "at_start": table[AT_START]}
+        key = (int(c.start[i]), int(c.end[i]), int(c.sms[i]))
+        table[key] = (1e3 * float(sweep.time_s[i]), 1e3 * float(t[i]))
+        energy[key] = (1e3 * float(sweep.energy_j[i]), 1e3 * float(e[i]))
+    return {"table": table, "energy_mj": energy, "best": table[BEST], "at_start": table[AT_START]}
+
+
+def launch_at_start_cost(comparison: dict[str, object]) -> list[dict[str, float]]:
+    """What launching the collective at op 0 instead of op 2 costs, by SM count: window (0, 6)
+    minus (2, 6), time (µs) and energy (mJ), measured and simulated (1024 threads)."""
+    table, energy = comparison["table"], comparison["energy_mj"]
+    rows = []
+    for k in sorted(k for s, e, k in table if (s, e) == (0, 6)):  # type: ignore[union-attr]
+        a, b = (0, 6, k), (2, 6, k)
+        rows.append({"sms": k,
+                     "time_measured_us": 1e3 * (table[a][0] - table[b][0]),  # type: ignore[index]
+                     "time_simulated_us": 1e3 * (table[a][1] - table[b][1]),  # type: ignore[index]
+                     "energy_measured_mj": energy[a][0] - energy[b][0],  # type: ignore[index]
+                     "energy_simulated_mj": energy[a][1] - energy[b][1]})  # type: ignore[index]
+    return rows
 
 
 def partition_table(problem: object) -> list[dict[str, object]]:
@@ -148,6 +167,12 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
             click.echo(f"  ({s}, {e}) by SMs: " + "  ".join(
                 f"{k}: {table[(s, e, k)][0]:.3f}/{table[(s, e, k)][1]:.3f}"  # type: ignore[index]
                 for k in (4, 6, 9, 12, 15, 20)))
+        click.echo("  launching at op 0 instead of op 2, (0, 6) minus (2, 6), measured / simulated:")
+        click.echo("    SMs   time (µs)       energy (mJ)")
+        for r in launch_at_start_cost(cmp_):
+            click.echo(f"    {r['sms']:3.0f}   {r['time_measured_us']:+5.0f} / "
+                       f"{r['time_simulated_us']:+5.0f}    {r['energy_measured_mj']:+6.1f} / "
+                       f"{r['energy_simulated_mj']:+6.1f}")
     problem = make_problem(workload, gpu=gpu, tp=tp)
     click.echo(f"\n{workload} TP{tp}: partitions at {problem.gpu.clock_max_mhz:.0f} MHz (µs)")
     for r in partition_table(problem):

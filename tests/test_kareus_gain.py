@@ -27,6 +27,25 @@ def test_the_comparison_reads_the_sweep_and_the_law():
         assert sim == pytest.approx(meas, rel=0.03)
 
 
+def test_launch_at_start_cost_is_the_difference_of_the_two_windows():
+    """Each row is (0, 6) minus (2, 6) at one SM count, from the same sweep rows and predictions
+    as the comparison's table; on 1 SM, where the collective outlives the QKV GEMM, the head
+    start of a launch at op 0 saves time in the sweep and in the law alike."""
+    cmp_ = kareus_gain.partition_comparison()
+    if cmp_ is None:
+        pytest.skip("shared/kareus_artifact not available")
+    rows = kareus_gain.launch_at_start_cost(cmp_)
+    assert [r["sms"] for r in rows] == list(range(1, 21))
+    table, energy = cmp_["table"], cmp_["energy_mj"]
+    for r in rows:
+        k = r["sms"]
+        assert r["time_measured_us"] == pytest.approx(
+            1e3 * (table[(0, 6, k)][0] - table[(2, 6, k)][0]))
+        assert r["energy_simulated_mj"] == pytest.approx(
+            energy[(0, 6, k)][1] - energy[(2, 6, k)][1])
+    assert rows[0]["time_measured_us"] < -100 and rows[0]["time_simulated_us"] < -100
+
+
 def test_kareus_partitions_never_slower_than_nanobatching_schedule():
     """Kareus's knob space holds Nanobatching + Perseus's schedule (the library's kernel launched
     at the partition's start), so its best partition time is never above it; and the sequential
