@@ -268,20 +268,20 @@ def _locked_clock_record(locked: pd.DataFrame) -> None:
     e_err = 100 * (locked.simulated_energy_j / locked.measured_energy_j - 1)
     dt = locked.simulated_time_pct - locked.measured_time_pct
     de = locked.simulated_energy_pct - locked.measured_energy_pct
+    def span(x: pd.Series) -> list[float]:
+        return [round(float(x.min()), 2), round(float(x.max()), 2)]
+
     RECORD["perseus-measured"]["locked_clocks"] = {
-        "plans": len(locked),
-        "time_error_pct": [round(float(t_err.min()), 2), round(float(t_err.max()), 2)],
-        "energy_error_pct": [round(float(e_err.min()), 2), round(float(e_err.max()), 2)],
-        "time_change_error_points": [round(float(dt.min()), 2), round(float(dt.max()), 2)],
-        "energy_change_error_points": [round(float(de.min()), 2), round(float(de.max()), 2)]}
+        "plans": len(locked), "time_error_pct": span(t_err), "energy_error_pct": span(e_err),
+        "time_change_error_points": span(dt), "energy_change_error_points": span(de)}
     click.echo(f"the {len(locked)} measured plans that lock clocks (Perseus's frontier, EnvPipe), "
                f"simulated at their clocks: time {t_err.min():+.1f} to {t_err.max():+.1f} %, energy "
                f"{e_err.min():+.1f} to {e_err.max():+.1f} % against measured; their change against "
                f"each default plan: time {dt.min():+.1f} to {dt.max():+.1f} points, energy "
                f"{de.min():+.1f} to {de.max():+.1f} points")
 
-SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")
 
+SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")
 
 #: What each section measured, for ``--write`` (the docs render their accuracy from it).
 RECORD: dict[str, dict] = {}

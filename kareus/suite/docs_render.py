@@ -212,13 +212,17 @@ def render_fidelity(root: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+#: What a Perseus-job block says before ``fidelity.py`` has recorded it.
+_PERSEUS_NOT_RECORDED = ("Not recorded yet: run `python benchmarks/fidelity.py --only "
+                         "perseus-measured --write results/fidelity/summary.json`.\n")
+
+
 def render_power_limits(root: Path) -> str:
     """Zeus's global power limit on the Perseus GPT-3 XL job, limit by limit, measured against
     simulated, from results/fidelity/summary.json."""
     v = _fidelity(root).get("perseus-measured", {})
     if not v.get("power_limits"):
-        return ("Not recorded yet: run `python benchmarks/fidelity.py --only perseus-measured "
-                "--write results/fidelity/summary.json`.\n")
+        return _PERSEUS_NOT_RECORDED
     rows = ["| power limit | time, measured / simulated | energy, measured / simulated | "
             "average power per GPU, measured / simulated |", "|---|---|---|---|"]
     for r in v["power_limits"]:
@@ -235,8 +239,7 @@ def render_locked_clocks(root: Path) -> str:
     results/fidelity/summary.json."""
     v = _fidelity(root).get("perseus-measured", {}).get("locked_clocks")
     if not v:
-        return ("Not recorded yet: run `python benchmarks/fidelity.py --only perseus-measured "
-                "--write results/fidelity/summary.json`.\n")
+        return _PERSEUS_NOT_RECORDED
     t, e = v["time_error_pct"], v["energy_error_pct"]
     dt, de = v["time_change_error_points"], v["energy_change_error_points"]
     return (f"| plans | time, simulated against measured | energy, simulated against measured | "
