@@ -9,7 +9,9 @@ Three tables:
   each window's time along its SM counts, measured (mean of the sweep's 3 repeats) against the
   simulator (the preset's partition law and the per-op factors of the fit it came from); and what
   launching at op 0 instead of op 2 costs, window (0, 6) minus (2, 6), in time and energy (the
-  two GPUs' meter energy), where the law and the sweep part (docs/calibration.md);
+  two GPUs' meter energy), where the law and the sweep part (docs/calibration.md); the
+  comparison's gap over neighbouring SM counts, and the steps between neighbouring SM counts
+  that the law does not draw (or draws and the sweep does not);
 - **the workload's partitions at the top clock**: each distinct partition's time sequential,
   as Nanobatching + Perseus runs it (the collective library's kernel, NCCL's default channels,
   launched at the partition's start), at Kareus's best (clock fixed, over its knob space of
@@ -77,6 +79,44 @@ def launch_at_start_cost(comparison: dict[str, object]) -> list[dict[str, float]
                      "energy_measured_mj": energy[a][0] - energy[b][0],  # type: ignore[index]
                      "energy_simulated_mj": energy[a][1] - energy[b][1]})  # type: ignore[index]
     return rows
+
+
+def sm_steps(comparison: dict[str, object], *, min_sms: int = 9,
+             min_us: float = 15.0) -> list[dict[str, object]]:
+    """Steps between neighbouring SM counts that the law does not draw.
+
+    For every window and every SM count ``k >= min_sms`` (below it most windows still fall by
+    tens to hundreds of µs per SM, as the collective speeds up), the change from ``k - 1`` to ``k`` SMs, measured and simulated (µs),
+    where the two differ by at least ``min_us``.
+    """
+    table = comparison["table"]
+    rows = []
+    for (s, e, k), (meas, sim) in sorted(table.items()):  # type: ignore[union-attr]
+        before = table.get((s, e, k - 1))  # type: ignore[union-attr]
+        if k < min_sms or before is None:
+            continue
+        d_meas, d_sim = 1e3 * (meas - before[0]), 1e3 * (sim - before[1])
+        if abs(d_meas - d_sim) >= min_us:
+            rows.append({"window": (s, e), "sms": k, "measured_us": d_meas,
+                         "simulated_us": d_sim})
+    return rows
+
+
+def gap_spread(comparison: dict[str, object], best_sms: range = range(6, 13),
+               start_sms: range = range(13, 21)) -> dict[str, object]:
+    """The comparison's gap over neighbouring pairs: window (0, 6) on each of ``start_sms`` against
+    (2, 6) on each of ``best_sms``, measured minus simulated (percentage points): mean, mean
+    absolute, and the largest with its pair ``(best SMs, start SMs)``."""
+    table = comparison["table"]
+
+    def gap(side: int, k_best: int, k_start: int) -> float:
+        return 100 * (table[(0, 6, k_start)][side] / table[(2, 6, k_best)][side] - 1)  # type: ignore[index]
+
+    diff = {(kb, ks): gap(0, kb, ks) - gap(1, kb, ks) for kb in best_sms for ks in start_sms}
+    worst = max(diff, key=lambda pair: diff[pair])
+    values = np.array(list(diff.values()))
+    return {"mean": float(values.mean()), "mean_abs": float(np.abs(values).mean()),
+            "max": diff[worst], "max_at": worst, "pairs": len(diff)}
 
 
 def partition_table(problem: object) -> list[dict[str, object]]:
@@ -173,6 +213,15 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
             click.echo(f"    {r['sms']:3.0f}   {r['time_measured_us']:+5.0f} / "
                        f"{r['time_simulated_us']:+5.0f}    {r['energy_measured_mj']:+6.1f} / "
                        f"{r['energy_simulated_mj']:+6.1f}")
+        spread = gap_spread(cmp_)
+        click.echo(f"  the gap over {spread['pairs']} neighbouring pairs ((2, 6) on 6-12 SMs, (0, 6) on"
+                   f" 13-20), measured minus simulated: mean {spread['mean']:+.2f} points, mean |.|"
+                   f" {spread['mean_abs']:.2f}, largest {spread['max']:+.2f} at {spread['max_at']}")
+        click.echo("  from 9 SMs, where a step to the next SM count differs by 15 µs or more"
+                   " (µs, measured / simulated):")
+        for r in sm_steps(cmp_):
+            click.echo(f"    {str(r['window']):8s} {r['sms'] - 1:2d} -> {r['sms']:2d} SMs  "
+                       f"{r['measured_us']:+5.0f} / {r['simulated_us']:+5.0f}")
     problem = make_problem(workload, gpu=gpu, tp=tp)
     click.echo(f"\n{workload} TP{tp}: partitions at {problem.gpu.clock_max_mhz:.0f} MHz (µs)")
     for r in partition_table(problem):
