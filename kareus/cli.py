@@ -648,7 +648,9 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
             f"({pb['measured_excess_pct']:+.1f} % over the measured fastest)",
             "  " + floor_slope_text(f["floor_slope"]),
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
-        ] + _preset_diff_lines(obj))
+        ] + ([f"  held at the starting point (the sweep cannot identify them): "
+              f"{', '.join(f['held_at_start'])}"] if f.get("held_at_start") else [])
+            + _preset_diff_lines(obj))
 
     _emit(obj, as_json, text)
 

@@ -423,6 +423,26 @@ def test_a_refit_does_not_start_from_the_previous_fit(tmp_path, spec, a100_40):
     assert again.op_work == first.op_work and again.op_host == first.op_host
 
 
+def test_one_block_size_leaves_the_thread_exponent_at_its_start(tmp_path, spec, a100_40):
+    """With every row at one block size, ``(threads / comm_block_default) ** exponent`` is the
+    same whatever the exponent: the fit holds it at its starting point (and says so) instead of
+    letting the solver move it where nothing pins it. Two block sizes free it."""
+    from kareus.backends.partition_calibration import _TIME_PARAMS, held_by_sweep
+    start = dict((name, v) for name, _, v in _TIME_PARAMS)["tuned_block_exponent"]
+    path = tmp_path / "sweep.csv"
+    _sweep_csv(path, spec, a100_40, [r for r in ROWS if r[3] == 1024], scale=1.08)
+    one = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
+    assert held_by_sweep(one) == {"tuned_block_exponent": start}
+    cal = fit_partition(spec.partition(), one, a100_40, spec.sha256, holdout=False,
+                        max_nfev_per_param=3)
+    assert cal.law["tuned_block_exponent"] == start
+    assert cal.fit["held_at_start"] == ["tuned_block_exponent"]
+    both = tmp_path / "both.csv"
+    _sweep_csv(both, spec, a100_40, ROWS)
+    assert held_by_sweep(load_sweep(both, len(spec.partition().compute),
+                                    a100_40.comm_max_sms)) == {}
+
+
 def test_ops_after_every_wait_keep_their_counted_work():
     # the sweep's windows end at op 6 at the latest, so op 7 (the output projection) runs after
     # the compute stream's wait everywhere: the fit holds its work factor at 1

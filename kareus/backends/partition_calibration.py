@@ -26,7 +26,9 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   FLOP/byte count says: extra or unfused kernels), pulled towards 1 by a weak penalty, and one
   host factor per op. An op that runs after the compute stream's wait in every measured window
   is only ever seen through the constant time it adds to every configuration, which the
-  harness's overhead adds too: its work factor stays 1.
+  harness's overhead adds too: its work factor stays 1. Likewise a sweep of one block size
+  cannot tell how the collective depends on threads per block: ``tuned_block_exponent`` then
+  stays at its starting point (:func:`held_by_sweep`).
 
 Everything is fitted at the sweep's clock. Other clocks follow from the laws: compute-bound work
 scales with ``1/f``, HBM-bound work does not, the collective's per-SM throughput scales with
@@ -328,6 +330,17 @@ def _never_overlapped(configs: PartitionConfigs, n_ops: int) -> NDArray[np.bool_
     return np.arange(n_ops) > int(np.max(configs.end))
 
 
+def held_by_sweep(sweep: PartitionSweep) -> dict[str, float]:
+    """Time parameters ``sweep`` cannot identify, at the starting point the fit holds them at:
+    the collective's dependence on threads per block (``tuned_block_exponent``) needs rows of
+    two block sizes or more; with one, ``(threads / comm_block_default) ** exponent`` is the same
+    for every row whatever the exponent, and the solver would move it where nothing pins it."""
+    start = {name: v for name, _, v in _TIME_PARAMS}
+    if np.unique(sweep.configs.threads).size < 2:
+        return {"tuned_block_exponent": start["tuned_block_exponent"]}
+    return {}
+
+
 def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
              clock_mhz: float | None, starts: int = 2,
              max_nfev_per_param: int = _MAX_NFEV_PER_PARAM
@@ -343,9 +356,11 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     m = len(_TIME_PARAMS)
 
     held = _never_overlapped(sweep.configs, n)
+    held_params = held_by_sweep(sweep)
 
     def unpack_time(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
         law = {name: _decode(kind, v) for (name, kind, _), v in zip(_TIME_PARAMS, x)}
+        law.update(held_params)
         return law, np.where(held, 1.0, np.exp(x[m:m + n])), np.exp(x[m + n:])
 
     def time_resid(x: NDArray) -> NDArray:
@@ -358,7 +373,8 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     # Stage 1: the collective's own law from the sequential window (it runs alone there).
     seq = sweep.configs.start < 0
     if seq.sum() >= len(_COMM_ALONE) + 2:
-        alone, common_work = _fit_collective_alone(partition, sweep.subset(seq), gpu, clock_mhz)
+        alone, common_work = _fit_collective_alone(partition, sweep.subset(seq), gpu, clock_mhz,
+                                                   fixed=held_params)
         for i, (name, kind, _) in enumerate(_TIME_PARAMS):
             if name in alone:
                 x0[i] = _encode(kind, alone[name])
@@ -427,6 +443,9 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
         "time_max_ape_pct": float(100 * np.max(np.abs(t / sweep.time_s - 1))),
     }
     fit.update(_best_rank(sweep, t))
+    held_params = sorted(held_by_sweep(sweep))
+    if held_params:  # only a sweep that cannot identify them says so
+        fit["held_at_start"] = held_params
     fit["floor_slope"] = floor_slope(sweep, t, e)
     if holdout:
         wins = sweep.configs.windows()
