@@ -432,15 +432,41 @@ def test_one_block_size_leaves_the_thread_exponent_at_its_start(tmp_path, spec, 
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, [r for r in ROWS if r[3] == 1024], scale=1.08)
     one = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
-    assert held_by_sweep(one) == {"tuned_block_exponent": start}
+    assert held_by_sweep(spec.partition(), one) == {"tuned_block_exponent": start}
     cal = fit_partition(spec.partition(), one, a100_40, spec.sha256, holdout=False,
                         max_nfev_per_param=3)
     assert cal.law["tuned_block_exponent"] == start
     assert cal.fit["held_at_start"] == ["tuned_block_exponent"]
     both = tmp_path / "both.csv"
     _sweep_csv(both, spec, a100_40, ROWS)
-    assert held_by_sweep(load_sweep(both, len(spec.partition().compute),
-                                    a100_40.comm_max_sms)) == {}
+    assert held_by_sweep(spec.partition(), load_sweep(both, len(spec.partition().compute),
+                                                      a100_40.comm_max_sms)) == {}
+
+
+def test_a_class_of_op_the_partition_lacks_leaves_its_parameters_at_their_start(
+        tmp_path, spec, a100_40):
+    """A partition without attention (an MLP's, say) cannot see the attention class's host time,
+    slowdown or collective rate; one of memory ops only cannot see the GEMMs' either, nor the
+    link cap beside them or the wave a tiled kernel loses. The fit holds them all."""
+    from dataclasses import replace
+
+    from kareus.backends.partition_calibration import _TIME_PARAMS, held_by_sweep
+    start = {name: v for name, _, v in _TIME_PARAMS}
+    path = tmp_path / "sweep.csv"
+    _sweep_csv(path, spec, a100_40, ROWS)
+    sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
+    part = spec.partition()
+    no_attention = replace(part, compute=tuple(
+        replace(op, kind="gemm", uneven_tail=None) if op.kind == "attention" else op
+        for op in part.compute))
+    attention_names = {"host_issue_attention_s", "overlap_slowdown_attention",
+                       "comm_rate_beside_attention"}
+    assert held_by_sweep(no_attention, sweep) == {n: start[n] for n in attention_names}
+    memory_only = replace(part, compute=tuple(replace(op, kind="memory", uneven_tail=None)
+                                              for op in part.compute))
+    assert set(held_by_sweep(memory_only, sweep)) == attention_names | {
+        "host_issue_gemm_s", "overlap_slowdown_gemm", "comm_rate_beside_gemm",
+        "tuned_link_fraction_beside_compute", "partial_wave_loss"}
 
 
 def test_ops_after_every_wait_keep_their_counted_work():

@@ -26,9 +26,9 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   FLOP/byte count says: extra or unfused kernels), pulled towards 1 by a weak penalty, and one
   host factor per op. An op that runs after the compute stream's wait in every measured window
   is only ever seen through the constant time it adds to every configuration, which the
-  harness's overhead adds too: its work factor stays 1. Likewise a sweep of one block size
-  cannot tell how the collective depends on threads per block: ``tuned_block_exponent`` then
-  stays at its starting point (:func:`held_by_sweep`).
+  harness's overhead adds too: its work factor stays 1. Likewise the parameters a sweep cannot
+  see (how the collective depends on threads per block, with one block size; a class of op the
+  partition lacks) stay at their starting points (:func:`held_by_sweep`).
 
 Everything is fitted at the sweep's clock. Other clocks follow from the laws: compute-bound work
 scales with ``1/f``, HBM-bound work does not, the collective's per-SM throughput scales with
@@ -330,15 +330,34 @@ def _never_overlapped(configs: PartitionConfigs, n_ops: int) -> NDArray[np.bool_
     return np.arange(n_ops) > int(np.max(configs.end))
 
 
-def held_by_sweep(sweep: PartitionSweep) -> dict[str, float]:
-    """Time parameters ``sweep`` cannot identify, at the starting point the fit holds them at:
-    the collective's dependence on threads per block (``tuned_block_exponent``) needs rows of
-    two block sizes or more; with one, ``(threads / comm_block_default) ** exponent`` is the same
-    for every row whatever the exponent, and the solver would move it where nothing pins it."""
+def held_by_sweep(partition: Partition, sweep: PartitionSweep) -> dict[str, float]:
+    """Time parameters a sweep of ``partition`` cannot identify, at the starting point the fit
+    holds them at. Nothing in the sweep depends on them, so the solver would move them where
+    nothing pins them, and a calibration applied to other partitions would carry that:
+
+    - the collective's dependence on threads per block (``tuned_block_exponent``) needs rows of
+      two block sizes or more: with one, ``(threads / comm_block_default) ** exponent`` is the
+      same for every row;
+    - a class of op (memory, GEMM, attention) the partition does not have leaves its host issue
+      time, its slowdown beside the collective and the collective's rate beside it unseen;
+    - without GEMM or attention kernels, the collective's link cap beside them
+      (``tuned_link_fraction_beside_compute``); without a kernel of uniform tiles (a GEMM,
+      non-causal attention), the wave it loses (``partial_wave_loss``).
+    """
     start = {name: v for name, _, v in _TIME_PARAMS}
+    names: list[str] = []
     if np.unique(sweep.configs.threads).size < 2:
-        return {"tuned_block_exponent": start["tuned_block_exponent"]}
-    return {}
+        names.append("tuned_block_exponent")
+    kinds = {op.kind for op in partition.compute}
+    for kind in ("memory", "gemm", "attention"):
+        if kind not in kinds:
+            names += [f"host_issue_{kind}_s", f"overlap_slowdown_{kind}",
+                      f"comm_rate_beside_{kind}"]
+    if not kinds & {"gemm", "attention"}:
+        names.append("tuned_link_fraction_beside_compute")
+    if not any(op.kind != "memory" and op.uneven_tail is None for op in partition.compute):
+        names.append("partial_wave_loss")
+    return {name: start[name] for name in names}
 
 
 def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
@@ -356,7 +375,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     m = len(_TIME_PARAMS)
 
     held = _never_overlapped(sweep.configs, n)
-    held_params = held_by_sweep(sweep)
+    held_params = held_by_sweep(partition, sweep)
 
     def unpack_time(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
         law = {name: _decode(kind, v) for (name, kind, _), v in zip(_TIME_PARAMS, x)}
@@ -443,7 +462,7 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
         "time_max_ape_pct": float(100 * np.max(np.abs(t / sweep.time_s - 1))),
     }
     fit.update(_best_rank(sweep, t))
-    held_params = sorted(held_by_sweep(sweep))
+    held_params = sorted(held_by_sweep(partition, sweep))
     if held_params:  # only a sweep that cannot identify them says so
         fit["held_at_start"] = held_params
     fit["floor_slope"] = floor_slope(sweep, t, e)
