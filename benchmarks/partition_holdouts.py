@@ -11,9 +11,10 @@ part of the shared sweep along another axis and predicts the rest:
   dominates);
 - **block-size**: fit on the 1024-thread rows, predict the 512-thread ones. One block size cannot
   identify the collective's dependence on threads per block (``tuned_block_exponent``), so the fit
-  holds it at its starting point, 0.86, which earlier fits on both block sizes chose; the honest
-  prior is 1 (the SM path's remote loads in flight grow with the threads), and since the exponent
-  does not touch the fitted rows, the held-out rows are also predicted with it at 1.
+  keeps the preset's, which the fit on both block sizes chose: predicting with it is not a
+  hold-out of the exponent. The honest prior is 1 (the SM path's remote loads in flight grow with
+  the threads), and since the exponent does not touch the fitted rows, the held-out rows are
+  also predicted with it at 1.
 
 Each prints the fit's and the prediction's time / energy MAPE, the prediction's largest error and
 signed mean, and where the law ranks the held-out rows' measured fastest configuration. About a

@@ -648,8 +648,8 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
             f"({pb['measured_excess_pct']:+.1f} % over the measured fastest)",
             "  " + floor_slope_text(f["floor_slope"]),
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
-        ] + ([f"  held at the starting point (the sweep cannot identify them): "
-              f"{', '.join(f['held_at_start'])}"] if f.get("held_at_start") else [])
+        ] + ([f"  kept from the preset, not fitted (the sweep cannot identify them): "
+              f"{', '.join(f['kept_from_preset'])}"] if f.get("kept_from_preset") else [])
             + _preset_diff_lines(obj))
 
     _emit(obj, as_json, text)

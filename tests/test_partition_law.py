@@ -423,35 +423,34 @@ def test_a_refit_does_not_start_from_the_previous_fit(tmp_path, spec, a100_40):
     assert again.op_work == first.op_work and again.op_host == first.op_host
 
 
-def test_one_block_size_leaves_the_thread_exponent_at_its_start(tmp_path, spec, a100_40):
+def test_one_block_size_keeps_the_presets_thread_exponent(tmp_path, spec, a100_40):
     """With every row at one block size, ``(threads / comm_block_default) ** exponent`` is the
-    same whatever the exponent: the fit holds it at its starting point (and says so) instead of
-    letting the solver move it where nothing pins it. Two block sizes free it."""
-    from kareus.backends.partition_calibration import _TIME_PARAMS, held_by_sweep
-    start = dict((name, v) for name, _, v in _TIME_PARAMS)["tuned_block_exponent"]
+    same whatever the exponent: the fit keeps the preset's exponent, leaves it out of its law and
+    says so, instead of letting the solver move it where nothing pins it. Two block sizes free
+    it."""
+    from kareus.backends.partition_calibration import held_by_sweep
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, [r for r in ROWS if r[3] == 1024], scale=1.08)
     one = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
-    assert held_by_sweep(spec.partition(), one) == {"tuned_block_exponent": start}
+    assert held_by_sweep(spec.partition(), one) == ["tuned_block_exponent"]
     cal = fit_partition(spec.partition(), one, a100_40, spec.sha256, holdout=False,
                         max_nfev_per_param=3)
-    assert cal.law["tuned_block_exponent"] == start
-    assert cal.fit["held_at_start"] == ["tuned_block_exponent"]
+    assert "tuned_block_exponent" not in cal.law and "tuned_bw_per_sm_mhz" in cal.law
+    assert cal.apply(a100_40).tuned_block_exponent == a100_40.tuned_block_exponent
+    assert cal.fit["kept_from_preset"] == ["tuned_block_exponent"]
     both = tmp_path / "both.csv"
     _sweep_csv(both, spec, a100_40, ROWS)
     assert held_by_sweep(spec.partition(), load_sweep(both, len(spec.partition().compute),
-                                                      a100_40.comm_max_sms)) == {}
+                                                      a100_40.comm_max_sms)) == []
 
 
-def test_a_class_of_op_the_partition_lacks_leaves_its_parameters_at_their_start(
-        tmp_path, spec, a100_40):
+def test_a_class_of_op_the_partition_lacks_keeps_its_parameters(tmp_path, spec, a100_40):
     """A partition without attention (an MLP's, say) cannot see the attention class's host time,
     slowdown or collective rate; one of memory ops only cannot see the GEMMs' either, nor the
-    link cap beside them or the wave a tiled kernel loses. The fit holds them all."""
+    link cap beside them or the wave a tiled kernel loses. The fit keeps the preset's."""
     from dataclasses import replace
 
-    from kareus.backends.partition_calibration import _TIME_PARAMS, held_by_sweep
-    start = {name: v for name, _, v in _TIME_PARAMS}
+    from kareus.backends.partition_calibration import held_by_sweep
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, ROWS)
     sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
@@ -461,7 +460,7 @@ def test_a_class_of_op_the_partition_lacks_leaves_its_parameters_at_their_start(
         for op in part.compute))
     attention_names = {"host_issue_attention_s", "overlap_slowdown_attention",
                        "comm_rate_beside_attention"}
-    assert held_by_sweep(no_attention, sweep) == {n: start[n] for n in attention_names}
+    assert set(held_by_sweep(no_attention, sweep)) == attention_names
     memory_only = replace(part, compute=tuple(replace(op, kind="memory", uneven_tail=None)
                                               for op in part.compute))
     assert set(held_by_sweep(memory_only, sweep)) == attention_names | {

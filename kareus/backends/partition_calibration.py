@@ -28,7 +28,8 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   is only ever seen through the constant time it adds to every configuration, which the
   harness's overhead adds too: its work factor stays 1. Likewise the parameters a sweep cannot
   see (how the collective depends on threads per block, with one block size; a class of op the
-  partition lacks) stay at their starting points (:func:`held_by_sweep`).
+  partition lacks) keep the preset's values and stay out of the fitted law
+  (:func:`held_by_sweep`).
 
 Everything is fitted at the sweep's clock. Other clocks follow from the laws: compute-bound work
 scales with ``1/f``, HBM-bound work does not, the collective's per-SM throughput scales with
@@ -330,21 +331,21 @@ def _never_overlapped(configs: PartitionConfigs, n_ops: int) -> NDArray[np.bool_
     return np.arange(n_ops) > int(np.max(configs.end))
 
 
-def held_by_sweep(partition: Partition, sweep: PartitionSweep) -> dict[str, float]:
-    """Time parameters a sweep of ``partition`` cannot identify, at the starting point the fit
-    holds them at. Nothing in the sweep depends on them, so the solver would move them where
-    nothing pins them, and a calibration applied to other partitions would carry that:
+def held_by_sweep(partition: Partition, sweep: PartitionSweep) -> list[str]:
+    """Time parameters a sweep of ``partition`` cannot identify. The fit holds them at the
+    preset's values and leaves them out of its law, so a calibration applied to other partitions
+    keeps what the preset knows; fitted, the solver would move them where nothing pins them:
 
     - the collective's dependence on threads per block (``tuned_block_exponent``) needs rows of
       two block sizes or more: with one, ``(threads / comm_block_default) ** exponent`` is the
-      same for every row;
+      same for every row (or, with one other size, a constant factor the per-SM throughput
+      absorbs);
     - a class of op (memory, GEMM, attention) the partition does not have leaves its host issue
       time, its slowdown beside the collective and the collective's rate beside it unseen;
     - without GEMM or attention kernels, the collective's link cap beside them
       (``tuned_link_fraction_beside_compute``); without a kernel of uniform tiles (a GEMM,
       non-causal attention), the wave it loses (``partial_wave_loss``).
     """
-    start = {name: v for name, _, v in _TIME_PARAMS}
     names: list[str] = []
     if np.unique(sweep.configs.threads).size < 2:
         names.append("tuned_block_exponent")
@@ -357,7 +358,7 @@ def held_by_sweep(partition: Partition, sweep: PartitionSweep) -> dict[str, floa
         names.append("tuned_link_fraction_beside_compute")
     if not any(op.kind != "memory" and op.uneven_tail is None for op in partition.compute):
         names.append("partial_wave_loss")
-    return {name: start[name] for name in names}
+    return names
 
 
 def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
@@ -369,17 +370,18 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     parameter. Returns the law, the op work factors and the op host factors."""
     from scipy.optimize import least_squares
 
-    gpu = _at_starting_point(gpu)
+    unseen = held_by_sweep(partition, sweep)
+    preset_values = {name: getattr(gpu, name) for name in unseen}
+    gpu = _at_starting_point(gpu).with_overrides(**preset_values)
     n = len(partition.compute)
     t_meas, e_meas = sweep.time_s, sweep.energy_j
     m = len(_TIME_PARAMS)
 
     held = _never_overlapped(sweep.configs, n)
-    held_params = held_by_sweep(partition, sweep)
 
     def unpack_time(x: NDArray) -> tuple[dict[str, float], NDArray, NDArray]:
-        law = {name: _decode(kind, v) for (name, kind, _), v in zip(_TIME_PARAMS, x)}
-        law.update(held_params)
+        law = {name: _decode(kind, v) for (name, kind, _), v in zip(_TIME_PARAMS, x)
+               if name not in preset_values}
         return law, np.where(held, 1.0, np.exp(x[m:m + n])), np.exp(x[m + n:])
 
     def time_resid(x: NDArray) -> NDArray:
@@ -393,7 +395,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     seq = sweep.configs.start < 0
     if seq.sum() >= len(_COMM_ALONE) + 2:
         alone, common_work = _fit_collective_alone(partition, sweep.subset(seq), gpu, clock_mhz,
-                                                   fixed=held_params)
+                                                   fixed=preset_values)
         for i, (name, kind, _) in enumerate(_TIME_PARAMS):
             if name in alone:
                 x0[i] = _encode(kind, alone[name])
@@ -462,9 +464,9 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
         "time_max_ape_pct": float(100 * np.max(np.abs(t / sweep.time_s - 1))),
     }
     fit.update(_best_rank(sweep, t))
-    held_params = sorted(held_by_sweep(partition, sweep))
-    if held_params:  # only a sweep that cannot identify them says so
-        fit["held_at_start"] = held_params
+    unseen = held_by_sweep(partition, sweep)
+    if unseen:  # only a sweep that cannot identify them says so
+        fit["kept_from_preset"] = unseen
     fit["floor_slope"] = floor_slope(sweep, t, e)
     if holdout:
         wins = sweep.configs.windows()
