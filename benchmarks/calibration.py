@@ -4,7 +4,12 @@ profile, predict the other model's per-clock time and energy relative to its top
 instruction, for the earlier law (``before``: no sustained-clock ceiling, the cap at the board
 limit) and the current one (``after``: ceiling and held cap fitted).
 
-    python benchmarks/calibration.py [--detail] [--plot calibration.png] [--json]
+    python benchmarks/calibration.py [--detail] [--plot calibration.png] [--json] [--top-window 150]
+
+``--top-window W`` adds a table: each profile fitted on its clocks within ``W`` MHz of its top
+clock only, predicting its lower clocks (relative to each instruction's top clock), with the knee
+and voltage ratio kept from the preset when the window does not reach below the knee (the
+calibration's default) and fitted freely.
 
 Data: shared/perseus_sosp24/stage_profile (Perseus SOSP '24 artifact; A100 SXM4 80 GB 500 W and
 A40 300 W measurements). The A100 GPT-3 fit is what the a100-sxm4-* presets carry; the 40 GB 400 W
@@ -19,7 +24,12 @@ import sys
 import click
 import pandas as pd
 
-from kareus.hardware.calibration import calibrate, predict_relative, transfer_table
+from kareus.hardware.calibration import (
+    MIN_CLOCKS_BELOW_KNEE,
+    calibrate,
+    predict_relative,
+    transfer_table,
+)
 from kareus.hardware.presets import get_preset
 from kareus.hardware.profile import load_profile
 from kareus.suite.datasets import perseus_profile
@@ -60,15 +70,47 @@ def run() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
     return report, pd.concat(tables, ignore_index=True), pd.concat(frames, ignore_index=True)
 
 
+def top_window_extrapolation(window_mhz: float) -> list[dict]:
+    """Each profile fitted on its clocks within ``window_mhz`` of its top clock, predicting the
+    clocks below: time and energy MAPE (%) there, with the knee and voltage ratio kept from the
+    preset (``kept``, when the window lies above the knee) and fitted freely (``free``)."""
+    out = []
+    for gpu, tag in CASES:
+        preset = get_preset(gpu)
+        for model, _ in DIRECTIONS:
+            path = perseus_profile(f"{model}+{tag}_bf16.csv")
+            if path is None:
+                sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
+            profile = load_profile(path)
+            cut = profile.frequency.max() - window_mhz
+            for label, min_below in (("kept", MIN_CLOCKS_BELOW_KNEE), ("free", 0)):
+                res = calibrate(profile[profile.frequency >= cut], preset,
+                                min_clocks_below_knee=min_below)
+                rows, _ = predict_relative(res, preset, profile)
+                low = rows[rows.frequency < cut]
+                out.append({"gpu": gpu, "profile": model, "window_from_mhz": float(cut),
+                            "voltage_curve": label, "knee_mhz": res.law.knee_mhz,
+                            "v_ratio": res.law.v_ratio,
+                            "time_mape_pct": float(100 * (low.time_pred / low.time - 1).abs().mean()),
+                            "energy_mape_pct": float(
+                                100 * (low.energy_pred / low.energy - 1).abs().mean())})
+    return out
+
+
 @click.command()
 @click.option("--detail", is_flag=True, help="Print every (stage, instruction).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
 @click.option("--json", "as_json", is_flag=True)
-def main(detail: bool, plot: str | None, as_json: bool) -> None:
+@click.option("--top-window", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Also fit each profile on its top MHz only and predict the clocks below.")
+def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None) -> None:
     report, table, frames = run()
+    windows = None if top_window is None else top_window_extrapolation(top_window)
     if as_json:
-        click.echo(json.dumps({"summary": report, "per_instruction": table.to_dict("records")},
-                              indent=2, default=float))
+        out = {"summary": report, "per_instruction": table.to_dict("records")}
+        if windows is not None:
+            out["top_window"] = windows
+        click.echo(json.dumps(out, indent=2, default=float))
         return
     click.echo("Fit (all rows of the fit profile) and hold-out (the other model, relative to its "
                "top clock; %: MAPE / max over clocks and instructions)")
@@ -94,6 +136,13 @@ def main(detail: bool, plot: str | None, as_json: bool) -> None:
     click.echo("\nPer instruction (%):")
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         click.echo(g.round(2).to_string())
+    if windows is not None:
+        click.echo(f"\nFitted on the top {top_window:g} MHz of each profile, predicting the "
+                   "clocks below (MAPE %; voltage curve kept from the preset or fitted freely):")
+        for w in windows:
+            click.echo(f"  {w['gpu']:15s} {w['profile']:10s} >= {w['window_from_mhz']:.0f} MHz "
+                       f"{w['voltage_curve']:5s} knee {w['knee_mhz']:5.0f} Vr {w['v_ratio']:.3f}"
+                       f"  time {w['time_mape_pct']:6.2f}  energy {w['energy_mape_pct']:6.2f}")
     if plot:
         _plot(frames, plot)
 

@@ -473,6 +473,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     from dataclasses import asdict
 
     from kareus.errors import InputError
+    from kareus.hardware.calibration import MIN_CLOCKS_BELOW_KNEE
     from kareus.hardware.calibration import calibrate as fit
     from kareus.hardware.profile import load_profile
 
@@ -519,6 +520,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         "fit": {**asdict(res.law), "sm_dyn_power_w": res.sm_dyn_power_w,
                 "hbm_dyn_power_w": res.hbm_dyn_power_w},
         "error": {"time_mape_pct": res.time_mape_pct, "energy_mape_pct": res.energy_mape_pct},
+        "kept_from_preset": list(res.kept_from_preset),
         "fitted_preset": {k: fitted.__dict__[k] for k in
                           ("sm_dyn_power_w", "hbm_dyn_power_w", "knee_mhz", "v_ratio")},
     }
@@ -540,7 +542,10 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
             f"cap {res.power_limit_w:.0f} W)",
             f"  fit error: time MAPE {res.time_mape_pct:.2f} %, energy MAPE "
             f"{res.energy_mape_pct:.2f} %",
-        ] + _preset_diff_lines(obj))
+        ] + ([f"  kept from the preset, not fitted: {', '.join(res.kept_from_preset)} (fewer "
+              f"than {MIN_CLOCKS_BELOW_KNEE} of the profile's clocks lie below the knee, "
+              f"{preset.knee_mhz:.0f} MHz)"] if res.kept_from_preset else [])
+            + _preset_diff_lines(obj))
 
     _emit(obj, as_json, text)
 

@@ -98,6 +98,36 @@ def test_fit_recovers_a_synthetic_law():
     assert res.time_mape_pct < 0.1
 
 
+def test_a_profile_above_the_knee_keeps_the_presets_voltage_curve():
+    """Clocks that all lie above the knee show only the voltage's slope there: the fit keeps the
+    preset's knee and voltage ratio, says so, and still fits the rest of the law; with the whole
+    range it fits them (the synthetic law's knee, not the preset's)."""
+    import numpy as np
+
+    from kareus.hardware.calibration import StageLaw, _Model
+    preset = get_preset("a100-sxm4-80gb")
+    model = _Model(preset, StageLaw(insensitive_share=0.2, knee_mhz=1050.0, v_ratio=1.3),
+                   preset.static_power_w, 1000.0)
+
+    def profile(lo: float) -> pd.DataFrame:
+        f = preset.clock_grid(lo, 1410)
+        rows = []
+        for s, (tau, alpha) in enumerate([(0.05, 400.0), (0.09, 380.0)]):
+            for ins in ("forward", "backward"):
+                t, e = model.predict(f, np.full_like(f, tau), np.full_like(f, alpha))
+                rows += [dict(stage=s, instruction=ins, frequency=int(x), time=a, energy=b)
+                         for x, a, b in zip(f, t, e)]
+        return pd.DataFrame(rows)
+
+    high = calibrate(profile(1200), preset, power_limit_w=1000.0, clock_limits=False)
+    assert high.kept_from_preset == ("knee_mhz", "v_ratio")
+    assert (high.law.knee_mhz, high.law.v_ratio) == (preset.knee_mhz, preset.v_ratio)
+    assert high.time_mape_pct < 1.0
+    full = calibrate(profile(855), preset, power_limit_w=1000.0, clock_limits=False)
+    assert full.kept_from_preset == ()
+    assert full.law.knee_mhz == pytest.approx(1050, abs=15)
+
+
 def test_simulator_and_calibration_share_the_power_law():
     """The simulator's kernel power is :func:`dynamic_power` of its activity, at any clock."""
     import numpy as np

@@ -22,6 +22,12 @@ over the instruction's kernels:
 
 GPU-level parameters (``m``, knee, voltage ratio) are shared by all instructions; ``τ`` and
 ``α`` are per instruction. ``α`` at full tensor activity is the preset's SM dynamic power.
+
+Above the knee the voltage rises in proportion to the clock, so a profile whose clocks all lie
+above it shows only that slope, not where the knee is nor how much the voltage has risen from it
+(a flat voltage and a low knee fit it as well as the real curve). With fewer than
+:data:`MIN_CLOCKS_BELOW_KNEE` clocks below the preset's knee, the knee and the voltage ratio keep
+the preset's values (``CalibrationResult.kept_from_preset``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from scipy.optimize import least_squares
 from kareus.errors import ProfileError
 from kareus.hardware.power import dynamic_power, sm_power_scale, sustained_clock
 from kareus.hardware.presets import GPUPreset
+
+
+#: Distinct profile clocks below the preset's knee needed to fit the knee and the voltage ratio.
+MIN_CLOCKS_BELOW_KNEE = 2
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,8 @@ class CalibrationResult:
         points: Rows fitted.
         alphas: Per (stage, instruction) fitted SM power ``α`` (W), the activity prior for an
             instruction whose anchor runs at the cap (see :func:`predict_relative`).
+        kept_from_preset: Law parameters the profile cannot identify, held at the preset's
+            values (see the module docstring).
     """
 
     gpu: str
@@ -77,6 +89,7 @@ class CalibrationResult:
     static_power_w: float
     points: int
     alphas: tuple[tuple[int, str, float], ...] = ()
+    kept_from_preset: tuple[str, ...] = ()
 
     def fitted_preset(self, base: GPUPreset, reference: "CalibrationResult | None" = None
                       ) -> GPUPreset:
@@ -145,7 +158,8 @@ class _Model:
 
 def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float | None = None,
               power_limit_w: float | None = None, clock_limits: bool = True,
-              max_nfev: int = 4000) -> CalibrationResult:
+              max_nfev: int = 4000,
+              min_clocks_below_knee: int = MIN_CLOCKS_BELOW_KNEE) -> CalibrationResult:
     """Fit the GPU-level laws and per-instruction scales to a validated profile.
 
     Args:
@@ -158,6 +172,8 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
             board limit).
         max_nfev: The fit's budget: residual evaluations each of the three least-squares starts
             (one per knee guess) may spend.
+        min_clocks_below_knee: With fewer distinct clocks below the preset's knee, the knee and
+            the voltage ratio keep the preset's values (0: always fit them).
     """
     static_w = preset.static_power_w if static_power_w is None else static_power_w
     cap_w = preset.power_limit_w if power_limit_w is None else power_limit_w
@@ -185,8 +201,13 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
     f_max = preset.clock_max_mhz
     n_law = 5 if clock_limits else 3
 
+    below_knee = int(np.sum(np.unique(profile.frequency.to_numpy(float))
+                            < preset.knee_mhz))
+    vf_held = below_knee < min_clocks_below_knee
+
     def unpack(x: NDArray[np.float64]) -> tuple[StageLaw, NDArray, NDArray]:
-        law = StageLaw(insensitive_share=x[0], knee_mhz=x[1], v_ratio=x[2],
+        knee, v_ratio = (preset.knee_mhz, preset.v_ratio) if vf_held else (x[1], x[2])
+        law = StageLaw(insensitive_share=x[0], knee_mhz=knee, v_ratio=v_ratio,
                        ceiling_mhz=float(x[3]) if clock_limits else None,
                        cap_w=float(x[4]) if clock_limits else None)
         return law, np.exp(x[n_law:n_law + n_groups]), np.exp(x[n_law + n_groups:])
@@ -207,7 +228,8 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
     lo = np.concatenate([lo, np.full(2 * n_groups, -np.inf)])
     hi = np.concatenate([hi, np.full(2 * n_groups, np.inf)])
     fit = None
-    for knee in (0.65, 0.75, 0.85):  # the knee's loss surface has local minima
+    # the knee's loss surface has local minima; held, one start does
+    for knee in (0.75,) if vf_held else (0.65, 0.75, 0.85):
         x_law[1] = knee * f_max
         x0 = np.concatenate([x_law, np.log(tau0), np.log(alpha0)])
         r = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=max_nfev)
@@ -224,6 +246,7 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
         energy_mape_pct=float(np.mean(np.abs(e / e_obs - 1)) * 100),
         power_limit_w=cap_w, static_power_w=static_w, points=len(profile),
         alphas=tuple((int(k[0]), str(k[1]), float(a)) for k, a in zip(keys, alpha)),
+        kept_from_preset=("knee_mhz", "v_ratio") if vf_held else (),
     )
 
 

@@ -318,7 +318,8 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
             "fit": res.to_dict()})
         report["fit"] = {"time_mape_pct": res.time_mape_pct,
                          "energy_mape_pct": res.energy_mape_pct, **asdict(res.law),
-                         "sm_dyn_power_w": fitted.sm_dyn_power_w}
+                         "sm_dyn_power_w": fitted.sm_dyn_power_w,
+                         "kept_from_preset": list(res.kept_from_preset)}
         report["fitted_preset"] = str(out / "fitted_preset.json")
         sim_error["fitted"] = simulator_error(
             profile, workload, fitted, backend.static_power_w, nanobatched=nanobatched).to_dict()
