@@ -72,8 +72,10 @@ def run() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
 
 def top_window_extrapolation(window_mhz: float) -> list[dict]:
     """Each profile fitted on its clocks within ``window_mhz`` of its top clock, predicting the
-    clocks below: time and energy MAPE (%) there, with the knee and voltage ratio kept from the
-    preset (``kept``, when the window lies above the knee) and fitted freely (``free``)."""
+    clocks below: time and energy MAPE (%) there, by the calibration's default (``kept``: the
+    knee and voltage ratio kept from the preset, when the window lies above the knee; else
+    ``free``) and with them always fitted (``free``). A window that leaves fewer than 4 clocks to
+    fit or none to predict is refused (:class:`click.BadParameter`)."""
     out = []
     for gpu, tag in CASES:
         preset = get_preset(gpu)
@@ -83,15 +85,22 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
                 sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
             profile = load_profile(path)
             cut = profile.frequency.max() - window_mhz
-            for label, min_below in (("kept", MIN_CLOCKS_BELOW_KNEE), ("free", 0)):
-                res = calibrate(profile[profile.frequency >= cut], preset,
-                                min_clocks_below_knee=min_below)
+            inside, below = (profile.frequency >= cut), (profile.frequency < cut)
+            if profile.frequency[inside].nunique() < 4 or not below.any():
+                raise click.BadParameter(
+                    f"{window_mhz:g} MHz leaves {profile.frequency[inside].nunique()} clock(s) of "
+                    f"{path.name} to fit (at least 4) and {profile.frequency[below].nunique()} "
+                    "below it to predict (at least 1)", param_hint="--top-window")
+            for min_below in (MIN_CLOCKS_BELOW_KNEE, 0):
+                res = calibrate(profile[inside], preset, min_clocks_below_knee=min_below)
                 rows, _ = predict_relative(res, preset, profile)
                 low = rows[rows.frequency < cut]
+                label = "kept" if res.kept_from_preset else "free"
                 out.append({"gpu": gpu, "profile": model, "window_from_mhz": float(cut),
                             "voltage_curve": label, "knee_mhz": res.law.knee_mhz,
                             "v_ratio": res.law.v_ratio,
-                            "time_mape_pct": float(100 * (low.time_pred / low.time - 1).abs().mean()),
+                            "time_mape_pct": float(
+                                100 * (low.time_pred / low.time - 1).abs().mean()),
                             "energy_mape_pct": float(
                                 100 * (low.energy_pred / low.energy - 1).abs().mean())})
     return out
@@ -104,8 +113,8 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
 @click.option("--top-window", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Also fit each profile on its top MHz only and predict the clocks below.")
 def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None) -> None:
-    report, table, frames = run()
     windows = None if top_window is None else top_window_extrapolation(top_window)
+    report, table, frames = run()
     if as_json:
         out = {"summary": report, "per_instruction": table.to_dict("records")}
         if windows is not None:

@@ -83,11 +83,12 @@ def launch_at_start_cost(comparison: dict[str, object]) -> list[dict[str, float]
 
 def sm_steps(comparison: dict[str, object], *, min_sms: int = 9,
              min_us: float = 15.0) -> list[dict[str, object]]:
-    """Steps between neighbouring SM counts that the law does not draw.
+    """Steps between neighbouring SM counts where the sweep and the law part: the sweep steps
+    and the law does not, or the other way round.
 
     For every window and every SM count ``k >= min_sms`` (below it most windows still fall by
-    tens to hundreds of µs per SM, as the collective speeds up), the change from ``k - 1`` to ``k`` SMs, measured and simulated (µs),
-    where the two differ by at least ``min_us``.
+    tens to hundreds of µs per SM, as the collective speeds up), the change from ``k - 1`` to
+    ``k`` SMs, measured and simulated (µs), where the two differ by at least ``min_us``.
     """
     table = comparison["table"]
     rows = []
@@ -104,13 +105,14 @@ def sm_steps(comparison: dict[str, object], *, min_sms: int = 9,
 
 def gap_spread(comparison: dict[str, object], best_sms: range = range(6, 13),
                start_sms: range = range(13, 21)) -> dict[str, object]:
-    """The comparison's gap over neighbouring pairs: window (0, 6) on each of ``start_sms`` against
-    (2, 6) on each of ``best_sms``, measured minus simulated (percentage points): mean, mean
-    absolute, and the largest with its pair ``(best SMs, start SMs)``."""
+    """The comparison's gap over every pair of window (2, 6) on one of ``best_sms`` and window
+    (0, 6) on one of ``start_sms``: measured minus simulated (percentage points), its mean, mean
+    absolute, and the largest signed value with its pair ``(best SMs, start SMs)``."""
     table = comparison["table"]
 
     def gap(side: int, k_best: int, k_start: int) -> float:
-        return 100 * (table[(0, 6, k_start)][side] / table[(2, 6, k_best)][side] - 1)  # type: ignore[index]
+        start, best = table[(0, 6, k_start)], table[(2, 6, k_best)]  # type: ignore[index]
+        return 100 * (start[side] / best[side] - 1)
 
     diff = {(kb, ks): gap(0, kb, ks) - gap(1, kb, ks) for kb in best_sms for ks in start_sms}
     worst = max(diff, key=lambda pair: diff[pair])
@@ -213,10 +215,12 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
             click.echo(f"    {r['sms']:3.0f}   {r['time_measured_us']:+5.0f} / "
                        f"{r['time_simulated_us']:+5.0f}    {r['energy_measured_mj']:+6.1f} / "
                        f"{r['energy_simulated_mj']:+6.1f}")
-        spread = gap_spread(cmp_)
-        click.echo(f"  the gap over {spread['pairs']} neighbouring pairs ((2, 6) on 6-12 SMs, (0, 6) on"
-                   f" 13-20), measured minus simulated: mean {spread['mean']:+.2f} points, mean |.|"
-                   f" {spread['mean_abs']:.2f}, largest {spread['max']:+.2f} at {spread['max_at']}")
+        best_sms, start_sms = range(6, 13), range(13, 21)
+        spread = gap_spread(cmp_, best_sms, start_sms)
+        click.echo(f"  the gap over {spread['pairs']} pairs ((2, 6) on {best_sms[0]}-{best_sms[-1]}"
+                   f" SMs, (0, 6) on {start_sms[0]}-{start_sms[-1]}), measured minus simulated:"
+                   f" mean {spread['mean']:+.2f} points, mean |.| {spread['mean_abs']:.2f},"
+                   f" largest {spread['max']:+.2f} at {spread['max_at']}")
         click.echo("  from 9 SMs, where a step to the next SM count differs by 15 µs or more"
                    " (µs, measured / simulated):")
         for r in sm_steps(cmp_):

@@ -518,18 +518,20 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         "gpu": preset.name, "profile": profile_path, "points": res.points,
         "static_power_w": res.static_power_w, "power_limit_w": res.power_limit_w,
         "fit": {**asdict(res.law), "sm_dyn_power_w": res.sm_dyn_power_w,
-                "hbm_dyn_power_w": res.hbm_dyn_power_w},
+                "hbm_dyn_power_w": res.hbm_dyn_power_w,
+                "kept_from_preset": list(res.kept_from_preset)},
         "error": {"time_mape_pct": res.time_mape_pct, "energy_mape_pct": res.energy_mape_pct},
-        "kept_from_preset": list(res.kept_from_preset),
         "fitted_preset": {k: fitted.__dict__[k] for k in
                           ("sm_dyn_power_w", "hbm_dyn_power_w", "knee_mhz", "v_ratio")},
     }
     if write_preset:
         source = f"fitted: `kareus calibrate --profile {profile_path}`"
-        obj.update(_write_fit(gpu, {
-            "sm_dyn_power_w": (round(fitted.sm_dyn_power_w, 1), source),
-            "knee_mhz": (round(fitted.knee_mhz, 1), source),
-            "v_ratio": (float(f"{fitted.v_ratio:.4g}"), source)}))
+        changes = {"sm_dyn_power_w": (round(fitted.sm_dyn_power_w, 1), source),
+                   "knee_mhz": (round(fitted.knee_mhz, 1), source),
+                   "v_ratio": (float(f"{fitted.v_ratio:.4g}"), source)}
+        # what the profile could not identify keeps the preset's value and source
+        obj.update(_write_fit(gpu, {k: v for k, v in changes.items()
+                                    if k not in res.kept_from_preset}))
 
     def text() -> str:
         law = res.law

@@ -73,12 +73,12 @@ def test_the_sweeps_steps_and_the_gap_over_neighbouring_pairs():
     assert steps[((0, 6), 19)]["measured_us"] > 15 > steps[((0, 6), 19)]["simulated_us"]
     assert steps[((2, 6), 9)]["measured_us"] < -15 < steps[((2, 6), 9)]["simulated_us"]
     assert steps[((6, 6), 15)]["measured_us"] > 30
-    assert all(r["sms"] >= 9 for r in steps.values())
     spread = kareus_gain.gap_spread(cmp_)
     assert spread["pairs"] == 56
     best_sms, start_sms = spread["max_at"]
     assert best_sms >= 9 and start_sms >= 19
+    # over all pairs the law's gap is close to the sweep's; the item's pair is off by over a point
     table = cmp_["table"]
     item_pair = 100 * (table[(0, 6, 20)][0] / table[(2, 6, 9)][0]
                        - table[(0, 6, 20)][1] / table[(2, 6, 9)][1])
-    assert spread["mean_abs"] < item_pair <= spread["max"] + 1e-9
+    assert abs(spread["mean"]) < 0.5 and spread["mean_abs"] < 1.0 < item_pair

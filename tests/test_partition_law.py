@@ -424,33 +424,39 @@ def test_a_refit_does_not_start_from_the_previous_fit(tmp_path, spec, a100_40):
 
 
 def test_one_block_size_keeps_the_presets_thread_exponent(tmp_path, spec, a100_40):
-    """With every row at one block size, ``(threads / comm_block_default) ** exponent`` is the
-    same whatever the exponent: the fit keeps the preset's exponent, leaves it out of its law and
-    says so, instead of letting the solver move it where nothing pins it. Two block sizes free
-    it."""
+    """A sweep of 512-thread blocks alone sees ``(512 / 1024) ** exponent`` only as one factor
+    of the collective's per-SM throughput: the fit keeps the preset's exponent (left out of its
+    law, and said so) and fits the throughput under it, so presets with exponents 0.6 and 1.5
+    come out with throughputs 2 ** 0.9 apart. Two block sizes free the exponent."""
     from kareus.backends.partition_calibration import held_by_sweep
+    rows = sorted({(s, e, k, 512) for s, e, k, _ in ROWS})
     path = tmp_path / "sweep.csv"
-    _sweep_csv(path, spec, a100_40, [r for r in ROWS if r[3] == 1024], scale=1.08)
+    _sweep_csv(path, spec, a100_40, rows, scale=1.08)
     one = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
     assert held_by_sweep(spec.partition(), one) == ["tuned_block_exponent"]
-    cal = fit_partition(spec.partition(), one, a100_40, spec.sha256, holdout=False,
-                        max_nfev_per_param=3)
-    assert "tuned_block_exponent" not in cal.law and "tuned_bw_per_sm_mhz" in cal.law
-    assert cal.apply(a100_40).tuned_block_exponent == a100_40.tuned_block_exponent
-    assert cal.fit["kept_from_preset"] == ["tuned_block_exponent"]
+    bw = {}
+    for exponent in (0.6, 1.5):
+        cal = fit_partition(spec.partition(), one,
+                            a100_40.with_overrides(tuned_block_exponent=exponent), spec.sha256,
+                            holdout=False, max_nfev_per_param=3)
+        assert "tuned_block_exponent" not in cal.law
+        assert cal.fit["kept_from_preset"] == ["tuned_block_exponent"]
+        bw[exponent] = cal.law["tuned_bw_per_sm_mhz"]
+    assert bw[1.5] / bw[0.6] == pytest.approx(2 ** 0.9, rel=0.02)
     both = tmp_path / "both.csv"
     _sweep_csv(both, spec, a100_40, ROWS)
     assert held_by_sweep(spec.partition(), load_sweep(both, len(spec.partition().compute),
                                                       a100_40.comm_max_sms)) == []
 
 
-def test_a_class_of_op_the_partition_lacks_keeps_its_parameters(tmp_path, spec, a100_40):
+def test_what_the_collective_never_runs_beside_keeps_the_presets_values(tmp_path, spec, a100_40):
     """A partition without attention (an MLP's, say) cannot see the attention class's host time,
     slowdown or collective rate; one of memory ops only cannot see the GEMMs' either, nor the
-    link cap beside them or the wave a tiled kernel loses. The fit keeps the preset's."""
+    link cap beside them or the wave a tiled kernel loses; a sweep of the sequential window alone
+    sees no contention at all. The fit keeps the preset's values for them."""
     from dataclasses import replace
 
-    from kareus.backends.partition_calibration import held_by_sweep
+    from kareus.backends.partition_calibration import _TIME_PARAMS, held_by_sweep
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, ROWS)
     sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
@@ -466,6 +472,18 @@ def test_a_class_of_op_the_partition_lacks_keeps_its_parameters(tmp_path, spec, 
     assert set(held_by_sweep(memory_only, sweep)) == attention_names | {
         "host_issue_gemm_s", "overlap_slowdown_gemm", "comm_rate_beside_gemm",
         "tuned_link_fraction_beside_compute", "partial_wave_loss"}
+    sequential = sweep.subset(sweep.configs.start < 0)
+    contention = {name for name, _, _ in _TIME_PARAMS
+                  if name.startswith(("overlap_slowdown_", "comm_rate_beside_"))}
+    assert set(held_by_sweep(part, sequential)) == contention | {
+        "tuned_link_fraction_beside_compute", "partial_wave_loss"}
+    # the fit: the attention class's values stay the preset's (not the fit's starting point)
+    gpu = a100_40.with_overrides(comm_rate_beside_attention=0.37, overlap_slowdown_attention=2.5)
+    cal = fit_partition(no_attention, sweep, gpu, spec.sha256, holdout=False,
+                        max_nfev_per_param=2)
+    assert not attention_names & set(cal.law)
+    assert cal.apply(gpu).comm_rate_beside_attention == 0.37
+    assert set(cal.fit["kept_from_preset"]) == attention_names
 
 
 def test_ops_after_every_wait_keep_their_counted_work():

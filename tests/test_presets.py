@@ -155,6 +155,41 @@ def test_calibrate_write_preset_rewrites_the_gpu_file(user_dir, capsys, monkeypa
     assert main(["calibrate", "--gpu-measure", "--gpu", "my-a100", "--write-preset"]) == 2
 
 
+def test_calibrate_profile_above_the_knee_leaves_the_voltage_curve_in_the_preset(
+        user_dir, capsys, tmp_path):
+    """A profile whose clocks all lie above the knee: `--write-preset` writes the SM power it
+    fitted but not the knee and voltage ratio it kept, whose values and sources stay; the JSON
+    and the text report say what was kept."""
+    import numpy as np
+    import pandas as pd
+
+    from kareus.hardware.calibration import StageLaw, _Model
+
+    _copy("a100-sxm4-40gb", "my-a100", user_dir)
+    P.reload_presets()
+    before = P.get_preset("my-a100")
+    model = _Model(before, StageLaw(insensitive_share=0.2, knee_mhz=1050.0, v_ratio=1.3),
+                   before.static_power_w, 1000.0)
+    f = before.clock_grid(1200, 1410)
+    rows = []
+    for ins, (tau, alpha) in (("forward", (0.05, 400.0)), ("backward", (0.09, 380.0))):
+        t, e = model.predict(f, np.full_like(f, tau), np.full_like(f, alpha))
+        rows += [dict(stage=0, instruction=ins, frequency=int(x), time=a, energy=b)
+                 for x, a, b in zip(f, t, e)]
+    pd.DataFrame(rows).to_csv(profile := tmp_path / "profile.csv", index=False)
+    assert main(["calibrate", "--profile", str(profile), "--gpu", "my-a100", "--write-preset",
+                 "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["fit"]["kept_from_preset"] == ["knee_mhz", "v_ratio"]
+    after = P.get_preset("my-a100")
+    assert after.sources["sm_dyn_power_w"].startswith("fitted: `kareus calibrate --profile")
+    assert (after.knee_mhz, after.v_ratio) == (before.knee_mhz, before.v_ratio)
+    assert after.sources["knee_mhz"] == before.sources["knee_mhz"]
+    assert after.sources["v_ratio"] == before.sources["v_ratio"]
+    assert main(["calibrate", "--profile", str(profile), "--gpu", "my-a100"]) == 0
+    assert "kept from the preset, not fitted: knee_mhz, v_ratio" in capsys.readouterr().out
+
+
 # --- The shared file: the host's and the framework's values, once ------------------------------
 
 SHARED_FIELDS = ("host_eager_op_s", "host_issue_call_s", "iteration_host_fraction")

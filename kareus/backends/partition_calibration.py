@@ -341,22 +341,29 @@ def held_by_sweep(partition: Partition, sweep: PartitionSweep) -> list[str]:
       same for every row (or, with one other size, a constant factor the per-SM throughput
       absorbs);
     - a class of op (memory, GEMM, attention) the partition does not have leaves its host issue
-      time, its slowdown beside the collective and the collective's rate beside it unseen;
-    - without GEMM or attention kernels, the collective's link cap beside them
-      (``tuned_link_fraction_beside_compute``); without a kernel of uniform tiles (a GEMM,
-      non-causal attention), the wave it loses (``partial_wave_loss``).
+      time unseen;
+    - a class the collective never runs beside (no op of it before the last wait of the sweep's
+      windows; none at all in a sweep of the sequential window only) leaves the class's slowdown
+      beside the collective and the collective's rate beside it unseen; with no GEMM or attention
+      kernel beside it, its link cap beside them (``tuned_link_fraction_beside_compute``); with no
+      kernel of uniform tiles (a GEMM, non-causal attention) beside it, the wave such a kernel
+      loses when the collective ends inside it (``partial_wave_loss``).
     """
     names: list[str] = []
     if np.unique(sweep.configs.threads).size < 2:
         names.append("tuned_block_exponent")
+    never = _never_overlapped(sweep.configs, len(partition.compute))
+    beside = [op for op, out in zip(partition.compute, never) if not out]
     kinds = {op.kind for op in partition.compute}
+    kinds_beside = {op.kind for op in beside}
     for kind in ("memory", "gemm", "attention"):
         if kind not in kinds:
-            names += [f"host_issue_{kind}_s", f"overlap_slowdown_{kind}",
-                      f"comm_rate_beside_{kind}"]
-    if not kinds & {"gemm", "attention"}:
+            names.append(f"host_issue_{kind}_s")
+        if kind not in kinds_beside:
+            names += [f"overlap_slowdown_{kind}", f"comm_rate_beside_{kind}"]
+    if not kinds_beside & {"gemm", "attention"}:
         names.append("tuned_link_fraction_beside_compute")
-    if not any(op.kind != "memory" and op.uneven_tail is None for op in partition.compute):
+    if not any(op.kind != "memory" and op.uneven_tail is None for op in beside):
         names.append("partial_wave_loss")
     return names
 
@@ -403,10 +410,12 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     # Stage 2: everything, from several starting points of the per-op factors and contention.
     rng = np.random.default_rng(0)
     best = None
-    free = np.array([name not in _COMM_ALONE for name, _, _ in _TIME_PARAMS] + [True] * (2 * n))
+    free = np.array([name not in _COMM_ALONE and name not in preset_values
+                     for name, _, _ in _TIME_PARAMS] + [True] * (2 * n))
+    n_free = x0.size - len(preset_values)  # the held ones stay in x, unused
     for k in range(starts):
         start = x0 + (rng.normal(0.0, 0.6, x0.size) * free if k else 0.0)
-        res = least_squares(time_resid, start, max_nfev=max_nfev_per_param * x0.size,
+        res = least_squares(time_resid, start, max_nfev=max_nfev_per_param * n_free,
                             **_TOLERANCES)
         if best is None or res.cost < best.cost:
             best = res
@@ -427,7 +436,7 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
 
     assert best is not None  # starts >= 1
     res = least_squares(joint_resid, np.concatenate([best.x, p0]),
-                        max_nfev=max_nfev_per_param * (x0.size + q), **_TOLERANCES)
+                        max_nfev=max_nfev_per_param * (n_free + q), **_TOLERANCES)
     return unpack(res.x)
 
 

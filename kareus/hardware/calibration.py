@@ -23,11 +23,11 @@ over the instruction's kernels:
 GPU-level parameters (``m``, knee, voltage ratio) are shared by all instructions; ``τ`` and
 ``α`` are per instruction. ``α`` at full tensor activity is the preset's SM dynamic power.
 
-Above the knee the voltage rises in proportion to the clock, so a profile whose clocks all lie
-above it shows only that slope, not where the knee is nor how much the voltage has risen from it
-(a flat voltage and a low knee fit it as well as the real curve). With fewer than
-:data:`MIN_CLOCKS_BELOW_KNEE` clocks below the preset's knee, the knee and the voltage ratio keep
-the preset's values (``CalibrationResult.kept_from_preset``).
+Above the knee the voltage rises linearly with the clock, so a profile whose clocks all lie above
+it shows at most that slope, one combination of the knee and the voltage ratio, and near the
+power cap not even that (a flat voltage and a low knee fit the A40's top 150 MHz as well as the
+real curve). With fewer than :data:`MIN_CLOCKS_BELOW_KNEE` clocks below the preset's knee, the
+knee and the voltage ratio keep the preset's values (``CalibrationResult.kept_from_preset``).
 """
 
 from __future__ import annotations
