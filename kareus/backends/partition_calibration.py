@@ -27,9 +27,9 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   host factor per op. An op that runs after the compute stream's wait in every measured window
   is only ever seen through the constant time it adds to every configuration, which the
   harness's overhead adds too: its work factor stays 1. Likewise the parameters a sweep cannot
-  see (how the collective depends on threads per block, with one block size; a class of op the
-  partition lacks) keep the preset's values and stay out of the fitted law
-  (:func:`held_by_sweep`).
+  see (how the collective depends on threads per block, with one block size; the contention
+  beside a class of op the collective never runs beside) keep the preset's values and stay out
+  of the fitted law (:func:`held_by_sweep`).
 
 Everything is fitted at the sweep's clock. Other clocks follow from the laws: compute-bound work
 scales with ``1/f``, HBM-bound work does not, the collective's per-SM throughput scales with
