@@ -601,19 +601,16 @@ def _partition(gpu: str) -> None:
         fit_partition,
         floor_slope_text,
     )
-    from kareus.hardware.partition_sweep import load_sweep
-    from workloads.partition_spec import PartitionSpec
+    from kareus.suite.datasets import artifact_partition_sweep
 
-    spec_path = kareus_artifact("attention_partition/spec.json")
-    sweep_path = kareus_artifact("attention_partition/default_clock.csv")
-    if spec_path is None or sweep_path is None:
-        click.echo("\n(partition sweep not found; skipped)")
-        return
-    spec = PartitionSpec.load(spec_path)
-    part = spec.partition()
     preset = get_preset(gpu)
     t0 = time.perf_counter()
-    sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
+    shared = artifact_partition_sweep(preset.comm_max_sms)
+    if shared is None:
+        click.echo("\n(partition sweep not found; skipped)")
+        return
+    spec, sweep = shared
+    part = spec.partition()
     cal = fit_partition(part, sweep, preset, spec.sha256)
     f, h = cal.fit, cal.fit["holdout"]
     click.echo(f"\n== Partition law ({f['rows']} configurations, {time.perf_counter() - t0:.0f} s)")

@@ -40,21 +40,17 @@ def partition_comparison(gpu_name: str = DEFAULT_GPU) -> dict[str, object] | Non
     """Measured and simulated time (ms) of the sweep's configurations with 1024-thread blocks,
     by window and SM count; ``None`` without the shared sweep."""
     from kareus.backends.partition_calibration import predict
-    from kareus.hardware.partition_sweep import load_sweep
-    from kareus.suite.datasets import kareus_artifact
-    from workloads.partition_spec import PartitionSpec
+    from kareus.suite.datasets import artifact_partition_sweep
 
-    csv = kareus_artifact("attention_partition/default_clock.csv")
-    spec_path = kareus_artifact("attention_partition/spec.json")
-    if csv is None or spec_path is None:
-        return None
-    spec = PartitionSpec.load(spec_path)
-    part = spec.partition()
     gpu = get_preset(gpu_name)
+    shared = artifact_partition_sweep(gpu.comm_max_sms)
+    if shared is None:
+        return None
+    spec, sweep = shared
+    part = spec.partition()
     own = partition_op_factors(gpu.name, spec.sha256)
     work = None if own is None else np.array(own.op_work)
     host = None if own is None else np.array(own.op_host)
-    sweep = load_sweep(csv, len(part.compute), gpu.comm_max_sms)
     t, e = predict(part, sweep.configs, gpu, None, work, host)
     c = sweep.configs
     table: dict[tuple[int, int, int], tuple[float, float]] = {}

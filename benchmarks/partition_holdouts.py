@@ -56,18 +56,14 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
     to ``block_exponent`` for the prediction if given (meaningful only where the fitted rows
     cannot identify it); ``None`` without the shared sweep."""
     from kareus.backends.partition_calibration import fit_partition, predict
-    from kareus.hardware.partition_sweep import load_sweep
-    from kareus.suite.datasets import kareus_artifact
-    from workloads.partition_spec import PartitionSpec
+    from kareus.suite.datasets import artifact_partition_sweep
 
-    csv = kareus_artifact("attention_partition/default_clock.csv")
-    spec_path = kareus_artifact("attention_partition/spec.json")
-    if csv is None or spec_path is None:
-        return None
-    spec = PartitionSpec.load(spec_path)
-    part = spec.partition()
     gpu = get_preset(gpu_name)
-    sweep = load_sweep(csv, len(part.compute), gpu.comm_max_sms)
+    shared = artifact_partition_sweep(gpu.comm_max_sms)
+    if shared is None:
+        return None
+    spec, sweep = shared
+    part = spec.partition()
     c = sweep.configs
     train = fitted_rows(axis, c.sms, c.threads)
     t0 = time.perf_counter()

@@ -160,23 +160,12 @@ def test_calibrate_profile_above_the_knee_leaves_the_voltage_curve_in_the_preset
     """A profile whose clocks all lie above the knee: `--write-preset` writes the SM power it
     fitted but not the knee and voltage ratio it kept, whose values and sources stay; the JSON
     and the text report say what was kept."""
-    import numpy as np
-    import pandas as pd
-
-    from kareus.hardware.calibration import StageLaw, _Model
+    from tests.test_calibration import synthetic_profile
 
     _copy("a100-sxm4-40gb", "my-a100", user_dir)
     P.reload_presets()
     before = P.get_preset("my-a100")
-    model = _Model(before, StageLaw(insensitive_share=0.2, knee_mhz=1050.0, v_ratio=1.3),
-                   before.static_power_w, 1000.0)
-    f = before.clock_grid(1200, 1410)
-    rows = []
-    for ins, (tau, alpha) in (("forward", (0.05, 400.0)), ("backward", (0.09, 380.0))):
-        t, e = model.predict(f, np.full_like(f, tau), np.full_like(f, alpha))
-        rows += [dict(stage=0, instruction=ins, frequency=int(x), time=a, energy=b)
-                 for x, a, b in zip(f, t, e)]
-    pd.DataFrame(rows).to_csv(profile := tmp_path / "profile.csv", index=False)
+    synthetic_profile(before, 1200).to_csv(profile := tmp_path / "profile.csv", index=False)
     assert main(["calibrate", "--profile", str(profile), "--gpu", "my-a100", "--write-preset",
                  "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kareus.hardware.partition_sweep import PartitionSweep
+    from workloads.partition_spec import PartitionSpec
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -52,3 +57,18 @@ def vtrain_runs(name: str) -> Path | None:
 def perseus_measured(name: str) -> Path | None:
     """Path of ``perseus_sosp24/measured/<name>`` (``gpt3-xl_a100-pcie_pp4.csv``)."""
     return _shared_path("perseus_sosp24", "measured", name)
+
+
+def artifact_partition_sweep(comm_max_sms: int) -> "tuple[PartitionSpec, PartitionSweep] | None":
+    """The Kareus artifact's attention partition: its spec and its measured sweep at the default
+    clock (``attention_partition/``), read for a GPU whose collective may take up to
+    ``comm_max_sms`` SMs; ``None`` without the shared data."""
+    from kareus.hardware.partition_sweep import load_sweep
+    from workloads.partition_spec import PartitionSpec
+
+    spec_path = kareus_artifact("attention_partition/spec.json")
+    csv = kareus_artifact("attention_partition/default_clock.csv")
+    if spec_path is None or csv is None:
+        return None
+    spec = PartitionSpec.load(spec_path)
+    return spec, load_sweep(csv, len(spec.partition().compute), comm_max_sms)
