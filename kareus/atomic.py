@@ -58,12 +58,16 @@ def atomic_write_json(path: str | Path, obj: object) -> None:
 
 def check_writable_dir(path: str | Path, option: str) -> Path:
     """Make sure results can be written under the folder ``path`` before any work is done:
-    create it (and its parents) if missing and write a probe file there. Raises
-    :class:`~kareus.errors.InputError` (one line: the folder, the option that named it and why)
-    when that fails, e.g. ``/proc/x`` or a read-only place. Returns ``path``."""
+    create it (and its parents) if missing, write a probe file there, and remove again what it
+    created (the writers create their folders, so a run refused later leaves nothing behind).
+    Raises :class:`~kareus.errors.InputError` (one line: the folder, the option that named it and
+    why) when that fails, e.g. ``/proc/x``, a read-only place or an empty path. Returns ``path``."""
     from kareus.errors import InputError
 
+    if not str(path).strip():
+        raise InputError(f"{option}: empty path; name a folder")
     path = Path(path)
+    created = [p for p in (path, *path.parents) if not p.exists()]
     try:
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(20, "it is a file, not a folder")
@@ -74,4 +78,10 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     except OSError as e:
         raise InputError(f"{option} {str(path)!r}: cannot write results there "
                          f"({e.strerror or e})") from None
+    finally:
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     return path

@@ -302,8 +302,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         warn(problem.workload.memory_warnings(problem.gpu.memory_bytes, strict))
         run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
-        from kareus.errors import AllOptimizersFailed
+        from kareus.errors import AllOptimizersFailed, JobRefused
 
+        if run.refused:
+            raise JobRefused(f"optimizer {optimizer_name} refused the job: {run.error}")
         raise AllOptimizersFailed(f"optimizer {optimizer_name} failed: {run.error}")
     g = problem.graph
     extra: dict[str, object] = {}
@@ -357,7 +359,7 @@ def _profile_options(fn):
         click.option("--p-static", type=float, required=True,
                      help="Static (blocked-on-P2P) power per GPU, W."),
         click.option("--unit-ms", type=float, default=1.0, show_default=True,
-                     help="Time unit, ms."),
+                     help="The solver's time unit (quantum), ms; Perseus's is 1."),
     ]):
         fn = opt(fn)
     return fn
@@ -479,7 +481,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
 
     for label, v in (("--static-power", static_power), ("--power-limit", power_limit)):
         if v is not None and not (v > 0 and v < 1e5):
-            raise InputError(f"{label} must be a positive number of watts, got {v}")
+            raise InputError(f"{label} must be a number of watts between 0 and 100,000, got {v}")
     modes = [m for m, on in (("--profile", profile_path), ("--partition-sweep", sweep_path),
                              ("--gpu-measure", gpu_measure)) if on]
     if len(modes) > 1:
@@ -490,16 +492,28 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         preset = preset.with_overrides(static_power_w=static_power)
     if power_limit is not None:
         preset = preset.with_overrides(power_limit_w=power_limit)
+    from kareus.hardware.presets import physical_problem
+
+    why = physical_problem(preset)
+    if why:
+        raise InputError(f"{preset.name} with --static-power / --power-limit: {why}")
     if write_preset and not (sweep_path or profile_path):
         raise InputError("--write-preset applies to --profile and --partition-sweep only")
+    mode = modes[0] if modes else None
+    for name, applies in _CALIBRATE_OPTION_MODES.items():
+        if mode is not None and mode not in applies and _given(name):
+            raise InputError(f"{_flag(name)} applies to {' and '.join(applies)} only, not {mode}")
+    if write_preset:
+        from kareus.atomic import check_writable_dir
+        from kareus.hardware.presets import preset_path
+
+        check_writable_dir(preset_path(preset.name).parent, "--write-preset's preset folder")
     if sweep_path is not None:
         _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json,
                              write_preset)
         return
     layout = {k: v for k, v in (("tp", tp), ("pp", pp), ("dp", dp), ("mbs", mbs), ("seq", seq),
                                  ("microbatches", microbatches)) if v is not None}
-    if layout and not gpu_measure:
-        raise InputError(f"--{next(iter(layout))} applies to --gpu-measure only")
     if gpu_measure:
         from kareus.atomic import check_writable_dir
 
@@ -552,6 +566,34 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     _emit(obj, as_json, text)
 
 
+#: ``kareus calibrate``'s options that only one or two of its modes read (a click parameter name:
+#: those modes); given with another mode they are refused, not silently dropped.
+_CALIBRATE_OPTION_MODES: dict[str, tuple[str, ...]] = {
+    "spec_path": ("--partition-sweep",),
+    "figure_path": ("--partition-sweep",),
+    "out_path": ("--gpu-measure", "--partition-sweep"),
+    **{name: ("--gpu-measure",) for name in (
+        "workload", "layers", "tp", "pp", "dp", "mbs", "seq", "microbatches", "clocks",
+        "partitions", "allow_clock_control", "strict")},
+}
+
+
+def _flag(name: str) -> str:
+    """The running command's long option for its parameter ``name`` (``out_path`` -> ``--out``)."""
+    ctx = click.get_current_context()
+    param = next(p for p in ctx.command.params if p.name == name)
+    return max(param.opts, key=len)
+
+
+def _given(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was given (command line or environment),
+    not left at its default."""
+    from click.core import ParameterSource
+
+    source = click.get_current_context().get_parameter_source(name)
+    return source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
 def _write_fit(gpu: str, changes: dict[str, tuple[float, str]],
                op_factors: dict | None = None) -> dict[str, str]:
     """``--write-preset``: write fitted values into the GPU's preset file; the file and the diff
@@ -594,11 +636,20 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
     spec = _load_spec(spec_path, "--partition-sweep")
     if out_path is None:
         raise InputError("--partition-sweep needs --out CALIB.json (where the fit is written)")
-    if Path(out_path).is_dir():
-        raise InputError(f"--out {out_path} is a folder; give the calibration file's path")
     from kareus.atomic import check_writable_dir
 
-    check_writable_dir(Path(out_path).parent, "--out's folder")
+    for option, path in (("--out", out_path), ("--figure", figure_path)):
+        if path is None:
+            continue
+        if not path.strip():
+            raise InputError(f"{option}: empty path; name a file")
+        if Path(path).is_dir():
+            raise InputError(f"{option} {path} is a folder; give a file's path")
+        check_writable_dir(Path(path).parent, f"{option}'s folder")
+    if figure_path is not None:
+        from kareus.suite.report import check_figure_path
+
+        check_figure_path(figure_path, "--figure")
     part = spec.partition()
     sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
     from kareus.suite.progress import terminal_progress
@@ -749,7 +800,9 @@ def _gpu_measure(preset: GPUPreset, workload: str, layers: int | None, clocks: s
         build_workload(workload, **layout)
     warn(w.memory_warnings(preset.memory_bytes, strict))
     backend = GPUBackend.create(preset, allow_clock_control=allow, static_power_w=static_power,
-                                measure=MeasureConfig(window_s=5, cooldown_s=5))
+                                measure=MeasureConfig(window_s=5, cooldown_s=5),
+                                hint="or fit a profile measured on a GPU machine with "
+                                     "`kareus calibrate --profile CSV`")
     return gpu_measure(backend, w, out_dir, clocks_mhz=clock_list, nanobatched=False, ops=True,
                        partitions=partitions)
 

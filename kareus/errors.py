@@ -35,6 +35,12 @@ class PlanError(InputError):
     """A plan that does not fit its iteration graph (unknown instruction, clock off the grid)."""
 
 
+class JobRefused(PlanError):
+    """An optimizer's plans need what the job does not allow (nanobatched plans on a micro-batch
+    that does not split into nanobatches): the user's input, for that optimizer (exit status 2).
+    A run records it as that optimizer's refusal (``refused``) and the others go on."""
+
+
 class SweepError(InputError):
     """A partition sweep or configuration list that cannot be used."""
 

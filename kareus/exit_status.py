@@ -1,6 +1,7 @@
 """The outside contract's exit statuses, applied to a click command: 0 success; 2 bad input (one
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
-traceback; 1 also when every optimizer of a run failed: ``error: every optimizer failed``);
+traceback; 1 also when every optimizer of a run failed: ``error: every optimizer failed``, but 2
+when each refused the job);
 130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A
 :class:`~kareus.errors.KareusError` chooses its status by class (``exit_status``)."""
 

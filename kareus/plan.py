@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kareus.errors import PlanError
+from kareus.errors import JobRefused, PlanError
 from kareus.graph import Direction, Instruction, IterationGraph, one_f_one_b
 from kareus.json_types import JsonObject, construct
 
@@ -158,7 +158,7 @@ class InstructionPlan:
             raise PlanError(f"{where}: clock {c} MHz outside {gpu.name}'s "
                             f"{gpu.clock_min_mhz:.0f}-{gpu.clock_max_mhz:.0f} MHz")
         if self.nanobatched and graph.nanobatch_refusal:
-            raise PlanError(graph.nanobatch_refusal)
+            raise JobRefused(graph.nanobatch_refusal)
         parts = {p.key: p for p in ig.partitions}
         sms = gpu.comm_max_sms if max_comm_sms is None else max_comm_sms
         for pkey, s in self.schedules:

@@ -22,7 +22,8 @@ those and adds them to the folder: its summary, tables and figures cover every o
 current cell there, so a subset run never replaces a full one (use a fresh ``--out`` to see the
 subset alone). ``--strict`` refuses a configuration whose estimated
 memory exceeds the GPU's (otherwise a warning). Exit status 0 on success, 2 on bad input (an
-``--out`` folder that cannot be written is refused before any work), 1 on internal failure and
+``--out`` folder that cannot be written is refused before any work; every optimizer refusing the
+job, e.g. nanobatched ones on an odd micro-batch), 1 on internal failure and
 when every optimizer failed (nothing came out; the failures are still written), 130 / 143 when
 stopped by Ctrl-C / SIGTERM (finished cells are kept).
 """
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kareus.atomic import check_writable_dir
-from kareus.errors import AllOptimizersFailed, InputError
+from kareus.errors import AllOptimizersFailed, InputError, JobRefused
 from kareus.hardware.presets import DEFAULT_GPU
 from kareus.suite.options import SET_OPTION, job_shape_options
 from kareus.suite.sweep import make_console, run_configs, run_suite
@@ -60,8 +61,10 @@ def _resolve_optimizers(optimizers: str | None) -> list[str]:
     from kareus.plugins import optimizer_names
 
     registered = optimizer_names()
-    names = registered if not optimizers else [n.strip() for n in optimizers.split(",")
-                                               if n.strip()]
+    if optimizers is None:
+        return registered
+    # each name once, in the order given
+    names = list(dict.fromkeys(n.strip() for n in optimizers.split(",") if n.strip()))
     unknown = [n for n in names if n not in registered]
     if unknown or not names:
         raise InputError(f"unknown optimizer(s) {', '.join(unknown) or '(none given)'}; "
@@ -162,7 +165,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                           preset.with_overrides(**cfg.gpu_overrides)
                           if cfg.gpu_overrides else preset, strict)
         default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
-        target = check_writable_dir(Path(out), "--out") if out else default
+        target = check_writable_dir(out, "--out") if out is not None else default
         run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
                   backend_options, options)
         _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
@@ -175,7 +178,8 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     clean = {k: v for k, v in overrides.items() if v is not None}
     w = make_workload(ref, **clean)  # validate before any work
     _check_memory(w, get_preset(gpu), strict)
-    out_dir = check_writable_dir(Path(out), "--out") if out else default_results_root() / w.name
+    out_dir = (check_writable_dir(out, "--out") if out is not None
+               else default_results_root() / w.name)
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
@@ -200,12 +204,15 @@ def _load_summaries(root: Path, labels: list[str]) -> dict[str, dict]:
 
 def _fail_if_all_failed(summaries: dict[str, dict], where: Path) -> None:
     """Raise :class:`AllOptimizersFailed` (exit status 1) when no optimizer of any
-    configuration finished: a run that produced nothing must not exit 0."""
+    configuration finished: a run that produced nothing must not exit 0; :class:`JobRefused`
+    (exit status 2) when each of them refused its job (the input's fault)."""
     statuses = [(label, name, obj.get("status"), obj.get("error"))
                 for label, s in summaries.items() for name, obj in s["optimizers"].items()]
     if statuses and all(status != "ok" for _, _, status, _ in statuses):
         label, name, _, error = statuses[0]
         first = str(error or "no error recorded").splitlines()[0] if error else "no error recorded"
+        if all(obj.get("refused") for s in summaries.values() for obj in s["optimizers"].values()):
+            raise JobRefused(f"every optimizer refused the job ({name} on {label}: {first})")
         raise AllOptimizersFailed(
             f"every optimizer failed ({len(statuses)} runs; first: {name} on {label}: {first}); "
             f"the failures are recorded in {where}")

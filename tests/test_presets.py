@@ -84,6 +84,18 @@ def test_user_gpu_file_appears(user_dir, capsys):
     (lambda raw: raw["host"].__setitem__("knee_mhz", {"value": 1, "source": "x: y"}),
      "unknown field host.knee_mhz; it belongs in 'power'"),
     (lambda raw: raw.pop("overlap"), "missing group 'overlap'"),
+    # well-formed numbers that describe no GPU
+    (lambda raw: raw["compute"].__setitem__("sms", {"value": 0, "source": "x: y"}),
+     "sms must be above zero, got 0"),
+    (lambda raw: raw["memory"].__setitem__("memory_bytes", {"value": 0, "source": "x: y"}),
+     "memory_bytes must be above zero"),
+    (lambda raw: raw["compute"].__setitem__("clock_min_mhz", {"value": 2000, "source": "x: y"}),
+     "clock_min_mhz 2000 is above clock_max_mhz"),
+    (lambda raw: raw["power"].__setitem__("static_power_w", {"value": 400, "source": "x: y"}),
+     "static power 400 W is not below the power limit 300 W"),
+    (lambda raw: raw["links_collectives"].__setitem__("comm_max_sms",
+                                                      {"value": 200, "source": "x: y"}),
+     "comm_max_sms 200 is more than the GPU's 84 SMs"),
 ])
 def test_malformed_file_is_refused_in_one_line(user_dir, capsys, edit, message):
     path = _copy("a40", "bad-gpu", user_dir, edit)

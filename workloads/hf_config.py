@@ -78,6 +78,8 @@ EXTRA_HINT = "pip install -e '.[hf]'"
 
 def looks_like_path(name: str) -> bool:
     """Whether ``name`` (not a built-in model) names a file or folder rather than a model."""
+    if not name.strip():
+        return False  # an empty name names nothing (not the current folder)
     return os.sep in name or "/" in name or name.endswith(".json") or Path(name).exists()
 
 
@@ -89,7 +91,8 @@ def config_file(path: str | os.PathLike[str]) -> Path:
             raise WorkloadError(f"folder {path} holds no config.json")
         return p / "config.json"
     if not p.is_file():
-        raise WorkloadError(f"config file {path} does not exist")
+        raise WorkloadError(f"config file {path} "
+                            f"{'is not a regular file' if p.exists() else 'does not exist'}")
     return p
 
 
@@ -124,8 +127,11 @@ def refusal(raw: Mapping[str, object]) -> str | None:
     if moe or (isinstance(model_type, str) and re.search(r"moe|mixtral|deepseek|dbrx", model_type)):
         why = f"{moe[0]} = {raw[moe[0]]}" if moe else f"model_type {model_type!r}"
         return f"mixture of experts is not supported ({why}); dense decoders only"
-    if not isinstance(model_type, str) or not model_type:
+    if model_type is None or model_type == "":
         return f"no model_type given; supported: {', '.join(SUPPORTED)}"
+    if not isinstance(model_type, str):
+        return (f"model_type must be a family's name, got {model_type!r}; supported: "
+                f"{', '.join(SUPPORTED)}")
     if model_type not in SUPPORTED:
         return f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
     return None
@@ -174,6 +180,14 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
         missing = [names[0] for names in _BLOOM_SIZES if all(raw.get(n) is None for n in names)]
         if missing:
             raise WorkloadError(f"{file}: a bloom config must give {', '.join(missing)}")
+        for names in _BLOOM_SIZES:
+            given = {n: raw[n] for n in names if raw.get(n) is not None}
+            for n, value in given.items():
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise WorkloadError(f"{file}: {n} must be a positive integer, got {value!r}")
+            if len(set(given.values())) > 1:
+                both = " and ".join(f"{n} = {v}" for n, v in given.items())
+                raise WorkloadError(f"{file}: {both} contradict each other; give one")
     _check_raw(file, raw, CONFIG_MAPPING[model_type].attribute_map)
     from transformers.utils import logging as hf_logging
 

@@ -139,8 +139,11 @@ class ParallelConfig:
         has the same shape when the node size divides the job or the job fits one node."""
         if size <= 1:
             return 1, 1
-        nodes = {(i * stride) // self.gpus_per_node for i in range(size)}
-        return len(nodes), size // len(nodes)
+        # rank i sits on node (i * stride) // gpus_per_node: a stride of a node or more puts each
+        # rank on a node of its own; a shorter one steps at most one node per rank
+        g = self.gpus_per_node
+        nodes = size if stride >= g else (size - 1) * stride // g + 1
+        return nodes, size // nodes
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,9 @@ def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
 #: Most (microbatch, stage) pairs an iteration may have: every one holds a forward and a
 #: backward instruction in the iteration graph, the plans and the schedule.
 MAX_PIPELINE_SLOTS = 1 << 20
+#: Most GPUs a job may have (about a million, beyond any cluster built): the simulator's cost
+#: does not grow with them, but a count past this is a typo.
+MAX_GPUS = 1 << 20
 #: Memory one (microbatch, stage) pair takes through the graph and a simulated plan (bytes),
 #: measured on ``kareus simulate`` (peak resident size over microbatch counts).
 GRAPH_BYTES_PER_SLOT = 1500
@@ -270,6 +276,10 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             flag = "--" + name.replace("_", "-")
             raise WorkloadError(f"{flag} must be a positive integer, got {value!r}")
+    if p.num_gpus > MAX_GPUS:
+        raise WorkloadError(
+            f"{p.num_gpus:,} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}); at most "
+            f"{MAX_GPUS:,}")
     if model.heads % p.tp:
         raise WorkloadError(
             f"{model.name}: {model.heads} attention heads are not divisible by TP={p.tp}; "
@@ -293,7 +303,7 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"{p.microbatches * p.pp * GRAPH_BYTES_PER_SLOT / 2**30:,.1f} GiB of memory; at most "
             f"{MAX_PIPELINE_SLOTS:,} (--microbatches <= {MAX_PIPELINE_SLOTS // p.pp:,} here)"
         )
-    if p.seq % (2 * p.cp):
+    if p.cp > 1 and p.seq % (2 * p.cp):
         raise WorkloadError(
             f"sequence length {p.seq} must be divisible by 2*CP={2 * p.cp} "
             "(load-balanced causal context parallelism)"

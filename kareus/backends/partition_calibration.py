@@ -47,7 +47,7 @@ from typing import Any, TypeGuard
 import numpy as np
 from numpy.typing import NDArray
 
-from kareus.errors import InputError
+from kareus.errors import InputError, SweepError
 from kareus.graph import Partition
 from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
 from kareus.hardware.presets import GPUPreset
@@ -451,6 +451,10 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
     ``progress`` counts the fits (one, or three with the hold-out). Each least-squares stage of a
     fit spends at most ``max_nfev_per_param`` function evaluations per free parameter.
     """
+    overlapped = sweep.configs.start >= 0
+    if not overlapped.any():
+        raise SweepError("the sweep has no row with the collective beside compute (every window "
+                         "is (-1, -1)); the partition law is fitted on overlapped windows")
     task = progress.start("partition law: fits", total=3 if holdout else 1)
     try:
         return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task,

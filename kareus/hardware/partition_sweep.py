@@ -74,11 +74,24 @@ class PartitionSweep:
 
 def _read(path: str | Path) -> pd.DataFrame:
     try:
-        return pd.read_csv(path)
+        df = pd.read_csv(path)
     except FileNotFoundError:
         raise SweepError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+    except pd.errors.ParserError as e:  # a row with more fields than the header
+        raise SweepError(f"{path}: not a CSV table ({str(e).splitlines()[0].split(': ')[-1]})"
+                         ) from None
+    except (OSError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
         raise SweepError(f"{path}: not a CSV file ({type(e).__name__})") from None
+    if not isinstance(df.index, pd.RangeIndex):  # pandas made the surplus first field an index
+        raise SweepError(f"{path}: its rows have more fields than the header's {len(df.columns)} "
+                         f"columns ({', '.join(map(str, df.columns))})")
+    return df
+
+
+def _shown(value: object) -> str:
+    """A cell's value for a message: a numpy scalar as its Python value."""
+    item = getattr(value, "item", None)
+    return repr(item() if callable(item) else value)
 
 
 def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads: int
@@ -95,7 +108,8 @@ def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads:
         bad = ~np.isfinite(v.to_numpy(dtype=float)) | (v.to_numpy(dtype=float) % 1 != 0)
         if bad.any():
             row = int(np.flatnonzero(bad)[0]) + 2
-            raise SweepError(f"{path}: row {row}: {c} must be an integer, got {df[c].iloc[row - 2]!r}")
+            raise SweepError(f"{path}: row {row}: {c} must be an integer, got "
+                             f"{_shown(df[c].iloc[row - 2])}")
         cols[c] = v.to_numpy(dtype=np.int64)
     s, e = cols["overlap_start"], cols["overlap_end"]
     k, b = cols["comm_sm_number"], cols["comm_block_size"]
@@ -147,7 +161,7 @@ def load_sweep(path: str | Path, n_ops: int, max_sms: int, max_threads: int = 10
         if bad.any():
             i, j = np.argwhere(bad)[0]
             raise SweepError(f"{p}: row {i + 2}: {cols[j]} must be a positive number, got "
-                             f"{df[cols[j]].iloc[i]!r}")
+                             f"{_shown(df[cols[j]].iloc[i])}")
         values[label] = v.mean(axis=1)
     key = np.stack([configs.start, configs.end, configs.sms, configs.threads], axis=1)
     _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)

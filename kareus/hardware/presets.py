@@ -424,7 +424,39 @@ def _parse(path: Path, raw: object, shared: Shared | None = None
     # _check_value (the precisions a tuple of names, integer fields integers, the rest numbers);
     # mypy cannot tie a value looked up by name to that field's type.
     preset = GPUPreset(name=name, sources=MappingProxyType(sources), **values)  # type: ignore[arg-type]
+    why = physical_problem(preset)
+    if why:
+        raise PresetError(f"{path}: {why}")
     return preset, factors
+
+
+#: Preset fields that must be above zero: a GPU without SMs, clocks, memory, bandwidth or a power
+#: budget, or a kernel class without efficiency, cannot run anything.
+_POSITIVE_FIELDS = (
+    "sms", "flops_per_clk_per_sm", "clock_min_mhz", "clock_max_mhz", "clock_step_mhz",
+    "memory_bytes", "hbm_bw", "nvlink_bw", "network_bw", "power_limit_w", "gemm_efficiency",
+    "attention_efficiency", "attention_bwd_efficiency", "hbm_efficiency", "link_efficiency",
+    "network_efficiency", "comm_bw_per_sm_mhz", "comm_default_sms", "tuned_bw_per_sm_mhz",
+    "comm_block_default", "comm_max_sms")
+
+
+def physical_problem(preset: GPUPreset) -> str:
+    """Why ``preset`` describes no GPU that can run ('' if it can): a field of
+    :data:`_POSITIVE_FIELDS` at zero, a clock range upside down, static power at or above the
+    power limit (W), or more communication SMs than the GPU has."""
+    for name in _POSITIVE_FIELDS:
+        if not getattr(preset, name) > 0:
+            return f"{name} must be above zero, got {getattr(preset, name)!r}"
+    if preset.clock_min_mhz > preset.clock_max_mhz:
+        return (f"clock_min_mhz {preset.clock_min_mhz:g} is above clock_max_mhz "
+                f"{preset.clock_max_mhz:g}")
+    if preset.static_power_w >= preset.power_limit_w:
+        return (f"static power {preset.static_power_w:g} W is not below the power limit "
+                f"{preset.power_limit_w:g} W")
+    for name in ("comm_max_sms", "comm_default_sms"):
+        if getattr(preset, name) > preset.sms:
+            return f"{name} {getattr(preset, name)} is more than the GPU's {preset.sms} SMs"
+    return ""
 
 
 def _read_json(p: Path, what: str) -> object:

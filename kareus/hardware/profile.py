@@ -101,7 +101,8 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
         )
     stages_seen = sorted(df["stage"].unique())
     if stages_seen != list(range(len(stages_seen))):
-        raise ProfileError(f"{source}: stages must be numbered 0..S-1, got {stages_seen}")
+        raise ProfileError(f"{source}: stages must be numbered 0..S-1, got "
+                           f"{[int(s) for s in stages_seen]}")
     for (s, ins), g in df.groupby(["stage", "instruction"]):
         if len(g) < 1:  # pragma: no cover - groupby yields non-empty groups
             raise ProfileError(f"{source}: stage {s} {ins} has no rows")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kareus import frontier as fr
-from kareus.errors import InputError, PlanError, PluginError
+from kareus.errors import InputError, JobRefused, PlanError, PluginError
 from kareus.plan import IterationPlan
 from kareus.plugins import Optimizer, Problem
 from kareus.suite.records import Point
@@ -41,6 +41,8 @@ class OptimizerRun:
         spread: ``plan_id`` of the fastest plan and up to 10 frontier plans spread over time.
         plans: The plans, as returned.
         choice: The point the optimizer itself singles out (e.g. Zeus's power-limit pick).
+        refused: Whether it failed because the job does not allow its plans
+            (:class:`~kareus.errors.JobRefused`: the user's input, not the optimizer's fault).
     """
 
     name: str
@@ -53,6 +55,7 @@ class OptimizerRun:
     spread: list[int] = field(default_factory=list)
     plans: list[IterationPlan] = field(default_factory=list, repr=False)
     choice: dict | None = None
+    refused: bool = False
 
     @property
     def max_throughput(self) -> Point | None:
@@ -75,6 +78,8 @@ def validate_plans(plans: object, problem: Problem) -> list[IterationPlan]:
             raise PluginError(f"plan {k} is a {type(plan).__name__}, not an IterationPlan")
         try:
             plan.validate(problem.graph, problem.gpu)
+        except JobRefused:
+            raise  # the job's, not this plan's: no plan index
         except PlanError as e:
             raise PlanError(f"plan {k}: {e}") from e
     return list(plans)
@@ -107,10 +112,13 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
         run.plans = plans
     except Exception as e:  # a plugin may fail in any way; the sweep goes on
         run.status = "failed"
+        run.refused = isinstance(e, JobRefused)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        loc = f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else ""
-        run.error = f"{type(e).__name__}: {msg}{loc}"
+        # where a plugin failed helps its author; a refusal of the job is the user's to fix
+        loc = (f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
+               if where and not run.refused else "")
+        run.error = msg if run.refused else f"{type(e).__name__}: {msg}{loc}"
         run.points, run.plans = [], []
     run.wall_s = time.perf_counter() - t0
     if run.points:

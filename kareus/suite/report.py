@@ -36,7 +36,10 @@ def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
     w, g = problem.workload, problem.graph
     optimizers = {}
     for name, run in runs.items():
-        extra = {"made_by": dict(made_by[name])} if made_by and name in made_by else {}
+        extra: dict[str, object] = ({"made_by": dict(made_by[name])}
+                                    if made_by and name in made_by else {})
+        if run.refused:
+            extra["refused"] = True
         optimizers[name] = frontier_object(
             workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
             num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
@@ -411,6 +414,20 @@ def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
     fig.tight_layout()
     _savefig(fig, path)
     plt.close(fig)
+
+
+def check_figure_path(path: str | Path, option: str) -> None:
+    """Refuse (:class:`~kareus.errors.InputError`, one line) a figure path whose suffix names no
+    format matplotlib writes, before any work is done."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from kareus.errors import InputError
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in formats:
+        raise InputError(f"{option} {str(path)!r}: cannot tell the figure's format from its "
+                         f"suffix; use one of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def _savefig(fig, path: Path) -> None:  # noqa: ANN001

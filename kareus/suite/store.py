@@ -31,6 +31,7 @@ def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> 
         "points": [{**p.to_dict(), "plan_id": p.plan_id} for p in run.points],
         "frontier": [p.plan_id for p in run.frontier], "spread": run.spread, "choice": run.choice,
         "wall_s": round(run.wall_s, 3), "optimize_s": round(run.optimize_s, 3),
+        **({"refused": True} if run.refused else {}),
     }
 
 
@@ -42,7 +43,8 @@ def record_to_run(record: dict) -> OptimizerRun:
     run = OptimizerRun(name=record["name"], status=record["status"], error=record["error"],
                        wall_s=record.get("wall_s", 0.0), optimize_s=record.get("optimize_s", 0.0),
                        points=pts, frontier=[by_id[i] for i in record["frontier"]],
-                       spread=list(record["spread"]), choice=record.get("choice"))
+                       spread=list(record["spread"]), choice=record.get("choice"),
+                       refused=bool(record.get("refused", False)))
     return run
 
 
@@ -78,6 +80,18 @@ class ResultsStore:
     def optimizers(self, config: str) -> list[str]:
         """Names of the optimizers with a cell file under ``config``, sorted."""
         return sorted(p.stem for p in (self.root / config / "cells").glob("*.json"))
+
+    def check_layout(self, config: str) -> None:
+        """Raise :class:`~kareus.errors.InputError` (one line) before any work when ``config``'s
+        folder cannot hold results: it, or its ``cells``, is a file, or its ``.lock`` a folder."""
+        from kareus.errors import InputError
+
+        folder = self.root / config
+        for path, want_dir in ((folder, True), (folder / "cells", True),
+                               (folder / ".lock", False)):
+            if path.exists() and path.is_dir() != want_dir:
+                raise InputError(f"{path}: should be a {'folder' if want_dir else 'file'}; the "
+                                 f"results folder is damaged (move it away or use another --out)")
 
     def save(self, config: str, optimizer: str, record: dict) -> None:
         atomic_write_text(self.cell_path(config, optimizer), json.dumps(record, indent=1) + "\n")

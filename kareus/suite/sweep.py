@@ -101,6 +101,8 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     from kareus.suite.store import ResultsStore
 
     store = ResultsStore(root)
+    for cfg in configs:
+        store.check_layout(cfg.label)
     hasher = CodeHasher()
     maker = made_by()
     registered = optimizer_names()

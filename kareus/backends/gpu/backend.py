@@ -116,18 +116,20 @@ class GPUBackend:
     def create(cls, gpu: GPUPreset, *, allow_clock_control: bool = False,
                env: Environment | None = None, announce: bool = True,
                accept_unlisted_gpu: bool = False, static_power_w: float | None = None,
-               measure: MeasureConfig | None = None, fake_device: bool = False
-               ) -> "GPUBackend":
+               measure: MeasureConfig | None = None, fake_device: bool = False,
+               hint: str | None = None) -> "GPUBackend":
         """A backend for the visible GPUs, after checking that they can run ``gpu``: raises
         :class:`InputError` (one line naming what is missing and the fix) without CUDA, without
         zeus/NVML, or when the visible GPU is not the preset's part (``accept_unlisted_gpu``: a
         GPU no preset describes runs with ``gpu``; see ``check_environment``). ``env``: what
         :func:`~kareus.backends.gpu.environment.probe_environment` found (probed here by
-        default); the other arguments are the constructor's."""
-        from kareus.backends.gpu.environment import check_environment, probe_environment
+        default); ``hint``: how the command goes on without a GPU, ending each refusal
+        [``or use --backend sim``]; the other arguments are the constructor's."""
+        from kareus.backends.gpu.environment import SIM_HINT, check_environment, probe_environment
 
         env = env if env is not None else probe_environment()
-        name = check_environment(env, gpu, accept_unlisted_gpu=accept_unlisted_gpu)
+        name = check_environment(env, gpu, accept_unlisted_gpu=accept_unlisted_gpu,
+                                 hint=SIM_HINT if hint is None else hint)
         if allow_clock_control:
             from kareus.backends.gpu.device import open_device
             from kareus.errors import ClockPermissionError

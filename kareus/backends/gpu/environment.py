@@ -14,7 +14,8 @@ from kareus.backends.gpu.nvml_api import NvmlHandle, import_pynvml
 from kareus.errors import InputError
 from kareus.hardware.presets import GPUPreset
 
-_SIM_HINT = "or use --backend sim"
+#: How a command with ``--backend`` goes on without a GPU (the end of each refusal).
+SIM_HINT = "or use --backend sim"
 
 
 @dataclass(frozen=True)
@@ -103,28 +104,29 @@ def match_preset(name: str, memory_bytes: int | None = None) -> str | None:
 
 
 def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int = 1,
-                      accept_unlisted_gpu: bool = False) -> str:
+                      accept_unlisted_gpu: bool = False, hint: str = SIM_HINT) -> str:
     """Raise :class:`InputError` (one line: what is missing, how to fix it) unless the GPU
     backend can run ``preset`` here; returns the visible GPU's name.
 
     ``accept_unlisted_gpu``: a GPU that no preset describes (e.g. an H200 NVL) runs with the
     given preset instead of being refused -- for a preset the user named explicitly. A GPU that
-    another preset describes is still refused."""
+    another preset describes is still refused. ``hint`` ends each refusal: how the command
+    can go on without this machine's GPU."""
     if env.torch_cuda is None:
         raise InputError(f"the GPU backend needs a CUDA GPU, but torch {env.torch_version} is a "
                          "CPU-only build; install a CUDA build of torch on a machine with NVIDIA "
-                         f"GPUs, {_SIM_HINT}")
+                         f"GPUs, {hint}")
     if env.cuda_devices == 0:
         raise InputError(f"the GPU backend needs a CUDA GPU, but torch {env.torch_version} "
                          f"(CUDA {env.torch_cuda}) sees none (no driver, or CUDA_VISIBLE_DEVICES "
-                         f"hides them); run on a GPU machine, {_SIM_HINT}")
+                         f"hides them); run on a GPU machine, {hint}")
     if env.zeus_error is not None:
         raise InputError(f"the GPU backend measures energy with NVML (directly or through "
                          f"zeus), whose bindings cannot be imported ({env.zeus_error}); pip "
-                         f"install nvidia-ml-py (or the [gpu] extra), {_SIM_HINT}")
+                         f"install nvidia-ml-py (or the [gpu] extra), {hint}")
     if env.nvml_error is not None or not env.gpu_names:
         raise InputError(f"NVML is unavailable ({env.nvml_error or 'no GPUs listed'}); the "
-                         f"NVIDIA driver must be loaded and nvidia-ml-py installed, {_SIM_HINT}")
+                         f"NVIDIA driver must be loaded and nvidia-ml-py installed, {hint}")
     names = set(env.gpu_names)
     if len(names) > 1:
         raise InputError(f"the visible GPUs differ ({', '.join(sorted(names))}); set "
@@ -142,7 +144,7 @@ def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int =
             raise InputError(f"GPU 0 is an {name}, which no preset describes (presets: "
                              f"{', '.join(PRESETS)}); add a GPU file to ${USER_DIR_ENV} "
                              f"(docs/simulator.md, 'Parameters and their sources'), "
-                             f"{_SIM_HINT}")
+                             f"{hint}")
     if gpus_needed > env.cuda_devices:
         raise InputError(f"the job needs {gpus_needed} GPUs but {env.cuda_devices} are visible; "
                          "lower the parallelism (--tp/--pp/--dp) or run on a larger node")

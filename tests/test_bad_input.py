@@ -1,0 +1,174 @@
+"""Input a skeptical user tries: each refused in one line with exit status 2 before any work,
+leaving nothing on disk (or, where the input is odd but valid, accepted)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from kareus import reproduction
+from kareus.atomic import check_writable_dir
+from kareus.cli import main
+from kareus.errors import InputError
+from tests.conftest import profile_or_skip
+from workloads import make_workload
+from workloads.parallel import ParallelConfig
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_2(code: int, err: str, fragment: str) -> None:
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and fragment in err, err
+
+
+def test_group_placement_counts_nodes_without_listing_ranks():
+    for g in (1, 3, 4, 8):
+        for size in range(1, 25):
+            for stride in range(1, 25):
+                listed = len({(i * stride) // g for i in range(size)}) if size > 1 else 1
+                assert ParallelConfig(gpus_per_node=g).group_placement(size, stride)[0] == listed
+
+
+def test_a_data_parallel_degree_past_any_cluster_is_refused(capsys):
+    code, _, err = run(capsys, "simulate", "-w", "llama3.2-3b", "--dp", "99999999999999999999")
+    one_line_2(code, err, "at most 1,048,576")
+
+
+def test_odd_sequence_runs_without_context_parallelism():
+    assert make_workload("llama3.2-3b", seq=4097).parallel.seq == 4097
+    with pytest.raises(InputError, match=r"divisible by 2\*CP=4"):
+        make_workload("llama3.2-3b", seq=4097, cp=2)
+
+
+def test_a_nanobatched_optimizer_refuses_an_odd_micro_batch(capsys, tmp_path):
+    code, out, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "nanobatch", "--mbs", "3",
+                         "--export", str(tmp_path / "plans"))
+    one_line_2(code, err, "refused the job: micro-batch size 3 cannot be split")
+    assert ".py:" not in err  # the user's to fix: no source location
+    assert not (tmp_path / "plans").exists()
+    # every optimizer of the run refusing is bad input too; one of several refusing is not
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "nanobatch,nanobatch-perseus",
+                              "--mbs", "3", "--out", str(tmp_path / "all")]) == 2
+    assert "every optimizer refused the job" in capsys.readouterr().err
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "nanobatch,megatron",
+                              "--mbs", "3", "--out", str(tmp_path / "some")]) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "some" / "summary.json").read_text())
+    assert summary["optimizers"]["megatron"]["status"] == "ok"
+    refused = summary["optimizers"]["nanobatch"]
+    assert refused["status"] == "failed" and refused["refused"] is True
+    assert "refused" not in summary["optimizers"]["megatron"]
+
+
+def test_writable_folder_check_leaves_nothing_and_refuses_an_empty_path(tmp_path):
+    target = tmp_path / "a" / "b" / "c"
+    assert check_writable_dir(target, "--out") == target
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(InputError, match="--out: empty path"):
+        check_writable_dir("", "--out")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["frontier", "-w", "gpt3-xl", "-o", "perseus", "--export", ""], "--export: empty path"),
+    (["simulate", "-w", ""], "unknown workload ''"),
+    (["workloads", "--show", "/dev/null"], "is not a regular file"),
+])
+def test_empty_and_odd_paths(capsys, args, fragment):
+    code, _, err = run(capsys, *args)
+    one_line_2(code, err, fragment)
+
+
+def test_reproduce_refuses_an_empty_out_and_names_each_optimizer_once(capsys, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "megatron", "--out", ""]) == 2
+    assert "--out: empty path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "", "--out", "x"]) == 2
+    assert "(none given)" in capsys.readouterr().err
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "megatron,megatron",
+                              "--out", str(tmp_path / "twice")]) == 0
+    assert "computing 1 cell(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage,fragment", [
+    (lambda d: (d / "cells").write_text(""), "cells: should be a folder"),
+    (lambda d: (d / ".lock").mkdir(), ".lock: should be a file"),
+])
+def test_a_damaged_results_folder_is_refused(capsys, tmp_path, damage, fragment):
+    (out := tmp_path / "run").mkdir()
+    damage(out)
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "megatron",
+                              "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and fragment in err
+
+
+def test_calibrate_refuses_options_its_mode_does_not_read(capsys, tmp_path):
+    prof = str(profile_or_skip("gpt3-175b+a100_sxm_bf16.csv"))
+    for extra, fragment in ((["--out", str(tmp_path / "x.json")], "--out applies to"),
+                            (["-w", "gpt3-xl"], "--workload applies to --gpu-measure only"),
+                            (["--figure", str(tmp_path / "f.png")], "--figure applies to"),
+                            (["--static-power", "600"], "is not below the power limit 500 W")):
+        code, _, err = run(capsys, "calibrate", "--profile", prof, "--gpu", "a100-sxm4-80gb",
+                           *extra)
+        one_line_2(code, err, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_partition_calibration_checks_its_files_before_the_fit(capsys, tmp_path):
+    from kareus.suite.datasets import kareus_artifact
+
+    spec = str(kareus_artifact("attention_partition/spec.json"))
+    sweep = kareus_artifact("attention_partition/default_clock.csv")
+    if not sweep.is_file():
+        pytest.skip("shared Kareus artifact not available")
+    base = ["calibrate", "--gpu", "a100-sxm4-40gb", "--spec", spec]
+    out = str(tmp_path / "cal.json")
+    code, _, err = run(capsys, *base, "--partition-sweep", str(sweep), "--out", out,
+                       "--figure", str(tmp_path / "fig.txt"))
+    one_line_2(code, err, "cannot tell the figure's format from its suffix")
+    rows = pd.read_csv(sweep)
+    sequential = tmp_path / "sequential.csv"
+    rows[rows.overlap_start < 0].to_csv(sequential, index=False)
+    code, _, err = run(capsys, *base, "--partition-sweep", str(sequential), "--out", out)
+    one_line_2(code, err, "no row with the collective beside compute")
+    long_rows = tmp_path / "long.csv"
+    long_rows.write_text("overlap_start,overlap_end,comm_sm_number,comm_block_size\n"
+                         "0,6,4,512,9\n")
+    code, _, err = run(capsys, "partition", "--gpu", "a100-sxm4-40gb", "--spec", spec,
+                       "--configs", str(long_rows), "--json")
+    one_line_2(code, err, "more fields than the header's 4 columns")
+    assert not (tmp_path / "cal.json").exists()
+
+
+@pytest.mark.parametrize("unit,fragment", [
+    ("inf", "must be a positive number of ms"),
+    ("1e9", "longer than the profile's fastest instruction"),
+    ("0.001", "at most 10,000"),
+])
+def test_the_solver_unit_must_fit_the_profile(capsys, unit, fragment):
+    prof = str(profile_or_skip("gpt3-175b+a100_sxm_bf16.csv"))
+    for command in ("perseus", "envpipe"):
+        code, _, err = run(capsys, command, "--profile", prof, "--stages", "8",
+                           "--microbatches", "12", "--p-static", "83.64", "--unit-ms", unit)
+        one_line_2(code, err, fragment)
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    ({"n_embed": 0}, "n_embed must be a positive integer, got 0"),
+    ({"hidden_size": 2048}, "n_embed = 1024 and hidden_size = 2048 contradict each other"),
+    ({"model_type": 5}, "model_type must be a family's name, got 5"),
+])
+def test_hugging_face_config_wording(capsys, tmp_path, edit, fragment):
+    pytest.importorskip("transformers")
+    raw = {"model_type": "bloom", "n_embed": 1024, "n_head": 16, "n_layer": 24,
+           "vocab_size": 250880, **edit}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    code, _, err = run(capsys, "workloads", "--show", str(tmp_path))
+    one_line_2(code, err, fragment)
