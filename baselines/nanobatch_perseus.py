@@ -13,6 +13,8 @@ class NanobatchPerseus:
 
     name = "nanobatch-perseus"
     Settings = TradeoffSettings
+    #: Every plan is nanobatched (see :func:`kareus.plugins.nanobatched_only`).
+    nanobatched_only = True
 
     def __init__(self, settings: TradeoffSettings | None = None) -> None:
         self.settings = TradeoffSettings() if settings is None else settings

@@ -18,7 +18,6 @@ GPUs the profile describes (one per stage, static included).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping
 
 import pandas as pd
@@ -28,7 +27,7 @@ from kareus.frontier import pareto_indices
 from kareus.graph import Instruction
 from kareus.hardware.profile import check_clock_sweep
 from kareus.methods.profiling import profile_to_options
-from kareus.methods.tradeoff import Prefilter, solve, solver_energy, solver_span
+from kareus.methods.tradeoff import Prefilter, solve, solver_energy, solver_span, unit_problem
 from kareus.progress import SILENT, Progress
 
 
@@ -39,10 +38,6 @@ MAX_PROFILE_SLOTS = 8192
 #: Measured reference for the estimate in the refusal: the exact solve of the published
 #: gpt3-175b A100 profile, 8 stages x 12 microbatches at 1 ms, took about 4 s (one core).
 REFERENCE_SLOTS, REFERENCE_SOLVE_S = 96, 4.0
-#: Most time units the slowest instruction of a profile may span: the solver trades iteration
-#: time one unit per step, so its work grows as the unit shrinks (on the shared GPT-3 175B A100
-#: profile, whose slowest instruction takes 150 ms: 2.8 s at 1 ms, 48 s at 0.03 ms).
-MAX_UNITS_PER_INSTRUCTION = 10_000
 
 
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
@@ -68,20 +63,9 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     if not (static_power_w > 0 and static_power_w < 1e4):
         raise InputError(f"--p-static must be a number of watts between 0 and 10,000, got "
                          f"{static_power_w}")
-    unit_ms = unit_time_s * 1e3
-    if not (unit_time_s > 0 and math.isfinite(unit_time_s)):
-        raise InputError(f"--unit-ms must be a positive number of ms, got {unit_ms}")
-    fastest, slowest = float(profile.time.min()), float(profile.time.max())
-    if unit_time_s > fastest:
-        raise InputError(f"--unit-ms {unit_ms:g} is longer than the profile's fastest instruction "
-                         f"({fastest * 1e3:.4g} ms), which would round to no time at all; use "
-                         f"--unit-ms <= {fastest * 1e3:.4g}")
-    if slowest / unit_time_s > MAX_UNITS_PER_INSTRUCTION:
-        raise InputError(f"--unit-ms {unit_ms:g}: the profile's slowest instruction "
-                         f"({slowest * 1e3:.4g} ms) spans {slowest / unit_time_s:,.0f} units and "
-                         f"the solver trades time one unit per step; at most "
-                         f"{MAX_UNITS_PER_INSTRUCTION:,} (use --unit-ms >= "
-                         f"{slowest * 1e3 / MAX_UNITS_PER_INSTRUCTION:.3g} here)")
+    why = unit_problem(unit_time_s, profile.time.tolist(), exact=True)
+    if why:
+        raise InputError(f"--unit-ms {why}")
 
 
 def frequencies_record(knobs: Mapping[Instruction, Hashable]) -> list[list[Hashable]]:

@@ -67,12 +67,13 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     if not str(path).strip():
         raise InputError(f"{option}: empty path; name a folder")
     path = Path(path)
-    created = [p for p in (path, *path.parents) if not p.exists()]
+    probed = Path(os.path.abspath(path))  # '..' resolved: each folder made is one to remove
+    created = [p for p in (probed, *probed.parents) if not p.exists()]
     try:
-        if path.exists() and not path.is_dir():
+        if probed.exists() and not probed.is_dir():
             raise NotADirectoryError(20, "it is a file, not a folder")
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        probed.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=probed)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:

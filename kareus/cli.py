@@ -505,9 +505,10 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
             raise InputError(f"{_flag(name)} applies to {' and '.join(applies)} only, not {mode}")
     if write_preset:
         from kareus.atomic import check_writable_dir
-        from kareus.hardware.presets import preset_path
+        from kareus.hardware.presets import SHARED_FILE, preset_path
 
-        check_writable_dir(preset_path(preset.name).parent, "--write-preset's preset folder")
+        for folder in {preset_path(preset.name).parent, SHARED_FILE.parent}:
+            check_writable_dir(folder, "--write-preset's preset folder")
     if sweep_path is not None:
         _calibrate_partition(sweep_path, spec_path, preset, out_path, figure_path, as_json,
                              write_preset)
@@ -517,9 +518,9 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     if gpu_measure:
         from kareus.atomic import check_writable_dir
 
-        check_writable_dir(out_path or "results/calibration", "--out")
-        report = _gpu_measure(get_preset(gpu), workload, layers, clocks,
-                              out_path or "results/calibration", partitions,
+        out_dir = "results/calibration" if out_path is None else out_path
+        check_writable_dir(out_dir, "--out")
+        report = _gpu_measure(preset, workload, layers, clocks, out_dir, partitions,
                               allow_clock_control, static_power, strict, layout)
         _emit(report, as_json, lambda: json.dumps(report, indent=2))
         return
@@ -579,10 +580,11 @@ _CALIBRATE_OPTION_MODES: dict[str, tuple[str, ...]] = {
 
 
 def _flag(name: str) -> str:
-    """The running command's long option for its parameter ``name`` (``out_path`` -> ``--out``)."""
+    """The running command's long option for its parameter ``name`` (``out_path`` -> ``--out``,
+    ``partitions`` -> ``--partitions/--no-partitions``)."""
     ctx = click.get_current_context()
     param = next(p for p in ctx.command.params if p.name == name)
-    return max(param.opts, key=len)
+    return "/".join(max(opts, key=len) for opts in (param.opts, param.secondary_opts) if opts)
 
 
 def _given(name: str) -> bool:

@@ -36,9 +36,11 @@ class PlanError(InputError):
 
 
 class JobRefused(PlanError):
-    """An optimizer's plans need what the job does not allow (nanobatched plans on a micro-batch
-    that does not split into nanobatches): the user's input, for that optimizer (exit status 2).
-    A run records it as that optimizer's refusal (``refused``) and the others go on."""
+    """An optimizer cannot plan this job as asked: its plans need what the job does not allow
+    (nanobatched plans on a micro-batch that does not split into nanobatches), or a setting does
+    not fit the job (a solver unit longer than its fastest instruction). The user's input, for
+    that optimizer (exit status 2); a run records it as that optimizer's refusal (``refused``)
+    and the others go on."""
 
 
 class SweepError(InputError):

@@ -17,6 +17,12 @@ line naming the optimizer, the setting and what it must be; a ``Settings`` the r
 build (not a dataclass, unresolvable annotations, a constructor that fails on its own) is the
 plugin's fault, :class:`~kareus.errors.PluginError` (exit 1; in a run, that optimizer fails alone).
 An optimizer without ``Settings`` is built as ``cls()`` and sees no settings.
+
+**Refusing a job.** An optimizer whose plans need what the job does not allow raises
+:class:`~kareus.errors.JobRefused` (a nanobatched plan on a micro-batch that does not split
+raises it when validated); the run records it as that optimizer's refusal and the others go on.
+One that plans only nanobatched execution declares ``nanobatched_only = True``, so that a run of
+only such optimizers on such a job is refused before any work (:func:`nanobatched_only`).
 """
 
 from __future__ import annotations
@@ -337,6 +343,19 @@ def _optimizer_class(name: str) -> Callable[..., object]:
     if name not in eps:
         raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
     return eps[name].load()
+
+
+def nanobatched_only(name: str) -> bool:
+    """Whether the optimizer ``name`` plans only nanobatched execution (a class attribute
+    ``nanobatched_only = True``), so that a job whose micro-batch does not split into nanobatches
+    can be refused before any work; ``False`` for a plugin that cannot be loaded (it fails alone
+    when its cell runs)."""
+    try:
+        return bool(getattr(_optimizer_class(name), "nanobatched_only", False))
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - a broken plugin
+        return False
 
 
 def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Optimizer:

@@ -177,6 +177,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     ref = workload_ref(workload)  # a config path, absolute: cells rebuild it in any process
     clean = {k: v for k, v in overrides.items() if v is not None}
     w = make_workload(ref, **clean)  # validate before any work
+    _refuse_if_none_can_plan(w, names)
     _check_memory(w, get_preset(gpu), strict)
     out_dir = (check_writable_dir(out, "--out") if out is not None
                else default_results_root() / w.name)
@@ -216,6 +217,16 @@ def _fail_if_all_failed(summaries: dict[str, dict], where: Path) -> None:
         raise AllOptimizersFailed(
             f"every optimizer failed ({len(statuses)} runs; first: {name} on {label}: {first}); "
             f"the failures are recorded in {where}")
+
+
+def _refuse_if_none_can_plan(w: "Workload", names: list[str]) -> None:
+    """Raise :class:`JobRefused` before any work when every optimizer of the run plans only
+    nanobatched execution and ``w``'s micro-batch does not split into nanobatches."""
+    from kareus.plugins import nanobatched_only
+
+    refusal = w.parallel.nanobatch_refusal
+    if refusal and all(nanobatched_only(n) for n in names):
+        raise JobRefused(f"{', '.join(names)} plan only nanobatched execution: {refusal}")
 
 
 def _check_memory(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:

@@ -51,10 +51,13 @@ def test_a_nanobatched_optimizer_refuses_an_odd_micro_batch(capsys, tmp_path):
     one_line_2(code, err, "refused the job: micro-batch size 3 cannot be split")
     assert ".py:" not in err  # the user's to fix: no source location
     assert not (tmp_path / "plans").exists()
-    # every optimizer of the run refusing is bad input too; one of several refusing is not
+    # a run of only nanobatched optimizers is refused before any work; one of several
+    # refusing is recorded, and the others run
     assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "nanobatch,nanobatch-perseus",
                               "--mbs", "3", "--out", str(tmp_path / "all")]) == 2
-    assert "every optimizer refused the job" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "plan only nanobatched execution" in err
+    assert not (tmp_path / "all").exists()
     assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "nanobatch,megatron",
                               "--mbs", "3", "--out", str(tmp_path / "some")]) == 0
     capsys.readouterr()
@@ -69,6 +72,11 @@ def test_writable_folder_check_leaves_nothing_and_refuses_an_empty_path(tmp_path
     target = tmp_path / "a" / "b" / "c"
     assert check_writable_dir(target, "--out") == target
     assert not (tmp_path / "a").exists()
+    check_writable_dir(tmp_path / "d" / ".." / "e", "--out")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="cannot write results there"):
+        check_writable_dir(tmp_path / "file" / "x", "--out")
     with pytest.raises(InputError, match="--out: empty path"):
         check_writable_dir("", "--out")
 
@@ -99,6 +107,8 @@ def test_reproduce_refuses_an_empty_out_and_names_each_optimizer_once(capsys, tm
 @pytest.mark.parametrize("damage,fragment", [
     (lambda d: (d / "cells").write_text(""), "cells: should be a folder"),
     (lambda d: (d / ".lock").mkdir(), ".lock: should be a file"),
+    (lambda d: (d / "summary.json").mkdir(), "summary.json: should be a file"),
+    (lambda d: (d / "cells" / "megatron.json").mkdir(parents=True), "megatron.json: should be"),
 ])
 def test_a_damaged_results_folder_is_refused(capsys, tmp_path, damage, fragment):
     (out := tmp_path / "run").mkdir()
@@ -114,11 +124,11 @@ def test_calibrate_refuses_options_its_mode_does_not_read(capsys, tmp_path):
     for extra, fragment in ((["--out", str(tmp_path / "x.json")], "--out applies to"),
                             (["-w", "gpt3-xl"], "--workload applies to --gpu-measure only"),
                             (["--figure", str(tmp_path / "f.png")], "--figure applies to"),
+                            (["--no-partitions"], "--partitions/--no-partitions applies to"),
                             (["--static-power", "600"], "is not below the power limit 500 W")):
         code, _, err = run(capsys, "calibrate", "--profile", prof, "--gpu", "a100-sxm4-80gb",
                            *extra)
         one_line_2(code, err, fragment)
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_partition_calibration_checks_its_files_before_the_fit(capsys, tmp_path):
@@ -147,9 +157,29 @@ def test_partition_calibration_checks_its_files_before_the_fit(capsys, tmp_path)
     assert not (tmp_path / "cal.json").exists()
 
 
+def test_the_solver_unit_bounds():
+    from kareus.methods.tradeoff import MAX_UNITS_PER_INSTRUCTION, unit_problem
+
+    times = [0.004, 0.1]  # s
+    assert unit_problem(0.004, times, exact=True) == ""  # the fastest is one unit
+    assert "longer than the fastest" in unit_problem(0.0041, times, exact=True)
+    finest = 0.1 / MAX_UNITS_PER_INSTRUCTION
+    assert unit_problem(finest, times, exact=True) == ""
+    assert "at most 10,000" in unit_problem(finest * 0.99, times, exact=True)
+    assert unit_problem(finest * 0.99, times, exact=False) == ""  # the fast solver coarsens
+    assert "not a positive number" in unit_problem(float("nan"), times, exact=False)
+
+
+def test_a_solver_unit_the_job_cannot_use_is_refused(capsys):
+    code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "perseus",
+                       "--set", "unit_ms=1e9")
+    one_line_2(code, err, "refused the job: --set unit_ms=1e+09: 1e+09 ms is longer than the "
+                          "fastest instruction")
+
+
 @pytest.mark.parametrize("unit,fragment", [
-    ("inf", "must be a positive number of ms"),
-    ("1e9", "longer than the profile's fastest instruction"),
+    ("inf", "--unit-ms inf is not a positive number of ms"),
+    ("1e9", "longer than the fastest instruction (50.16 ms)"),
     ("0.001", "at most 10,000"),
 ])
 def test_the_solver_unit_must_fit_the_profile(capsys, unit, fragment):

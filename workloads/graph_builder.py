@@ -695,15 +695,12 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
     tails = {s: _stage_tail(w, s, n) for s, n in enumerate(w.stage_layers())}
     buckets = {s: max(1, math.ceil(stage_params(w, s, n) * p.tp / GRAD_BUCKET_PARAMS))
                if p.overlap_grad_reduce else 1 for s, n in enumerate(w.stage_layers())}
-    refusal = "" if p.nanobatches == 1 or p.splits_into_nanobatches else (
-        f"micro-batch size {p.mbs} cannot be split into {p.nanobatches} nanobatches; use an MBS "
-        f"that is a multiple of {p.nanobatches} for nanobatched plans")
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,
         stage_tail=tails, model_flops=model_flops(w),
         overlap_grad_reduce=p.overlap_grad_reduce and p.dp > 1, grad_buckets=buckets,
-        nanobatch_refusal=refusal,
+        nanobatch_refusal=p.nanobatch_refusal,
     )
 
 

@@ -183,8 +183,7 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
         for names in _BLOOM_SIZES:
             given = {n: raw[n] for n in names if raw.get(n) is not None}
             for n, value in given.items():
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise WorkloadError(f"{file}: {n} must be a positive integer, got {value!r}")
+                _check_positive_int(file, n, value)
             if len(set(given.values())) > 1:
                 both = " and ".join(f"{n} = {v}" for n, v in given.items())
                 raise WorkloadError(f"{file}: {both} contradict each other; give one")
@@ -202,6 +201,12 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
     finally:
         hf_logging.set_verbosity(verbosity)
     return _spec(file, raw, cfg)
+
+
+def _check_positive_int(file: Path, key: str, value: object) -> None:
+    """Refuse (one line naming the file and ``key``) a size that is not a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise WorkloadError(f"{file}: {key} must be a positive integer, got {value!r}")
 
 
 def _check_raw(file: Path, raw: Mapping[str, object], alias: Mapping[str, str]) -> None:
@@ -230,8 +235,7 @@ def _check_raw(file: Path, raw: Mapping[str, object], alias: Mapping[str, str]) 
         if value is None and (optional or key not in raw):
             sizes[field] = key, None
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise WorkloadError(f"{file}: {key} must be a positive integer, got {value!r}")
+        _check_positive_int(file, key, value)
         sizes[field] = key, value
     (hk, hidden), (ak, heads), (kk, kv) = (sizes["hidden_size"], sizes["num_attention_heads"],
                                            sizes["num_key_value_heads"])
@@ -316,9 +320,7 @@ def _check_spec(file: Path, m: ModelSpec) -> None:
     """Every size positive, and KV heads dividing heads (also for values from the defaults)."""
     for field in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "layers", "vocab",
                   "native_seq"):
-        value = getattr(m, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise WorkloadError(f"{file}: {field} must be a positive integer, got {value!r}")
+        _check_positive_int(file, field, getattr(m, field))
     if m.heads % m.kv_heads:
         raise WorkloadError(f"{file}: {m.heads} attention heads are not divisible by "
                             f"{m.kv_heads} key/value heads")

@@ -128,6 +128,16 @@ class ParallelConfig:
         return ELEMENT_BYTES[self.precision]
 
     @property
+    def nanobatch_refusal(self) -> str:
+        """Why nanobatched plans cannot run this job ('' when they can, or when the job is not
+        split into nanobatches at all)."""
+        if self.nanobatches == 1 or self.splits_into_nanobatches:
+            return ""
+        return (f"micro-batch size {self.mbs} cannot be split into {self.nanobatches} "
+                f"nanobatches; use an MBS that is a multiple of {self.nanobatches} for "
+                "nanobatched plans")
+
+    @property
     def splits_into_nanobatches(self) -> bool:
         """Whether the micro-batch divides into :attr:`nanobatches` (partitions exist)."""
         return self.nanobatches > 1 and self.mbs % self.nanobatches == 0

@@ -14,6 +14,7 @@ import pandas as pd
 
 from kareus.backends.base import Backend
 from kareus.energy import measured_energy
+from kareus.errors import JobRefused
 from kareus.graph import Direction, IterationGraph
 from kareus.methods.tradeoff import (
     MAX_STEPS,
@@ -26,6 +27,7 @@ from kareus.methods.tradeoff import (
     solve,
     solver_span,
     time_unit,
+    unit_problem,
 )
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import OptimizerSettings, require
@@ -103,6 +105,9 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     fast = settings.solver == "fast"
     p2p = problem.backend.p2p_time(graph)
     unit = settings.unit_ms / 1e3
+    why = unit_problem(unit, [o.time_s for opts in options.values() for o in opts], exact=not fast)
+    if why:
+        raise JobRefused(f"--set unit_ms={settings.unit_ms:g}: {why}")
     solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
     span = solver_span(options, graph.stages, solved, p2p)
     if fast:

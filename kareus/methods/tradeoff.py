@@ -540,6 +540,31 @@ def plan_budget(instructions: int) -> int:
 
 #: Solver steps the fast solver's time unit keeps a solve under (see time_unit).
 MAX_STEPS = 8000
+#: Most time units the slowest instruction may span in an exact solve (Perseus's): it trades
+#: iteration time one unit per step, so its work grows as the unit shrinks (on the shared GPT-3
+#: 175B A100 profile, whose slowest instruction takes 150 ms: 2.8 s at 1 ms, 48 s at 0.03 ms).
+MAX_UNITS_PER_INSTRUCTION = 10_000
+
+
+def unit_problem(unit_s: float, times_s: Sequence[float], *, exact: bool) -> str:
+    """Why the solver's time unit ``unit_s`` (s) cannot quantise instructions that take
+    ``times_s`` (s); '' when it can. It must be a finite positive time no longer than the
+    fastest instruction (which would round to no time at all), and for an ``exact`` solve (the
+    fast one coarsens its unit itself, :func:`time_unit`) no finer than the slowest's
+    1/:data:`MAX_UNITS_PER_INSTRUCTION`."""
+    ms = unit_s * 1e3
+    if not (unit_s > 0 and math.isfinite(unit_s)):
+        return f"{ms} is not a positive number of ms"
+    fastest, slowest = min(times_s), max(times_s)
+    if unit_s > fastest:
+        return (f"{ms:g} ms is longer than the fastest instruction ({fastest * 1e3:.4g} ms), "
+                f"which would round to no time at all; use at most {fastest * 1e3:.4g}")
+    if exact and slowest / unit_s > MAX_UNITS_PER_INSTRUCTION:
+        return (f"{ms:g} ms: the slowest instruction ({slowest * 1e3:.4g} ms) spans "
+                f"{slowest / unit_s:,.0f} units and the solver trades time one unit per step; at "
+                f"most {MAX_UNITS_PER_INSTRUCTION:,} (use at least "
+                f"{slowest * 1e3 / MAX_UNITS_PER_INSTRUCTION:.3g} here)")
+    return ""
 
 
 def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,

@@ -439,6 +439,12 @@ def _savefig(fig, path: Path) -> None:  # noqa: ANN001
         fig.savefig(tmp, dpi=DPI)
 
 
+#: The files :func:`write_results` writes in a configuration's folder (``timings.json`` only when
+#: given), in the order it returns them.
+RESULT_FILES = ("summary.json", "frontiers.csv", "comparison.md", "frontiers.png",
+                "energy_breakdown.png", "timings.json")
+
+
 def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun],
                   timings: Mapping | None = None) -> list[Path]:
     """Write every result file of one comparison; returns the paths written. ``summary.json``
@@ -447,14 +453,13 @@ def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerR
     frame = frontiers_frame(runs)
     title = (f"{summary['workload']}, {summary['num_gpus']} x {summary['gpu']} "
              f"({summary['backend']})")
-    paths = [out_dir / "summary.json", out_dir / "frontiers.csv", out_dir / "comparison.md",
-             out_dir / "frontiers.png", out_dir / "energy_breakdown.png"]
+    paths = [out_dir / name for name in RESULT_FILES[:5]]
     atomic_write_text(paths[1], frame.to_csv(index=False))
     atomic_write_text(paths[2], comparison_markdown(summary))
     plot_frontiers(frame, paths[3], title)
     plot_breakdown(summary, paths[4], title)
     if timings is not None:
-        paths.append(out_dir / "timings.json")
+        paths.append(out_dir / RESULT_FILES[5])
         atomic_write_text(paths[-1], json.dumps(timings, indent=2) + "\n")
     atomic_write_text(paths[0], json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return paths

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -81,14 +81,17 @@ class ResultsStore:
         """Names of the optimizers with a cell file under ``config``, sorted."""
         return sorted(p.stem for p in (self.root / config / "cells").glob("*.json"))
 
-    def check_layout(self, config: str) -> None:
+    def check_layout(self, config: str, optimizers: Sequence[str]) -> None:
         """Raise :class:`~kareus.errors.InputError` (one line) before any work when ``config``'s
-        folder cannot hold results: it, or its ``cells``, is a file, or its ``.lock`` a folder."""
+        folder cannot hold results: it, or its ``cells``, is a file, or what the run writes
+        there (its ``.lock``, the cells of ``optimizers``, the result files) is a folder."""
         from kareus.errors import InputError
+        from kareus.suite.report import RESULT_FILES
 
         folder = self.root / config
+        files = [".lock", *RESULT_FILES] + [f"cells/{name}.json" for name in optimizers]
         for path, want_dir in ((folder, True), (folder / "cells", True),
-                               (folder / ".lock", False)):
+                               *((folder / name, False) for name in files)):
             if path.exists() and path.is_dir() != want_dir:
                 raise InputError(f"{path}: should be a {'folder' if want_dir else 'file'}; the "
                                  f"results folder is damaged (move it away or use another --out)")

@@ -102,7 +102,7 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
 
     store = ResultsStore(root)
     for cfg in configs:
-        store.check_layout(cfg.label)
+        store.check_layout(cfg.label, names)
     hasher = CodeHasher()
     maker = made_by()
     registered = optimizer_names()
