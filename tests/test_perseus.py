@@ -100,6 +100,22 @@ def test_solver_shortens_the_iteration_one_unit_per_step():
     assert max(steps[-1].knobs.values()) == 1410
 
 
+def test_a_job_no_clock_speeds_up_gives_its_starting_point():
+    """Every option equally fast (a host-bound job): lowtime has nothing to reduce and yields no
+    step; the solve yields the starting point, each instruction at its lowtime candidate, so the
+    optimizer still returns a plan."""
+    for fast in (False, True):
+        opts = {(s, d): [Option(0.0105, 2.0 + f / 1410, f) for f in (900.0, 1200.0, 1410.0)]
+                for s in range(2) for d in ("forward", "backward")}
+        steps = list(solve(opts, 2, 4, 84.0, fast=fast))
+        assert len(steps) == 1 and steps[0].iteration == 0
+        # 1F1B, 2 stages, 4 microbatches: (4 + 2 - 1) forward-backward pairs of 10 units each
+        assert steps[0].quant_time == 100 and steps[0].real_time_s == pytest.approx(0.1)
+        assert len(steps[0].knobs) == 16
+    # one that can be sped up keeps lowtime's steps exactly (none for its starting point)
+    assert list(solve(_synthetic_options(2), 2, 4, 84.0))[0].iteration == 1
+
+
 def test_effective_prefilter_differs_only_in_filtering():
     raw = list(solve(_synthetic_options(2), 2, 4, 84.0, prefilter="raw"))
     eff = list(solve(_synthetic_options(2), 2, 4, 84.0, prefilter="effective"))

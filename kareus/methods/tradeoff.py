@@ -170,7 +170,9 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
           microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
           prefilter: Prefilter = "raw", p2p_time_s: float = 0.0,
           fast: bool = False) -> Iterator[SolverStep]:
-    """Run the Perseus time–cost tradeoff; yield every solver step in solver order.
+    """Run the Perseus time–cost tradeoff; yield every solver step in solver order (when no
+    operation can be sped up, lowtime has no step: its starting point is then the one step,
+    ``iteration`` 0).
 
     Args:
         options: Execution options of each (stage, direction); every stage needs both directions.
@@ -237,13 +239,35 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     quiet.setLevel(max(level, logging.WARNING))
     try:
         tables = [knob_tables[(ins.stage, ins.direction)] for ins, _ in nodes]
+        steps = 0
         for result in solver.run():
             assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
+            steps += 1
             yield SolverStep(iteration=result.iteration, quant_time=int(result.quant_time),
                              real_time_s=float(result.real_time), cost=float(result.cost),
                              layout=layout, assigned=assigned)
+        if steps == 0:
+            # No operation could be sped up (e.g. a host-bound job, whose time no clock
+            # changes): lowtime yields no step. Its starting point, every operation at its
+            # slowest, least-cost option, is then the one step.
+            assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
+            quant = _longest_path(dag)
+            yield SolverStep(iteration=0, quant_time=quant, real_time_s=quant * unit_time_s,
+                             cost=float(sum(lt.get_cost() for _, lt in nodes)),
+                             layout=layout, assigned=assigned)
     finally:
         quiet.setLevel(level)
+
+
+def _longest_path(dag: nx.DiGraph) -> int:
+    """The quantised length of ``dag`` (activity on node, each node's ``op`` at its current
+    duration; dummy operations take none)."""
+    finish: dict[object, int] = {}
+    for node in nx.topological_sort(dag):
+        op = dag.nodes[node]["op"]
+        start = max((finish[p] for p in dag.predecessors(node)), default=0)
+        finish[node] = start + (0 if op.is_dummy else int(op.duration))
+    return max(finish.values(), default=0)
 
 
 def _layout(nodes: Sequence[tuple[Instruction, object]], stages: int, microbatches: int,
