@@ -609,8 +609,7 @@ def _partition(gpu: str) -> None:
     if shared is None:
         click.echo("\n(partition sweep not found; skipped)")
         return
-    spec, sweep = shared
-    part = spec.partition()
+    spec, part, sweep = shared
     cal = fit_partition(part, sweep, preset, spec.sha256)
     f, h = cal.fit, cal.fit["holdout"]
     click.echo(f"\n== Partition law ({f['rows']} configurations, {time.perf_counter() - t0:.0f} s)")

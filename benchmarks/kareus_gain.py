@@ -46,8 +46,7 @@ def partition_comparison(gpu_name: str = DEFAULT_GPU) -> dict[str, object] | Non
     shared = artifact_partition_sweep(gpu.comm_max_sms)
     if shared is None:
         return None
-    spec, sweep = shared
-    part = spec.partition()
+    spec, part, sweep = shared
     own = partition_op_factors(gpu.name, spec.sha256)
     work = None if own is None else np.array(own.op_work)
     host = None if own is None else np.array(own.op_host)

@@ -62,8 +62,7 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
     shared = artifact_partition_sweep(gpu.comm_max_sms)
     if shared is None:
         return None
-    spec, sweep = shared
-    part = spec.partition()
+    spec, part, sweep = shared
     c = sweep.configs
     train = fitted_rows(axis, c.sms, c.threads)
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kareus.graph import Partition
     from kareus.hardware.partition_sweep import PartitionSweep
     from workloads.partition_spec import PartitionSpec
 
@@ -59,10 +60,11 @@ def perseus_measured(name: str) -> Path | None:
     return _shared_path("perseus_sosp24", "measured", name)
 
 
-def artifact_partition_sweep(comm_max_sms: int) -> "tuple[PartitionSpec, PartitionSweep] | None":
-    """The Kareus artifact's attention partition: its spec and its measured sweep at the default
-    clock (``attention_partition/``), read for a GPU whose collective may take up to
-    ``comm_max_sms`` SMs; ``None`` without the shared data."""
+def artifact_partition_sweep(comm_max_sms: int
+                             ) -> "tuple[PartitionSpec, Partition, PartitionSweep] | None":
+    """The Kareus artifact's attention partition: its spec, the partition it describes and its
+    measured sweep at the default clock (``attention_partition/``), read for a GPU whose
+    collective may take up to ``comm_max_sms`` SMs; ``None`` without the shared data."""
     from kareus.hardware.partition_sweep import load_sweep
     from workloads.partition_spec import PartitionSpec
 
@@ -71,4 +73,5 @@ def artifact_partition_sweep(comm_max_sms: int) -> "tuple[PartitionSpec, Partiti
     if spec_path is None or csv is None:
         return None
     spec = PartitionSpec.load(spec_path)
-    return spec, load_sweep(csv, len(spec.partition().compute), comm_max_sms)
+    partition = spec.partition()
+    return spec, partition, load_sweep(csv, len(partition.compute), comm_max_sms)
