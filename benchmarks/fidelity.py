@@ -4,10 +4,12 @@
                                   [--skip-partition] [--only SECTION]
 
 Sections (``--only`` picks some: ``artifact``, ``vtrain-single``, ``vtrain-multi``,
-``perseus-measured``, ``partition``): the Kareus artifact (below, 1-3); vTrain's measured
-Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`: MAPE, maximum,
-signed mean, Spearman's rank correlation of each model's layouts, the worst five rows with their
-layouts); the Perseus authors' measured GPT-3 XL job (energy saved by Perseus, Zeus's global
+``megatron-sc21``, ``perseus-measured``, ``partition``): the Kareus artifact (below, 1-3);
+vTrain's measured Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`:
+MAPE, maximum, signed mean, Spearman's rank correlation of each model's layouts, the worst five
+rows with their layouts); the Megatron-LM paper's published weak scaling from 32 to 3,072 A100s
+(:mod:`kareus.suite.megatron_scaling`; its micro-batch size is not published, so at 1, 2 and 4);
+the Perseus authors' measured GPT-3 XL job (energy saved by Perseus, Zeus's global
 power limit and EnvPipe, measured against simulated). ``--fit-megatron`` refits what vTrain's
 runs pin down (:data:`MEGATRON_PARAMETERS`) on the single-node runs and reports the hold-outs:
 one node -> 64 GPUs, and the 1024-wide models -> the 2048-wide ones and the 3.6B model.
@@ -148,7 +150,7 @@ def _megatron_section(section: str, title: str, runs, preset) -> None:
     a = accuracy(errors)
     click.echo(f"\n== {title} ({int(a['runs'])} runs, every one simulated, "
                f"{time.perf_counter() - t0:.1f} s)")
-    RECORD[section] = {k: round(float(v), 4) for k, v in a.items()}
+    RECORD[section] = {"gpu": preset.name, **{k: round(float(v), 4) for k, v in a.items()}}
     click.echo(f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed mean "
                f"{a['signed_mean_pct']:+.2f} %; Spearman of each model's layouts: mean "
                f"{a['spearman_mean']:.3f}, min {a['spearman_min']:.3f}")
@@ -212,6 +214,49 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
         _megatron_section("vtrain-single", "vTrain: Megatron-LM on one node of A100s", sn, preset)
     if "vtrain-multi" in sections:
         _megatron_section("vtrain-multi", "vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
+
+
+#: Micro-batch sizes the published weak scaling is simulated at (the paper does not give them).
+SC21_MICRO_BATCHES = (1, 2, 4)
+
+
+def _megatron_scaling() -> None:
+    """The Megatron-LM paper's published weak scaling (32 to 3,072 A100s), predicted: nothing is
+    fitted on it (:mod:`kareus.suite.megatron_scaling`)."""
+    from kareus.suite.megatron_runs import VTRAIN_GPU, RunSet, run_errors, simulate_runs
+    from kareus.suite.megatron_scaling import achieved_tflops, scaling_runs
+    from kareus.suite.progress import terminal_progress
+
+    t0 = time.perf_counter()
+    preset = get_preset(VTRAIN_GPU)  # A100 SXM 80 GB; its 25 GB/s of network per GPU is Selene's
+    table, accuracy_by_mbs = None, {}
+    with terminal_progress() as progress:
+        for mbs in SC21_MICRO_BATCHES:
+            runs = RunSet.build(scaling_runs(mbs))
+            e = run_errors(runs, simulate_runs(runs, preset, progress))
+            err = e.error_pct.to_numpy()
+            accuracy_by_mbs[str(mbs)] = {"runs": int(len(err)),
+                                         "mape_pct": round(float(np.abs(err).mean()), 4),
+                                         "max_pct": round(float(np.abs(err).max()), 4),
+                                         "signed_mean_pct": round(float(err.mean()), 4)}
+            col = e.set_index("model")[["error_pct"]].assign(
+                tflops=achieved_tflops(e, e.simulated_ms).to_numpy())
+            if table is None:
+                table = e.set_index("model")[["params_b", "gpus", "tp", "pp", "dp",
+                                              "global_batch", "tflops_per_gpu"]].copy()
+            table[f"sim_tflops_mbs{mbs}"] = col.tflops
+            table[f"error_pct_mbs{mbs}"] = col.error_pct
+    click.echo(f"\n== Megatron-LM's published weak scaling, SC '21 Table 1 (10 models, 32-3072 "
+               f"A100s; predicted, nothing fitted; {time.perf_counter() - t0:.1f} s)")
+    for mbs, a in accuracy_by_mbs.items():
+        click.echo(f"micro-batch {mbs}: iteration time MAPE {a['mape_pct']:.2f} %, max "
+                   f"{a['max_pct']:.2f} %, signed mean {a['signed_mean_pct']:+.2f} %")
+    click.echo(table.to_string(float_format=lambda x: f"{x:.1f}"))
+    RECORD["megatron-sc21"] = {
+        "gpu": VTRAIN_GPU, "by_micro_batch": accuracy_by_mbs,
+        "rows": [{k: (v if isinstance(v, str) else int(v) if isinstance(v, (int, np.integer))
+                      else round(float(v), 2)) for k, v in r.items()}
+                 for r in table.reset_index().to_dict("records")]}
 
 
 def _perseus_measured() -> None:
@@ -281,7 +326,8 @@ def _locked_clock_record(locked: pd.DataFrame) -> None:
                f"{de.min():+.1f} to {de.max():+.1f} points")
 
 
-SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "perseus-measured", "partition")
+SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "megatron-sc21", "perseus-measured",
+            "partition")
 
 #: What each section measured, for ``--write`` (the docs render their accuracy from it).
 RECORD: dict[str, dict] = {}
@@ -495,6 +541,8 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
     if skip_partition:
         sections.discard("partition")
     _megatron(sections, do_fit_megatron, write_preset)
+    if "megatron-sc21" in sections:
+        _megatron_scaling()
     if "perseus-measured" in sections:
         _perseus_measured()
     if "artifact" in sections:

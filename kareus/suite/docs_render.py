@@ -197,6 +197,14 @@ def render_fidelity(root: Path) -> str:
                 f"| {label} | {int(v['runs'])} iteration times | {v['mape_pct']:.2f} % MAPE, max "
                 f"{v['max_pct']:.2f} %, signed {v['signed_mean_pct']:+.2f} %; Spearman "
                 f"{v['spearman_mean']:.3f} | {when(v)} |")
+    if "megatron-sc21" in f:
+        v = f["megatron-sc21"]
+        by = "; ".join(f"micro-batch {m}: {a['mape_pct']:.2f} % MAPE, max {a['max_pct']:.2f} %, "
+                       f"signed {a['signed_mean_pct']:+.2f} %" for m, a in v["by_micro_batch"].items())
+        rows.append(
+            f"| Megatron-LM paper's weak scaling, 32–3,072 × A100 80 GB (predicted) | "
+            f"{len(v['rows'])} published throughputs as iteration times (micro-batch size not "
+            f"published) | {by} | {when(v)} |")
     if "perseus-measured" in f:
         v = f["perseus-measured"]
         saved = "; ".join(
@@ -249,6 +257,25 @@ def render_locked_clocks(root: Path) -> str:
             f"points |\n")
 
 
+def render_megatron_scaling(root: Path) -> str:
+    """The Megatron-LM paper's published weak scaling against the simulator, model by model, from
+    results/fidelity/summary.json."""
+    v = _fidelity(root).get("megatron-sc21")
+    if not v:
+        return ("Not recorded yet: run `python benchmarks/fidelity.py --only megatron-sc21 "
+                "--write results/fidelity/summary.json`.\n")
+    mbs = list(v["by_micro_batch"])
+    rows = ["| model | GPUs | TP × PP × DP | batch | published TFLOP/s per GPU | "
+            + " | ".join(f"simulated, micro-batch {m} (time error)" for m in mbs) + " |",
+            "|---|---|---|---|---|" + "---|" * len(mbs)]
+    for r in v["rows"]:
+        sims = " | ".join(f"{r[f'sim_tflops_mbs{m}']:.0f} ({r[f'error_pct_mbs{m}']:+.1f} %)"
+                          for m in mbs)
+        rows.append(f"| {r['params_b']:g}B | {r['gpus']:,} | {r['tp']} × {r['pp']} × {r['dp']} | "
+                    f"{r['global_batch']:,} | {r['tflops_per_gpu']:.0f} | {sims} |")
+    return "\n".join(rows) + "\n"
+
+
 def render_parameters(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
     """Every parameter of the paper testbed's preset with its source (``kareus gpus --json``)."""
     from dataclasses import fields
@@ -276,6 +303,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fidelity": render_fidelity,
     "power-limits": render_power_limits,
     "locked-clocks": render_locked_clocks,
+    "megatron-scaling": render_megatron_scaling,
 }
 
 

@@ -67,13 +67,15 @@ def load_runs(path: str | Path) -> pd.DataFrame:
 
 
 def run_workload(row: pd.Series | dict) -> Workload:
-    """The workload of one vTrain run (see the module docstring)."""
+    """The workload of one vTrain run (see the module docstring); a ``vocab`` entry, where the
+    row has one, replaces GPT-2's padded vocabulary."""
     h, heads, tp = int(row["hidden"]), int(row["heads"]), int(row["tp"])
     mult = 128 * tp
+    vocab = int(row["vocab"]) if "vocab" in row else (_GPT2_VOCAB + mult - 1) // mult * mult
     model = ModelSpec(
         name=f"gpt-h{h}-l{int(row['layers'])}", hidden=h, heads=heads, kv_heads=heads,
         head_dim=h // heads, ffn=4 * h, layers=int(row["layers"]),
-        vocab=(_GPT2_VOCAB + mult - 1) // mult * mult, native_seq=int(row["seq"]), mlp="gelu",
+        vocab=vocab, native_seq=int(row["seq"]), mlp="gelu",
         norm="layernorm", rope=False, tied_embeddings=True)
     parallel = ParallelConfig(
         tp=tp, cp=1, pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["mbs"]),
