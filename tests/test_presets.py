@@ -321,3 +321,34 @@ def test_refitting_a_user_preset_s_shared_field_overrides_it_in_the_user_s_file(
     assert (mine.host_eager_op_s, mine.sources["host_eager_op_s"]) == (8.2e-05, "fitted: my host")
     shared = P.load_shared()
     assert P.get_preset("a40").host_eager_op_s == shared["host_eager_op_s"]["value"] != 8.2e-05
+
+
+def test_one_fit_holds_one_value_in_every_file_that_carries_it():
+    """A value fitted once (one source) is the same in every built-in GPU file that carries it."""
+    seen: dict[tuple[str, str], dict[str, object]] = {}
+    for path in sorted(P.BUILTIN_DIR.glob("*.json")):
+        raw = json.loads(path.read_text())
+        for group in P.GROUPS:
+            for field_name, entry in raw.get(group, {}).items():
+                if entry["source"].startswith("fitted"):
+                    seen.setdefault((field_name, entry["source"]), {})[path.stem] = entry["value"]
+    drifted = {k: v for k, v in seen.items() if len({json.dumps(x) for x in v.values()}) > 1}
+    assert not drifted
+
+
+def test_a_refit_carries_over_to_the_copies_beside_it(tmp_path):
+    for name in ("a100-sxm4-80gb", "a100-pcie-80gb", "a40"):
+        (tmp_path / f"{name}.json").write_text(P.preset_path(name).read_text())
+    shared = tmp_path / "host.json"
+    shared.write_text(P.SHARED_FILE.read_text())
+    a40_before = (tmp_path / "a40.json").read_text()
+    diff = P.update_preset_file("a100-sxm4-80gb", {"gemm_depth_half": (500.0, "fitted: a test")},
+                                path=tmp_path / "a100-sxm4-80gb.json", shared_path=shared)
+    files = [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")]
+    assert sorted(files) == sorted(str(tmp_path / f"{n}.json") for n in ("a100-sxm4-80gb",
+                                                                            "a100-pcie-80gb"))
+    for name in ("a100-sxm4-80gb", "a100-pcie-80gb"):  # the fit and its copy
+        preset, _ = P.load_preset_file(tmp_path / f"{name}.json", P.load_shared(shared))
+        assert preset.gemm_depth_half == 500.0 and preset.sources["gemm_depth_half"] == "fitted: a test"
+    assert (tmp_path / "a40.json").read_text() == a40_before  # its own value (an assumption) stays
+    assert P.get_preset("a100-pcie-80gb").gemm_depth_half != 500.0  # the packaged files untouched

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -654,13 +655,19 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     keeps its line, source included, so the diff shows what moved. ``path``: the GPU file [the one
     the preset was read from]; ``shared_path``: the shared file [:data:`SHARED_FILE`];
     ``write=False``: only the diff. The results must read back (:class:`PresetError` otherwise);
-    the loaded presets are reloaded after a write."""
+    the loaded presets are reloaded after a write.
+
+    A fit is carried by the GPU files beside this one that hold the very entry it replaces, value
+    and source (the A100 PCIe files hold the kernel values fitted on vTrain's SXM runs, every file
+    the partition law fitted on the SXM4 40 GB): those copies follow the refit, so that one fit
+    never holds two values."""
     import difflib
 
     p = Path(path) if path is not None else preset_path(name)
     sp = Path(shared_path) if shared_path is not None else SHARED_FILE
     old, old_shared = p.read_text(), sp.read_text()
     raw, raw_shared = json.loads(old), json.loads(old_shared)
+    before = json.loads(old)
     # only the built-in presets share the package's file; a user's preset overrides it
     may_share = shared_path is not None or p.resolve().parent == BUILTIN_DIR.resolve()
     for field_name, (value, source) in changes.items():
@@ -685,16 +692,54 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     if old_factors:
         raw["partition_op_factors"] = list(old_factors.values())
     new, new_shared = _dumps(raw), _dumps(raw_shared)
-    # both must read back, the GPU file on the new shared values
-    _parse(p, json.loads(new), _parse_shared(sp, json.loads(new_shared)))
-    if write and (new != old or new_shared != old_shared):
+    # every file must read back, on the new shared values
+    shared_values = _parse_shared(sp, json.loads(new_shared))
+    _parse(p, json.loads(new), shared_values)
+    texts = {sp: (old_shared, new_shared), p: (old, new)}
+    for q, (q_old, q_new) in _carried_copies(p, before, raw, changes, sp).items():
+        _parse(q, json.loads(q_new), shared_values)
+        texts[q] = (q_old, q_new)
+    if write and any(a != b for a, b in texts.values()):
         from kareus.atomic import atomic_write_text
 
-        if new_shared != old_shared:
-            atomic_write_text(sp, new_shared)
-        if new != old:
-            atomic_write_text(p, new)
+        for q, (q_old, q_new) in texts.items():
+            if q_new != q_old:
+                atomic_write_text(q, q_new)
         reload_presets()
-    return "".join(difflib.unified_diff(old_shared.splitlines(True), new_shared.splitlines(True),
-                                        str(sp), str(sp))) + \
-        "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(p), str(p)))
+    return "".join("".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), str(q),
+                                                str(q))) for q, (a, b) in texts.items())
+
+
+def _carried_copies(p: Path, before: dict, after: dict, fields_changed: Iterable[str],
+                    shared_path: Path) -> dict[Path, tuple[str, str]]:
+    """The GPU files beside ``p`` (not the shared file at ``shared_path``) holding a copy (the
+    same value and source) of an entry of ``p``'s that a refit changed (``before`` -> ``after``),
+    each as (old text, text with the new entries)."""
+    moved = {}
+    for f in fields_changed:
+        group = _GROUP_OF[f]
+        was, now = before.get(group, {}).get(f), after.get(group, {}).get(f)
+        if isinstance(was, dict) and now != was:
+            moved[f] = (group, was, now)
+    out: dict[Path, tuple[str, str]] = {}
+    if not moved:
+        return out
+    for q in sorted(p.parent.glob("*.json")):
+        if q.resolve() in (p.resolve(), shared_path.resolve()):
+            continue
+        text = q.read_text()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError:
+            continue  # not a GPU file this refit can read; loading it names the problem
+        if not isinstance(raw, dict):
+            continue
+        hit = False
+        for f, (group, was, now) in moved.items():
+            entries = raw.get(group)
+            if isinstance(entries, dict) and entries.get(f) == was:
+                entries[f] = dict(now)
+                hit = True
+        if hit:
+            out[q] = (text, _dumps(raw))
+    return out
