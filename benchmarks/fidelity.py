@@ -8,7 +8,8 @@ Sections (``--only`` picks some: ``artifact``, ``vtrain-single``, ``vtrain-multi
 vTrain's measured Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`:
 MAPE, maximum, signed mean, Spearman's rank correlation of each model's layouts, the worst five
 rows with their layouts); the Megatron-LM paper's published weak scaling from 32 to 3,072 A100s
-(:mod:`kareus.suite.megatron_scaling`; its micro-batch size is not published, so at 1, 2 and 4);
+(:mod:`kareus.suite.megatron_scaling`: at the authors' settings, and every model at micro-batch
+1, 2 and 4);
 the Perseus authors' measured GPT-3 XL job (energy saved by Perseus, Zeus's global
 power limit and EnvPipe, measured against simulated). ``--fit-megatron`` refits what vTrain's
 runs pin down (:data:`MEGATRON_PARAMETERS`) on the single-node runs and reports the hold-outs:
@@ -216,52 +217,84 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
         _megatron_section("vtrain-multi", "vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
 
 
-#: Micro-batch sizes the published weak scaling is simulated at (the paper does not give them).
+#: Micro-batch sizes the published weak scaling is also simulated at, every model at each (a
+#: sensitivity check beside the authors' own sizes).
 SC21_MICRO_BATCHES = (1, 2, 4)
 
 
-def _megatron_scaling() -> None:
-    """The Megatron-LM paper's published weak scaling (32 to 3,072 A100s), predicted: nothing is
-    fitted on it (:mod:`kareus.suite.megatron_scaling`)."""
-    from kareus.suite.megatron_runs import VTRAIN_GPU, RunSet, run_errors, simulate_runs
+def _sc21_errors(mbs: int | None, preset, progress) -> pd.DataFrame:
+    """The published weak scaling's runs (at micro-batch ``mbs``; ``None``: the authors'),
+    simulated, with ``error_pct`` and ``sim_tflops``."""
+    from kareus.suite.megatron_runs import RunSet, run_errors, simulate_runs
     from kareus.suite.megatron_scaling import achieved_tflops, scaling_runs
+
+    runs = RunSet.build(scaling_runs(mbs))
+    e = run_errors(runs, simulate_runs(runs, preset, progress))
+    return e.assign(sim_tflops=achieved_tflops(e, e.simulated_ms))
+
+
+def _json_scalar(v: object) -> object:
+    """A table cell as JSON holds it: None, bool, str and int as they are, other numbers to two
+    decimals."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    return round(float(v), 2)
+
+
+def _error_summary(errors: pd.DataFrame) -> dict[str, float]:
+    err = errors.error_pct.to_numpy()
+    return {"runs": int(len(err)), "mape_pct": round(float(np.abs(err).mean()), 4),
+            "max_pct": round(float(np.abs(err).max()), 4),
+            "signed_mean_pct": round(float(err.mean()), 4)}
+
+
+def _megatron_scaling() -> None:
+    """The Megatron-LM paper's published weak scaling (32 to 3,072 A100s), predicted at the
+    authors' settings and, every model alike, at :data:`SC21_MICRO_BATCHES`; nothing is fitted
+    on it (:mod:`kareus.suite.megatron_scaling`)."""
+    from kareus.suite.megatron_runs import VTRAIN_GPU
+    from kareus.suite.megatron_scaling import SC21_TABLE1
     from kareus.suite.progress import terminal_progress
 
     t0 = time.perf_counter()
     preset = get_preset(VTRAIN_GPU)  # A100 SXM 80 GB; its 25 GB/s of network per GPU is Selene's
-    table, accuracy_by_mbs = None, {}
     with terminal_progress() as progress:
-        for mbs in SC21_MICRO_BATCHES:
-            runs = RunSet.build(scaling_runs(mbs))
-            e = run_errors(runs, simulate_runs(runs, preset, progress))
-            err = e.error_pct.to_numpy()
-            accuracy_by_mbs[str(mbs)] = {"runs": int(len(err)),
-                                         "mape_pct": round(float(np.abs(err).mean()), 4),
-                                         "max_pct": round(float(np.abs(err).max()), 4),
-                                         "signed_mean_pct": round(float(err.mean()), 4)}
-            col = e.set_index("model")[["error_pct"]].assign(
-                tflops=achieved_tflops(e, e.simulated_ms).to_numpy())
-            if table is None:
-                table = e.set_index("model")[["params_b", "gpus", "tp", "pp", "dp",
-                                              "global_batch", "tflops_per_gpu"]].copy()
-            table[f"sim_tflops_mbs{mbs}"] = col.tflops
-            table[f"error_pct_mbs{mbs}"] = col.error_pct
+        published = _sc21_errors(None, preset, progress).set_index("model")
+        sensitivity = {m: _sc21_errors(m, preset, progress).set_index("model")
+                       for m in SC21_MICRO_BATCHES}
+    rows = []
+    for model, r in published.iterrows():
+        row = {"model": model, **{k: r[k] for k in ("params_b", "gpus", "tp", "pp", "dp",
+                                                     "global_batch", "mbs", "virtual_chunks",
+                                                     "torch_ddp", "tflops_per_gpu")},
+               "sim_tflops": r.sim_tflops, "error_pct": r.error_pct}
+        for m, e in sensitivity.items():  # None where the size does not divide the batch
+            row[f"error_pct_mbs{m}"] = e.error_pct.get(model)
+        rows.append({k: _json_scalar(v) for k, v in row.items()})
+    assert len(rows) == len(SC21_TABLE1)
+    head = _error_summary(published)
     click.echo(f"\n== Megatron-LM's published weak scaling, SC '21 Table 1 (10 models, 32-3072 "
                f"A100s; predicted, nothing fitted; {time.perf_counter() - t0:.1f} s)")
-    for mbs, a in accuracy_by_mbs.items():
-        click.echo(f"micro-batch {mbs}: iteration time MAPE {a['mape_pct']:.2f} %, max "
+    click.echo(f"at the authors' settings: iteration time MAPE {head['mape_pct']:.2f} %, max "
+               f"{head['max_pct']:.2f} %, signed mean {head['signed_mean_pct']:+.2f} %")
+    by_mbs = {str(m): _error_summary(e) for m, e in sensitivity.items()}
+    for m, a in by_mbs.items():
+        click.echo(f"every model at micro-batch {m}: MAPE {a['mape_pct']:.2f} %, max "
                    f"{a['max_pct']:.2f} %, signed mean {a['signed_mean_pct']:+.2f} %")
-    click.echo(table.to_string(float_format=lambda x: f"{x:.1f}"))
-    RECORD["megatron-sc21"] = {
-        "gpu": VTRAIN_GPU, "by_micro_batch": accuracy_by_mbs,
-        "rows": [{k: (v if isinstance(v, str) else int(v) if isinstance(v, (int, np.integer))
-                      else round(float(v), 2)) for k, v in r.items()}
-                 for r in table.reset_index().to_dict("records")]}
+    click.echo(pd.DataFrame(rows).set_index("model").to_string(
+        float_format=lambda x: f"{x:.1f}"))
+    RECORD["megatron-sc21"] = {"gpu": VTRAIN_GPU, **head, "by_micro_batch": by_mbs,
+                               "rows": rows}
 
 
 def _perseus_measured() -> None:
     from kareus.suite.datasets import perseus_measured
     from kareus.suite.megatron_runs import (
+        PERSEUS_XL_GPU,
         locked_clock_points,
         perseus_xl_comparison,
         power_limit_curve,
@@ -275,7 +308,7 @@ def _perseus_measured() -> None:
     df = perseus_xl_comparison(path)
     click.echo(f"\n== Perseus's measured GPT-3 XL job (4 x A100 PCIe, tf32, stages 6,6,7,5; "
                f"{time.perf_counter() - t0:.0f} s): energy saved against the default plan (%)")
-    RECORD["perseus-measured"] = {"rows": [
+    RECORD["perseus-measured"] = {"gpu": PERSEUS_XL_GPU, "rows": [
         {k: (round(float(v), 4) if isinstance(v, (int, float)) else v) for k, v in row.items()}
         for row in df.to_dict("records")]}
     r = df.iloc[0]
@@ -314,7 +347,7 @@ def _locked_clock_record(locked: pd.DataFrame) -> None:
     dt = locked.simulated_time_pct - locked.measured_time_pct
     de = locked.simulated_energy_pct - locked.measured_energy_pct
     def span(x: pd.Series) -> list[float]:
-        return [round(float(x.min()), 2), round(float(x.max()), 2)]
+        return [round(float(x.min()), 4), round(float(x.max()), 4)]  # rendered to one decimal
 
     RECORD["perseus-measured"]["locked_clocks"] = {
         "plans": len(locked), "time_error_pct": span(t_err), "energy_error_pct": span(e_err),

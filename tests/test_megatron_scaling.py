@@ -5,32 +5,40 @@ import pytest
 
 from kareus.hardware.presets import get_preset
 from kareus.suite.megatron_runs import VTRAIN_GPU, RunSet, run_errors, simulate_runs
-from kareus.suite.megatron_scaling import SC21_TABLE1, VOCAB, SEQ, achieved_tflops, scaling_runs
+from kareus.suite.megatron_scaling import SC21_TABLE1, SEQ, VOCAB, achieved_tflops, scaling_runs
 
 
 @pytest.mark.parametrize("row", SC21_TABLE1, ids=lambda r: f"{r.params_b:g}B")
 def test_each_row_agrees_with_itself(row):
     # per-GPU and aggregate throughput, as printed (each rounded)
     assert row.tflops_per_gpu * row.gpus / 1e3 == pytest.approx(row.aggregate_pflops, rel=0.006)
-    # the parameter count the shape gives (Narayanan et al.'s formula) against the quoted one
+    # the parameter count the shape gives (Narayanan et al.'s formula) against the quoted one:
+    # one layer more or less moves every model from 7.5B up by more than this
     l, h = row.layers, row.hidden
     params = 12 * l * h * h * (1 + 13 / (12 * h) + (VOCAB + SEQ) / (12 * l * h))
-    assert params / 1e9 == pytest.approx(row.params_b, rel=0.035)
+    assert params / 1e9 == pytest.approx(row.params_b, abs=0.05)
     assert row.gpus == row.tp * row.pp * row.dp and row.hidden % row.heads == 0
+    assert (row.global_batch // row.dp) % row.mbs == 0 and row.layers % (row.pp * row.virtual_chunks) == 0
 
 
 def test_runs_invert_the_published_throughput():
-    runs = scaling_runs(2)
-    assert len(runs) == len(SC21_TABLE1)  # every batch per replica is even
+    runs = scaling_runs()
+    assert len(runs) == len(SC21_TABLE1)
+    # the 1T model by hand: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs at 163 TFLOP/s on 3,072 GPUs
+    t = 96 * 3072 * 2048 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600))
+    assert runs.measured_ms.iloc[-1] == pytest.approx(1e3 * t / (3072 * 163e12)) \
+        == pytest.approx(102_630, abs=1)
     np.testing.assert_allclose(achieved_tflops(runs, runs.measured_ms), runs.tflops_per_gpu)
     assert (runs.microbatches * runs.mbs * runs.dp == runs.global_batch).all()
+    assert list(runs.mbs) == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]  # the authors' script
+    assert list(runs.overlap_grad_reduce) == [True] * 4 + [False] * 6
     assert len(scaling_runs(64)) < len(SC21_TABLE1)  # 1.7B's 16 sequences per replica do not split
 
 
 def test_the_simulator_predicts_the_published_scaling():
-    """A regression guard at 32-3,072 GPUs, nothing fitted: at micro-batch 2 every model is
-    simulated within 15 % of the published iteration time (measured 11.8 % at most)."""
-    runs = RunSet.build(scaling_runs(2))
+    """A regression guard at 32-3,072 GPUs, nothing fitted: at the authors' settings every model
+    is simulated within 6 % of the published iteration time (measured 3.7 % at most)."""
+    runs = RunSet.build(scaling_runs())
     errors = run_errors(runs, simulate_runs(runs, get_preset(VTRAIN_GPU)))
     assert np.isfinite(errors.simulated_ms).all()
-    assert errors.error_pct.abs().max() < 15.0
+    assert errors.error_pct.abs().max() < 6.0

@@ -339,16 +339,26 @@ def test_one_fit_holds_one_value_in_every_file_that_carries_it():
 def test_a_refit_carries_over_to_the_copies_beside_it(tmp_path):
     for name in ("a100-sxm4-80gb", "a100-pcie-80gb", "a40"):
         (tmp_path / f"{name}.json").write_text(P.preset_path(name).read_text())
+    (tmp_path / "broken.json").write_text("{\"name\": ")  # not a preset: left alone
     shared = tmp_path / "host.json"
     shared.write_text(P.SHARED_FILE.read_text())
     a40_before = (tmp_path / "a40.json").read_text()
-    diff = P.update_preset_file("a100-sxm4-80gb", {"gemm_depth_half": (500.0, "fitted: a test")},
+    source = P.get_preset("a100-sxm4-80gb").sources["gemm_depth_half"]
+    # a refit by the same procedure (its source kept): the fit and its copy follow
+    diff = P.update_preset_file("a100-sxm4-80gb", {"gemm_depth_half": (500.0, source)},
                                 path=tmp_path / "a100-sxm4-80gb.json", shared_path=shared)
     files = [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")]
     assert sorted(files) == sorted(str(tmp_path / f"{n}.json") for n in ("a100-sxm4-80gb",
                                                                             "a100-pcie-80gb"))
-    for name in ("a100-sxm4-80gb", "a100-pcie-80gb"):  # the fit and its copy
+    for name in ("a100-sxm4-80gb", "a100-pcie-80gb"):
         preset, _ = P.load_preset_file(tmp_path / f"{name}.json", P.load_shared(shared))
-        assert preset.gemm_depth_half == 500.0 and preset.sources["gemm_depth_half"] == "fitted: a test"
+        assert preset.gemm_depth_half == 500.0 and preset.sources["gemm_depth_half"] == source
     assert (tmp_path / "a40.json").read_text() == a40_before  # its own value (an assumption) stays
     assert P.get_preset("a100-pcie-80gb").gemm_depth_half != 500.0  # the packaged files untouched
+    # a fit under a new source (another measurement) is this file's alone
+    diff = P.update_preset_file("a100-pcie-80gb", {"gemm_depth_half": (400.0, "fitted: a test")},
+                                path=tmp_path / "a100-pcie-80gb.json", shared_path=shared)
+    assert [ln[4:] for ln in diff.splitlines() if ln.startswith("+++ ")] == \
+        [str(tmp_path / "a100-pcie-80gb.json")]
+    sxm, _ = P.load_preset_file(tmp_path / "a100-sxm4-80gb.json", P.load_shared(shared))
+    assert sxm.gemm_depth_half == 500.0

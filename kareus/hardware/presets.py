@@ -657,10 +657,11 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     ``write=False``: only the diff. The results must read back (:class:`PresetError` otherwise);
     the loaded presets are reloaded after a write.
 
-    A fit is carried by the GPU files beside this one that hold the very entry it replaces, value
-    and source (the A100 PCIe files hold the kernel values fitted on vTrain's SXM runs, every file
-    the partition law fitted on the SXM4 40 GB): those copies follow the refit, so that one fit
-    never holds two values."""
+    A source names one fit (its command and its measurement), and a fit has one value. So a refit
+    that keeps a field's source (the same procedure on the same data) also rewrites the GPU files
+    beside this one that hold the very entry it replaces, value and source: the A100 PCIe files
+    hold the kernel values fitted on vTrain's SXM runs, every file the partition law fitted on the
+    SXM4 40 GB. A refit under a new source (another card's profile, say) changes this file only."""
     import difflib
 
     p = Path(path) if path is not None else preset_path(name)
@@ -696,7 +697,8 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
     shared_values = _parse_shared(sp, json.loads(new_shared))
     _parse(p, json.loads(new), shared_values)
     texts = {sp: (old_shared, new_shared), p: (old, new)}
-    for q, (q_old, q_new) in _carried_copies(p, before, raw, changes, sp).items():
+    for q, (q_old, q_new) in _carried_copies(p, before, raw, changes, sp,
+                                             shared_values).items():
         _parse(q, json.loads(q_new), shared_values)
         texts[q] = (q_old, q_new)
     if write and any(a != b for a, b in texts.values()):
@@ -710,20 +712,41 @@ def update_preset_file(name: str, changes: dict[str, tuple[object, str]], *,
                                                 str(q))) for q, (a, b) in texts.items())
 
 
-def _carried_copies(p: Path, before: dict, after: dict, fields_changed: Iterable[str],
-                    shared_path: Path) -> dict[Path, tuple[str, str]]:
+def _carried_copies(p: Path, before: dict[str, Any], after: dict[str, Any],
+                    fields_changed: Iterable[str], shared_path: Path, shared: Shared
+                    ) -> dict[Path, tuple[str, str]]:
     """The GPU files beside ``p`` (not the shared file at ``shared_path``) holding a copy (the
-    same value and source) of an entry of ``p``'s that a refit changed (``before`` -> ``after``),
-    each as (old text, text with the new entries)."""
+    same value and source) of an entry of ``p``'s that a refit changed under the same source
+    (``before`` -> ``after``), each as (old text, text with the new entries). A file that does not
+    read as a preset on ``shared`` is left alone: loading it names its problem."""
     moved = {}
     for f in fields_changed:
         group = _GROUP_OF[f]
         was, now = before.get(group, {}).get(f), after.get(group, {}).get(f)
-        if isinstance(was, dict) and now != was:
+        if isinstance(was, dict) and isinstance(now, dict) and now != was \
+                and now.get("source") == was.get("source"):
             moved[f] = (group, was, now)
     out: dict[Path, tuple[str, str]] = {}
     if not moved:
         return out
+    for q in sorted(p.parent.glob("*.json")):
+        if q.resolve() in (p.resolve(), shared_path.resolve()):
+            continue
+        try:
+            text = q.read_text()
+            raw = json.loads(text)
+            _parse(q, raw, shared)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, PresetError):
+            continue
+        hit = False
+        for f, (group, was, now) in moved.items():
+            entries = raw.get(group)
+            if isinstance(entries, dict) and entries.get(f) == was:
+                entries[f] = dict(now)
+                hit = True
+        if hit:
+            out[q] = (text, _dumps(raw))
+    return out
     for q in sorted(p.parent.glob("*.json")):
         if q.resolve() in (p.resolve(), shared_path.resolve()):
             continue

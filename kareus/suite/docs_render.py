@@ -199,12 +199,13 @@ def render_fidelity(root: Path) -> str:
                 f"{v['spearman_mean']:.3f} | {when(v)} |")
     if "megatron-sc21" in f:
         v = f["megatron-sc21"]
-        by = "; ".join(f"micro-batch {m}: {a['mape_pct']:.2f} % MAPE, max {a['max_pct']:.2f} %, "
-                       f"signed {a['signed_mean_pct']:+.2f} %" for m, a in v["by_micro_batch"].items())
+        by = ", ".join(f"{a['mape_pct']:.2f} % at {m}" for m, a in v["by_micro_batch"].items())
         rows.append(
             f"| Megatron-LM paper's weak scaling, 32–3,072 × A100 80 GB (predicted) | "
-            f"{len(v['rows'])} published throughputs as iteration times (micro-batch size not "
-            f"published) | {by} | {when(v)} |")
+            f"{v['runs']} published throughputs as iteration times | at the authors' settings "
+            f"{v['mape_pct']:.2f} % MAPE, max {v['max_pct']:.2f} %, signed "
+            f"{v['signed_mean_pct']:+.2f} %; every model at one micro-batch size: {by} | "
+            f"{when(v)} |")
     if "perseus-measured" in f:
         v = f["perseus-measured"]
         saved = "; ".join(
@@ -265,14 +266,22 @@ def render_megatron_scaling(root: Path) -> str:
         return ("Not recorded yet: run `python benchmarks/fidelity.py --only megatron-sc21 "
                 "--write results/fidelity/summary.json`.\n")
     mbs = list(v["by_micro_batch"])
-    rows = ["| model | GPUs | TP × PP × DP | batch | published TFLOP/s per GPU | "
-            + " | ".join(f"simulated, micro-batch {m} (time error)" for m in mbs) + " |",
-            "|---|---|---|---|---|" + "---|" * len(mbs)]
+
+    def err(x: float | None) -> str:
+        return "–" if x is None else f"{x:+.1f} %"
+
+    rows = ["| model | GPUs | TP × PP × DP | batch | micro-batch | schedule | gradient all-reduce | "
+            "TFLOP/s per GPU, published | simulated (time error) | time error, every model at "
+            f"micro-batch {' / '.join(mbs)} |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in v["rows"]:
-        sims = " | ".join(f"{r[f'sim_tflops_mbs{m}']:.0f} ({r[f'error_pct_mbs{m}']:+.1f} %)"
-                          for m in mbs)
+        schedule = ("1F1B" if r["virtual_chunks"] == 1
+                    else f"interleaved, {r['virtual_chunks']} chunks")
+        sweep = " / ".join(err(r[f"error_pct_mbs{m}"]) for m in mbs)
         rows.append(f"| {r['params_b']:g}B | {r['gpus']:,} | {r['tp']} × {r['pp']} × {r['dp']} | "
-                    f"{r['global_batch']:,} | {r['tflops_per_gpu']:.0f} | {sims} |")
+                    f"{r['global_batch']:,} | {r['mbs']} | {schedule} | "
+                    f"{'overlapped (DDP)' if r['torch_ddp'] else 'after the backward'} | "
+                    f"{r['tflops_per_gpu']:.0f} | {r['sim_tflops']:.0f} ({err(r['error_pct'])}) | "
+                    f"{sweep} |")
     return "\n".join(rows) + "\n"
 
 

@@ -67,8 +67,9 @@ def load_runs(path: str | Path) -> pd.DataFrame:
 
 
 def run_workload(row: pd.Series | dict) -> Workload:
-    """The workload of one vTrain run (see the module docstring); a ``vocab`` entry, where the
-    row has one, replaces GPT-2's padded vocabulary."""
+    """The workload of one vTrain run (see the module docstring). Where the row has them, a
+    ``vocab`` entry replaces GPT-2's padded vocabulary and ``overlap_grad_reduce`` overlaps the
+    gradient reduction with the backward (PyTorch's DDP)."""
     h, heads, tp = int(row["hidden"]), int(row["heads"]), int(row["tp"])
     mult = 128 * tp
     vocab = int(row["vocab"]) if "vocab" in row else (_GPT2_VOCAB + mult - 1) // mult * mult
@@ -80,7 +81,8 @@ def run_workload(row: pd.Series | dict) -> Workload:
     parallel = ParallelConfig(
         tp=tp, cp=1, pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["mbs"]),
         microbatches=int(row["microbatches"]), seq=int(row["seq"]), recompute="full",
-        nanobatches=1, precision="fp16", attention="unfused", gpus_per_node=8)
+        nanobatches=1, precision="fp16", attention="unfused", gpus_per_node=8,
+        overlap_grad_reduce=bool(row.get("overlap_grad_reduce", False)))
     return Workload(model=model, parallel=parallel)
 
 

@@ -4,8 +4,12 @@ The Megatron-LM paper (Narayanan et al., "Efficient Large-Scale Language Model T
 Clusters Using Megatron-LM", SC '21, arXiv 2104.04473, Table 1) reports the throughput its
 authors measured for ten GPT models from 1.7B to 1T parameters on NVIDIA's Selene (DGX A100
 80 GB nodes of 8 GPUs, one 200 Gb/s HDR InfiniBand NIC per GPU): the GPUs, tensor- and pipeline-
-parallel sizes, the global batch and the achieved teraFLOP/s per GPU (:data:`SC21_TABLE1`, quoted
-from the paper; the repository's shared data does not hold it, and nothing is fitted on it).
+parallel sizes, the global batch and the achieved teraFLOP/s per GPU. The authors' script for
+that table (``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM) gives what the table leaves
+out: the micro-batch size, PyTorch's DDP (gradient all-reduce overlapped with the backward) for
+the models up to 18B and Megatron-LM's own, after the backward, from 39B, and the interleaved
+pipeline schedule for 76B to 530B. :data:`SC21_TABLE1` quotes both (the repository's shared data
+holds neither; nothing is fitted on them).
 
 The paper counts a model's work per iteration with full activation recomputation as
 
@@ -15,14 +19,14 @@ The paper counts a model's work per iteration with full activation recomputation
 its throughput is ``F / (GPUs x iteration time)``; :func:`scaling_runs` inverts that into the
 measured iteration time (ms), which makes each row a run like vTrain's
 (:mod:`kareus.suite.megatron_runs`): the same workload rules (fp16, full recomputation, 1F1B,
-Megatron-LM's unfused core attention, one gradient all-reduce after the backward), simulated by
-the same :func:`~kareus.suite.megatron_runs.simulate_runs`, on the A100 80 GB preset, whose
-network (25 GB/s per GPU) is Selene's.
+Megatron-LM's unfused core attention), simulated by the same
+:func:`~kareus.suite.megatron_runs.simulate_runs`, on the A100 80 GB preset, whose network
+(25 GB/s per GPU) is Selene's.
 
-What the table does not give is the micro-batch size, so :func:`scaling_runs` takes one and the
-comparison is made at several. Nor does the suite model two of the paper's optimisations: the
-interleaved pipeline schedule (fewer idle stages at the start and end of an iteration) and the
-scatter/gather of activations sent between stages on different nodes.
+The suite does not model two of the paper's optimisations: the interleaved schedule (its
+``virtual_chunks`` model chunks per stage shorten the pipeline's fill and drain by that factor)
+and the scatter/gather of activations sent between stages on different nodes. Both make the
+measured runs faster than the plain 1F1B the suite simulates.
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ class PublishedRun:
 
     ``tflops_per_gpu`` is the achieved teraFLOP/s per GPU (10^12 FLOP/s) and
     ``aggregate_pflops`` the whole job's petaFLOP/s, both as printed (rounded); their agreement
-    checks the transcription (``tests/test_megatron_scaling.py``).
+    checks the transcription (``tests/test_megatron_scaling.py``). From the authors' script:
+    ``mbs`` (sequences per micro-batch), ``torch_ddp`` (PyTorch's DDP, which overlaps the gradient
+    all-reduce with the backward) and ``virtual_chunks`` (model chunks per pipeline stage of the
+    interleaved schedule; 1: plain 1F1B).
     """
 
     params_b: float
@@ -55,6 +62,9 @@ class PublishedRun:
     global_batch: int
     tflops_per_gpu: float
     aggregate_pflops: float
+    mbs: int
+    torch_ddp: bool
+    virtual_chunks: int
 
     @property
     def dp(self) -> int:
@@ -71,40 +81,44 @@ class PublishedRun:
         return self.flops_per_iteration() / (self.gpus * self.tflops_per_gpu * 1e12)
 
 
-#: Narayanan et al., SC '21, Table 1 (all ten rows).
+#: Narayanan et al., SC '21, Table 1 (all ten rows), with the micro-batch size, the DDP and the
+#: interleaving of ``examples/sc21/run_table_1.sh`` (``--num-layers-per-virtual-pipeline-stage``
+#: 5, 5, 3 and 1 for 76B, 145B, 310B and 530B: 15/5, 10/5, 6/3 and 3/1 chunks per stage).
 SC21_TABLE1: tuple[PublishedRun, ...] = (
-    PublishedRun(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4),
-    PublishedRun(3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8),
-    PublishedRun(7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2),
-    PublishedRun(18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 34.6),
-    PublishedRun(39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 70.8),
-    PublishedRun(76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 143.8),
-    PublishedRun(145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 227.1),
-    PublishedRun(310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 297.4),
-    PublishedRun(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 410.2),
-    PublishedRun(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 502.0),
+    PublishedRun(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4, 16, True, 1),
+    PublishedRun(3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8, 16, True, 1),
+    PublishedRun(7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2, 16, True, 1),
+    PublishedRun(18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 34.6, 8, True, 1),
+    PublishedRun(39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 70.8, 4, False, 1),
+    PublishedRun(76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 143.8, 2, False, 3),
+    PublishedRun(145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 227.1, 2, False, 2),
+    PublishedRun(310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 297.4, 1, False, 2),
+    PublishedRun(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 410.2, 1, False, 3),
+    PublishedRun(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 502.0, 1, False, 1),
 )
 
 
-def scaling_runs(mbs: int) -> pd.DataFrame:
-    """The table's rows as runs at micro-batch size ``mbs``, in the columns
-    :class:`~kareus.suite.megatron_runs.RunSet` reads (``measured_ms`` from the published
-    throughput, ``vocab`` the paper's), plus the published figures; rows whose batch per replica
-    ``mbs`` does not divide are left out."""
+def scaling_runs(mbs: int | None = None) -> pd.DataFrame:
+    """The table's rows as runs, in the columns :class:`~kareus.suite.megatron_runs.RunSet`
+    reads (``measured_ms`` from the published throughput, ``vocab`` the paper's,
+    ``overlap_grad_reduce`` where the authors ran PyTorch's DDP), plus the published figures and
+    ``flops`` (the paper's count of one iteration). ``mbs``: every row at that micro-batch size
+    instead of the authors' (a sensitivity check); rows whose batch per replica it does not divide
+    are left out."""
     rows = []
     for r in SC21_TABLE1:
-        if (r.global_batch // r.dp) % mbs:
+        size = r.mbs if mbs is None else mbs
+        if (r.global_batch // r.dp) % size:
             continue
-        rows.append({**asdict(r), "dp": r.dp, "mbs": mbs, "seq": SEQ, "vocab": VOCAB,
-                     "microbatches": r.global_batch // (mbs * r.dp),
+        rows.append({**asdict(r), "dp": r.dp, "mbs": size, "seq": SEQ, "vocab": VOCAB,
+                     "microbatches": r.global_batch // (size * r.dp),
+                     "overlap_grad_reduce": r.torch_ddp, "flops": r.flops_per_iteration(),
                      "measured_ms": 1e3 * r.measured_iteration_s(),
                      "model": f"gpt-{r.params_b:g}b"})
     return pd.DataFrame(rows)
 
 
 def achieved_tflops(runs: pd.DataFrame, iteration_ms: pd.Series) -> pd.Series:
-    """Throughput per GPU (teraFLOP/s) of each run at the given iteration times (ms), counted as
-    the paper counts it."""
-    work = [PublishedRun(**{k: r[k] for k in PublishedRun.__dataclass_fields__}).flops_per_iteration()
-            for r in runs.to_dict("records")]
-    return pd.Series(work, index=runs.index) / (runs.gpus * iteration_ms * 1e-3) / 1e12
+    """Throughput per GPU (teraFLOP/s) of each of :func:`scaling_runs`'s runs at the given
+    iteration times (ms), counted as the paper counts it."""
+    return runs.flops / (runs.gpus * iteration_ms * 1e-3) / 1e12
