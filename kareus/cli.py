@@ -28,7 +28,7 @@ F = TypeVar("F", bound=Callable[..., object])
 #: The job fields commands report (``--json``'s ``parallel``).
 JOB_FIELDS = ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
               "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "attention",
-              "elementwise")
+              "elementwise", "cross_entropy")
 
 WORKLOAD_HELP = ("Model name (see `kareus workloads`), or a Hugging Face config.json or the folder "
                  "holding one (needs the extra: pip install -e '.[hf]').")

@@ -293,3 +293,29 @@ def test_fidelity_records_the_perseus_job(tmp_path):
     assert [r["method"] for r in rec["rows"]] == ["perseus", "zeus_global", "envpipe"]
     assert rec["locked_clocks"]["plans"] == 37
     assert [r["power_limit_w"] for r in rec["power_limits"]] == [300, 275, 250, 225, 200, 175]
+
+
+def test_unfused_cross_entropy_is_megatron_lms_passes_on_the_last_stage():
+    fused = make_workload("gpt3-xl", tp=2, pp=2, mbs=4, microbatches=4, precision="fp16")
+    unfused = replace(fused, parallel=replace(fused.parallel, cross_entropy="unfused"))
+    gf, gu = build_iteration_graph(fused), build_iteration_graph(unfused)
+    t, v = 4 * 2048, 50257 // 2  # tokens; the vocabulary share of a TP rank
+
+    def loss_bytes(g, stage, direction):
+        return [op.bytes for seg in g.instruction_graphs[(stage, direction)].extra
+                for op in seg.compute if op.name.startswith("cross_entropy")]
+
+    assert loss_bytes(gu, 0, "forward") == loss_bytes(gf, 0, "forward") == []
+    assert loss_bytes(gf, 1, "forward") == [10 * t * v]  # one fused kernel
+    assert loss_bytes(gu, 1, "forward") == [6 * t * v, 4 * t * v, 8 * t * v, 8 * t * v,
+                                            4 * t * v, 8 * t * v]  # cast, max, sub, exp, sum, div
+    assert sum(loss_bytes(gu, 1, "backward")) == 14 * t * v == sum(loss_bytes(gf, 1, "backward")) + 8 * t * v
+    assert _time(unfused).energy.time_s > _time(fused).energy.time_s
+    fp32 = replace(unfused, parallel=replace(unfused.parallel, precision="fp32"))
+    assert len(loss_bytes(build_iteration_graph(fp32), 1, "forward")) == 5  # no cast
+
+
+def test_cross_entropy_option_reaches_the_job(capsys):
+    assert main(["simulate", "-w", "gpt3-xl", "--cross-entropy", "unfused", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["cross_entropy"] == "unfused"
+    assert main(["simulate", "-w", "gpt3-xl", "--cross-entropy", "nope"]) == 2

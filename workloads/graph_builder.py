@@ -236,6 +236,30 @@ def eager_kernels(name: str, passes: tuple[tuple[int, int], ...], elements: int,
             for r, w in passes]
 
 
+def vocab_parallel_cross_entropy_ops(elements: int, elem_bytes: int, backward: bool
+                                     ) -> list[ComputeOp]:
+    """Megatron-LM's vocabulary-parallel cross entropy (``tensor_parallel.cross_entropy``) over a
+    GPU's ``elements`` logits (tokens x its vocabulary share) of ``elem_bytes`` bytes, as the
+    kernels its code launches; bytes are HBM bytes read plus written. Forward: the logits cast to
+    fp32 (none when they are fp32 already), their maximum, the maximum subtracted in place, ``exp``
+    in place, the sum, and the division in place that leaves the softmax saved for the backward
+    (the all-reduces of the maximum and the sum carry one number per token). Backward: the softmax
+    scaled in place by the loss's gradient (after the target's entries are corrected, one per
+    token), and the cast back to the logits' precision."""
+    e, f32 = elem_bytes, 4
+    cast = elem_bytes != f32
+    if backward:
+        passes = [("cross_entropy_grad", 2 * f32)]
+        if cast:
+            passes.append(("cross_entropy_cast_bwd", f32 + e))
+    else:
+        passes = [("cross_entropy_cast", e + f32)] if cast else []
+        passes += [("cross_entropy_max", f32), ("cross_entropy_sub", 2 * f32),
+                   ("cross_entropy_exp", 2 * f32), ("cross_entropy_sum", f32),
+                   ("cross_entropy_softmax", 2 * f32)]
+    return [memory_op(name, nbytes * elements, flops=float(elements)) for name, nbytes in passes]
+
+
 def eager_residual(elements: int, elem_bytes: int, backward: bool) -> list[ComputeOp]:
     """The residual branch's dropout and add as eager code runs them (two kernels where a fused
     bias-dropout-add is one), over ``elements`` elements of ``elem_bytes`` bytes (HBM bytes
@@ -600,16 +624,23 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
                 ops.insert(0, norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
             segs.append(Segment(label_slots(ops), None))
     if stage == p.pp - 1:
+        backward = direction == "backward"
+        if p.cross_entropy == "unfused":
+            loss = vocab_parallel_cross_entropy_ops(t * v, eb, backward)
+        else:  # one kernel: the logits in, fp32 softmax statistics; the gradient out
+            loss = [memory_op("cross_entropy_bwd" if backward else "cross_entropy",
+                              ((4 + eb) if backward else (eb + 4 + 4)) * t * v,
+                              flops=(3.0 if backward else 5.0) * t * v)]
         if direction == "forward":
             ops = [
                 norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
                 gemm_op("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
-                memory_op("cross_entropy", (eb + 4 + 4) * t * v, flops=5.0 * t * v),
+                *loss,
             ]
             ar = tp_all_reduce("tp_allreduce_loss", 4 * 3 * t)
         else:
             ops = [
-                memory_op("cross_entropy_bwd", (4 + eb) * t * v, flops=3.0 * t * v),
+                *loss,
                 *_gemm_bwd("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
                 norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h),
             ]

@@ -28,6 +28,8 @@ Attention = Literal["flash", "unfused"]
 ATTENTION_KINDS: tuple[str, ...] = ("flash", "unfused")
 Elementwise = Literal["fused", "eager"]
 ELEMENTWISE_KINDS: tuple[str, ...] = ("fused", "eager")
+CrossEntropy = Literal["fused", "unfused"]
+CROSS_ENTROPY_KINDS: tuple[str, ...] = ("fused", "unfused")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32")
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -88,6 +90,12 @@ class ParallelConfig:
         overlap_grad_reduce: Bucketed gradient reduction overlapped with the backward pass
             (Megatron-LM's ``--overlap-grad-reduce``, buckets of :data:`GRAD_BUCKET_PARAMS`
             parameters); without it one reduction runs after the last backward.
+        cross_entropy: The loss over the vocabulary: ``"fused"`` (one kernel each way:
+            Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it, or
+            PyTorch's cross entropy as Hugging Face code calls it) or ``"unfused"`` (Megatron-LM's
+            default: its vocabulary-parallel cross entropy in PyTorch ops, six passes over fp32
+            logits forward and two backward; :func:`workloads.graph_builder.
+            vocab_parallel_cross_entropy_ops`). Simulator-only, as ``elementwise``.
     """
 
     tp: int = 8
@@ -106,6 +114,7 @@ class ParallelConfig:
     overlap_grad_reduce: bool = False
     attention: Attention = "flash"
     elementwise: Elementwise = "fused"
+    cross_entropy: CrossEntropy = "fused"
 
     @property
     def num_gpus(self) -> int:
@@ -321,6 +330,7 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
     for what, value, choices in (("precision", p.precision, PRECISIONS),
                                  ("attention", p.attention, ATTENTION_KINDS),
                                  ("elementwise mode", p.elementwise, ELEMENTWISE_KINDS),
+                                 ("cross entropy", p.cross_entropy, CROSS_ENTROPY_KINDS),
                                  ("recompute mode", p.recompute, RECOMPUTE_MODES)):
         if value not in choices:
             raise WorkloadError(f"unknown {what} {value!r}; choose one of: {', '.join(choices)}")
@@ -371,6 +381,7 @@ def make_workload(
     overlap_grad_reduce: bool | None = None,
     attention: Attention | None = None,
     elementwise: Elementwise | None = None,
+    cross_entropy: CrossEntropy | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
     is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`)."""
@@ -384,7 +395,7 @@ def make_workload(
                          layer_split=layer_split, precision=precision,
                          gpus_per_node=gpus_per_node, distributed_optimizer=distributed_optimizer,
                          overlap_grad_reduce=overlap_grad_reduce, attention=attention,
-                         elementwise=elementwise).items()
+                         elementwise=elementwise, cross_entropy=cross_entropy).items()
         if v is not None
     }
     w = Workload(model=model, parallel=replace(parallel, **overrides))

@@ -8,7 +8,8 @@ becomes a :class:`~workloads.Workload`:
 - Megatron-LM GPT: learned positions, LayerNorm, GELU MLP of 4x the width, 16 (single node) or
   32 (3.6B) heads, GPT-2's 50,257-token vocabulary padded to a multiple of 128·TP.
 - fp16, full activation recomputation, 1F1B, one gradient all-reduce after the backward (no
-  bucketing), Megatron-LM's core attention without flash attention (``attention="unfused"``).
+  bucketing), Megatron-LM's core attention without flash attention (``attention="unfused"``)
+  and its default cross entropy (``cross_entropy="unfused"``: no loss fusion).
 - ``global batch / (micro batch · DP)`` micro-batches per pipeline; layers split evenly.
 - A100 SXM GPUs, 8 per node; 800 Gb/s of network per node (vTrain's validation configs), i.e.
   12.5 GB/s per GPU (:data:`VTRAIN_NETWORK`).
@@ -81,7 +82,8 @@ def run_workload(row: pd.Series | dict) -> Workload:
     parallel = ParallelConfig(
         tp=tp, cp=1, pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["mbs"]),
         microbatches=int(row["microbatches"]), seq=int(row["seq"]), recompute="full",
-        nanobatches=1, precision="fp16", attention="unfused", gpus_per_node=8,
+        nanobatches=1, precision="fp16", attention="unfused", cross_entropy="unfused",
+        gpus_per_node=8,
         overlap_grad_reduce=bool(row.get("overlap_grad_reduce", False)))
     return Workload(model=model, parallel=parallel)
 

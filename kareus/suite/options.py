@@ -54,6 +54,9 @@ JOB_SHAPE_OPTIONS = [
     click.option("--elementwise", type=click.Choice(["fused", "eager"]), default=None,
                  help="Elementwise work: fused kernels [fused, Megatron-LM], or PyTorch eager "
                       "as Hugging Face models write it (Merak)."),
+    click.option("--cross-entropy", type=click.Choice(["fused", "unfused"]), default=None,
+                 help="The loss: one fused kernel [fused: the paper's testbed], or Megatron-LM's "
+                      "default vocabulary-parallel cross entropy in PyTorch ops."),
 ]
 
 

@@ -56,11 +56,12 @@ def check_supported(w: Workload) -> None:
             f"context parallelism (CP={w.parallel.cp}) is not implemented in the GPU backend: "
             "workloads/torch_model.py has no distributed (ring / all-gather) attention; use "
             "--cp 1 or --backend sim")
-    if w.parallel.attention != "flash" or w.parallel.elementwise != "fused":
+    p = w.parallel
+    if p.attention != "flash" or p.elementwise != "fused" or p.cross_entropy != "fused":
         raise InputError(
-            f"--attention {w.parallel.attention} --elementwise {w.parallel.elementwise} is "
-            "simulator-only: the GPU backend's model (workloads/torch_model.py) runs flash "
-            "attention and fused elementwise kernels; use --backend sim")
+            f"--attention {p.attention} --elementwise {p.elementwise} --cross-entropy "
+            f"{p.cross_entropy} is simulator-only: the GPU backend's model "
+            "(workloads/torch_model.py) runs flash attention and fused kernels; use --backend sim")
 
 
 def reduced_workload(name: str, layers: int, *, tp: int | None = None, cp: int | None = None,
@@ -103,7 +104,9 @@ def workload_from_graph(graph: IterationGraph,
     ops = [op for seg in ig.sequential for op in seg.compute]
     h = model.hidden
     names = {op.name for op in ops}
-    if not {"bda", "linear_qkv", "attention"} <= names:
+    loss = graph.instruction_graphs[(graph.stages - 1, "forward")].extra
+    unfused_loss = any(op.name == "cross_entropy_max" for seg in loss for op in seg.compute)
+    if unfused_loss or not {"bda", "linear_qkv", "attention"} <= names:
         raise InputError(f"the GPU backend cannot recover the job of graph {graph.workload!r} "
                          "(an eager or unfused one is simulator-only); pass the workload with "
                          "GPUBackend.bind(workload)")
