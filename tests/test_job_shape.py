@@ -12,7 +12,7 @@ from kareus.backends.sim import SimulatorBackend
 from kareus.cli import main
 from kareus.errors import PlanError
 from kareus.hardware.presets import get_preset
-from kareus.plan import InstructionPlan, IterationPlan
+from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, IterationPlan
 from workloads import WorkloadError, make_workload
 from workloads.graph_builder import build_iteration_graph
 
@@ -98,15 +98,57 @@ def test_odd_micro_batches_run_sequential_plans_only():
 
 
 def test_host_floor_binds_at_tiny_micro_batches():
-    w = make_workload("gpt3-xl", tp=8, pp=1, mbs=1, seq=256, microbatches=4)
-    g = build_iteration_graph(w)
-    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
-    ig = g.instruction_graphs[(0, "backward")]
+    """A pipeline stage's instruction starts with the GPU's queue drained (Megatron-LM
+    synchronises at every transfer) and waits for its kernels' issue; a single stage's host runs
+    ahead across the iteration, and its GPU waits only where the whole iteration's issue is
+    longer than its kernels."""
     plan = InstructionPlan.make(1410.0, False)
-    cost = sim.evaluate_instruction(g, (0, "backward"), plan)
-    assert cost.time_s == pytest.approx(sim.host_time(ig))
-    fast = SimulatorBackend(replace(get_preset("a100-sxm4-80gb"), host_eager_op_s=1e-9))
-    assert fast.evaluate_instruction(g, (0, "backward"), plan).time_s < cost.time_s
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    fast = SimulatorBackend(replace(get_preset("a100-sxm4-80gb"), host_eager_op_s=1e-9,
+                                    host_issue_call_s=1e-9))
+    staged = build_iteration_graph(make_workload("gpt3-xl", tp=8, pp=2, mbs=1, seq=256,
+                                                 microbatches=4))
+    ig = staged.instruction_graphs[(0, "backward")]
+    cost = sim.evaluate_instruction(staged, (0, "backward"), plan).time_s
+    host, a, b = sim.issue_map(ig, sim._scalar_index(1410.0))
+    assert host == pytest.approx(sim.host_time(ig)) and cost == pytest.approx(host + max(a, b))
+    assert cost > host and cost > fast.evaluate_instruction(staged, (0, "backward"), plan).time_s
+    single = build_iteration_graph(make_workload("gpt3-xl", tp=8, pp=1, mbs=1, seq=256,
+                                                 microbatches=4))
+    gpu_only = sim.evaluate_instruction(single, (0, "backward"), plan).time_s
+    assert gpu_only == pytest.approx(fast.evaluate_instruction(single, (0, "backward"), plan).time_s)
+    t = sim.evaluate_plan(single, IterationPlan.uniform(single, 1410.0)).energy.time_s
+    assert t > fast.evaluate_plan(single, IterationPlan.uniform(single, 1410.0)).energy.time_s
+    issue = 4 * sum(sim.host_time(single.instruction_graphs[(0, d)])
+                    for d in ("forward", "backward"))
+    assert t >= issue
+
+
+def test_issue_map_is_the_op_by_op_queue():
+    """The closed form of :meth:`SimulatorBackend.issue_map` against the queue run kernel by
+    kernel: each starts once issued and once the one before has ended."""
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    g = build_iteration_graph(make_workload("gpt3-xl", tp=8, pp=2, mbs=2, seq=512,
+                                            microbatches=2))
+    f = sim._scalar_index(1410.0)
+    gpu = sim.gpu
+    for key, ig in g.instruction_graphs.items():
+        steps = []
+        for segs, times in ((ig.sequential, ig.layers), (ig.extra, 1)):
+            for _ in range(times):
+                for seg in segs:
+                    steps += [(gpu.host_eager_op_s, float(sim._alone(op).time[f]))
+                              for op in seg.compute]
+                    if seg.comm is not None and seg.comm.group > 1:
+                        ph, _ = sim._comm_alone(seg.comm, (LIBRARY_DEFAULT,), gpu.comm_block_default)
+                        steps.append((gpu.host_issue_call_s, float(ph.time[0, f])))
+        issued = end = 0.0
+        for h, t in steps:
+            issued += h
+            end = max(end, issued) + t
+        host, a, b = sim.issue_map(ig, f)
+        assert host + max(a, b) == pytest.approx(end), key
+        assert host == pytest.approx(sim.host_time(ig))
 
 
 def test_unfused_attention_materialises_the_scores():

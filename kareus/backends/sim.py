@@ -126,7 +126,9 @@ class _Tables:
         partition: Per-clock costs of a partition by (its ``id``, schedule).
         instruction: An instruction's cost by (its graph's ``id``, plan).
         instruction_at: (time s, dynamic energy J) of an instruction by (its graph's ``id``, plan,
-            grid clock index).
+            grid clock index, whether it starts with the GPU's queue drained).
+        issue: The host's issue queue through a sequential instruction, (host s, A s, B s) of
+            :meth:`SimulatorBackend.issue_map`, by (its graph's ``id``, grid clock index).
     """
 
     index: dict[float, int] = field(default_factory=dict)
@@ -143,8 +145,9 @@ class _Tables:
         field(default_factory=dict)
     instruction: dict[tuple[int, InstructionPlan], _InstructionEntry] = \
         field(default_factory=dict)
-    instruction_at: dict[tuple[int, InstructionPlan, int], tuple[float, float]] = \
+    instruction_at: dict[tuple[int, InstructionPlan, int, bool], tuple[float, float]] = \
         field(default_factory=dict)
+    issue: dict[tuple[int, int], tuple[float, float, float]] = field(default_factory=dict)
 
 
 class SimulatorBackend:
@@ -628,15 +631,17 @@ class SimulatorBackend:
         plan.validate(graph, key, self.gpu)
         assert ig is not None  # validate refuses an unknown instruction
         f_idx = self._scalar_index(plan.clock_mhz)
-        cost = InstructionCost(*self._instruction_at(ig, plan, f_idx))
+        cost = InstructionCost(*self._instruction_at(ig, plan, f_idx, graph.stages > 1))
         table[cache_key] = _InstructionEntry(cost, ig)
         return cost
 
-    def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int
-                        ) -> tuple[float, float]:
+    def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int,
+                        drained: bool = True) -> tuple[float, float]:
         """Time and dynamic energy of one instruction with every phase asking for grid clock
-        ``f_idx``."""
-        table, key = self._tables.instruction_at, (id(ig), plan, f_idx)  # see ``instruction``
+        ``f_idx``. ``drained``: it starts with the GPU's queue empty (a pipeline stage, after
+        its transfer's synchronisation; :meth:`issue_map`); otherwise its time is the GPU's
+        alone and the host's issue is charged over the iteration (:meth:`evaluate_plan`)."""
+        table, key = self._tables.instruction_at, (id(ig), plan, f_idx, drained)  # see ``instruction``
         if key in table:
             return table[key]
         clock = float(self.grid[f_idx])
@@ -668,19 +673,56 @@ class SimulatorBackend:
             st, se = self._segment_cost(seg, f_idx)
             t += st
             e += se
-        if not (plan.nanobatched and ig.partitions):
-            t = max(t, self.host_time(ig))  # partitions model their own host issue
+        if drained and not (plan.nanobatched and ig.partitions):  # partitions model their own
+            host, a, b = self.issue_map(ig, f_idx)
+            t = max(t, host + max(a, b))
         table[key] = (t, e)
         return t, e
+
+    def issue_map(self, ig: InstructionGraph, f_idx: int) -> tuple[float, float, float]:
+        """How the host's issue queue runs through one sequential instruction at grid clock
+        ``f_idx``: ``(host, A, B)`` with ``host`` its issue time (s, :meth:`host_time`) and the
+        GPU's lead over the host after it ``max(lead + A, B)`` (s) for a lead of ``lead`` before.
+
+        The host issues the ops one after another (``host_eager_op_s`` each, ``host_issue_call_s``
+        a collective) and each kernel starts once it is issued and the one before has ended: a
+        kernel of ``g`` s issued in ``h`` s turns a lead ``d`` into ``max(d - h, 0) + g``, the map
+        ``(g - h, g)``; maps compose as ``(A1 + A2, max(B1 + A2, B2))``, and ``L`` identical
+        layers as ``(L A, B + (L - 1) max(A, 0))``. An instruction that starts with the queue
+        empty (Megatron-LM synchronises host and GPU at every pipeline transfer) takes
+        ``host + max(A, B)``: at least its GPU time (``host + A``) and its issue time, more where
+        short kernels wait for their issue between long ones."""
+        table, key = self._tables.issue, (id(ig), f_idx)  # ``ig`` kept alive by ``instruction``
+        if key in table:
+            return table[key]
+        g = self.gpu
+
+        def segment_map(segs: tuple[Segment, ...]) -> tuple[float, float, float]:
+            host, a, b = 0.0, 0.0, 0.0
+            for seg in segs:
+                steps = [(g.host_eager_op_s, float(self._alone(op).time[f_idx]))
+                         for op in seg.compute]
+                if seg.comm is not None and seg.comm.group > 1:
+                    ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,), g.comm_block_default)
+                    steps.append((g.host_issue_call_s, float(ph.time[0, f_idx])))
+                for h, t in steps:
+                    host, a, b = host + h, a + t - h, max(b + t - h, t)
+            return host, a, b
+
+        lh, la, lb = segment_map(ig.sequential)
+        n = ig.layers
+        host, a, b = n * lh, n * la, (lb + (n - 1) * max(la, 0.0)) if n else 0.0
+        eh, ea, eb = segment_map(ig.extra)
+        out = (host + eh, a + ea, max(b + ea, eb) if ig.extra else b)
+        table[key] = out
+        return out
 
     def host_time(self, ig: InstructionGraph) -> float:
         """Host time (s) to issue one sequential instruction's ops: ``host_eager_op_s`` per
         compute op and ``host_issue_call_s`` per collective (one call into the communication
         library, from inside the layer's autograd function: no module of its own). The host
-        runs ahead of the GPU, so a sequential instruction takes the longer of its GPU time and
-        this (at small micro-batches the kernels are shorter than their issue, and the GPU
-        waits; Megatron-LM synchronises the host with the GPU at every pipeline transfer, so no
-        instruction inherits another's head start)."""
+        runs ahead of the GPU; where it falls behind (small micro-batches, short kernels) the GPU
+        waits (:meth:`issue_map`)."""
         def ops(segs: tuple[Segment, ...]) -> int:
             return sum(len(seg.compute) for seg in segs)
 
@@ -718,6 +760,7 @@ class SimulatorBackend:
             dyn[ins.stage] += cost.dynamic_energy_j
         times = schedule_times(graph.stages, graph.microbatches, durations,
                                self.p2p_time(graph))
+        issue_stall = self._issue_stall(graph, plan, order, durations)
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
         ends = {}
         last_end = [0.0] * graph.stages
@@ -726,7 +769,7 @@ class SimulatorBackend:
         last_backward = {ins.stage: times[ins] for ins in times
                          if ins.direction == "backward" and ins.microbatch == graph.microbatches - 1}
         for s in range(graph.stages):
-            last = last_end[s]
+            last = last_end[s] + issue_stall
             tail_t = 0.0
             for i, seg in enumerate(graph.stage_tail.get(s, ())):
                 st, se = self._segment_cost(seg, f_top)
@@ -749,6 +792,26 @@ class SimulatorBackend:
             per_gpu_energy_j={s: dyn[s] + per_gpu_static for s in dyn},
             instruction_times=times, model_flops=graph.model_flops,
         )
+
+    def _issue_stall(self, graph: IterationGraph, plan: IterationPlan,
+                     order: list[Instruction], durations: dict[Instruction, float]) -> float:
+        """Time (s) a single-stage iteration's GPU waits for the host beyond its instructions' own
+        GPU time. Without pipeline transfers nothing synchronises the host with the GPU between
+        instructions, so the host runs ahead across the whole iteration and one issue queue runs
+        through all of them (:meth:`issue_map`; a nanobatched instruction models its own host
+        issue and passes as GPU time). With stages, each instruction starts drained and carries
+        its own wait, so this is 0."""
+        if graph.stages > 1:
+            return 0.0
+        host = lead = 0.0
+        for ins in order:
+            ip, ig = plan.instructions[ins], graph.instruction_graphs[ins.type_key]
+            if ip.nanobatched and ig.partitions:
+                h, a, b = 0.0, durations[ins], durations[ins]
+            else:
+                h, a, b = self.issue_map(ig, self._scalar_index(ip.clock_mhz))
+            host, lead = host + h, max(lead + a, b)
+        return max(0.0, host + lead - sum(durations[ins] for ins in order))
 
     def overlapped_grad_sync(self, comm: CommOp, buckets: int, start_s: float, end_s: float,
                              f_idx: int) -> float:
