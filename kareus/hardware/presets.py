@@ -747,22 +747,3 @@ def _carried_copies(p: Path, before: dict[str, Any], after: dict[str, Any],
         if hit:
             out[q] = (text, _dumps(raw))
     return out
-    for q in sorted(p.parent.glob("*.json")):
-        if q.resolve() in (p.resolve(), shared_path.resolve()):
-            continue
-        text = q.read_text()
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError:
-            continue  # not a GPU file this refit can read; loading it names the problem
-        if not isinstance(raw, dict):
-            continue
-        hit = False
-        for f, (group, was, now) in moved.items():
-            entries = raw.get(group)
-            if isinstance(entries, dict) and entries.get(f) == was:
-                entries[f] = dict(now)
-                hit = True
-        if hit:
-            out[q] = (text, _dumps(raw))
-    return out
