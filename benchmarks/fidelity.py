@@ -151,7 +151,7 @@ def _megatron_section(section: str, title: str, runs, preset) -> None:
     a = accuracy(errors)
     click.echo(f"\n== {title} ({int(a['runs'])} runs, every one simulated, "
                f"{time.perf_counter() - t0:.1f} s)")
-    RECORD[section] = {"gpu": preset.name, **{k: round(float(v), 4) for k, v in a.items()}}
+    RECORD[section] = {"gpu": preset.name, **{k: round(float(v), 6) for k, v in a.items()}}
     click.echo(f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed mean "
                f"{a['signed_mean_pct']:+.2f} %; Spearman of each model's layouts: mean "
                f"{a['spearman_mean']:.3f}, min {a['spearman_min']:.3f}")
@@ -330,7 +330,8 @@ def _perseus_measured() -> None:
         _locked_clock_record(locked)
     curve = power_limit_curve(path)
     RECORD["perseus-measured"]["power_limits"] = [
-        {k: round(float(v), 2) for k, v in row.items()} for row in curve.to_dict("records")]
+        {k: round(float(v), 4) for k, v in row.items()}  # rendered to one decimal
+        for row in curve.to_dict("records")]
     click.echo("Zeus's global power limit, limit by limit (change against each default plan, %; "
                "average power per GPU, W):")
     for _, r in curve.iterrows():

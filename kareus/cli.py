@@ -16,6 +16,7 @@ import click
 from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.suite.options import JOB_SHAPE_OPTIONS, SET_OPTION
+from workloads.parallel import JOB_FIELDS
 
 if TYPE_CHECKING:
     from kareus.hardware.presets import GPUPreset
@@ -25,10 +26,6 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., object])
 
 
-#: The job fields commands report (``--json``'s ``parallel``).
-JOB_FIELDS = ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
-              "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "attention",
-              "elementwise", "cross_entropy")
 
 WORKLOAD_HELP = ("Model name (see `kareus workloads`), or a Hugging Face config.json or the folder "
                  "holding one (needs the extra: pip install -e '.[hf]').")

@@ -245,7 +245,9 @@ def vocab_parallel_cross_entropy_ops(elements: int, elem_bytes: int, backward: b
     in place, the sum, and the division in place that leaves the softmax saved for the backward
     (the all-reduces of the maximum and the sum carry one number per token). Backward: the softmax
     scaled in place by the loss's gradient (after the target's entries are corrected, one per
-    token), and the cast back to the logits' precision."""
+    token), and the cast back to the logits' precision. (:func:`_extra_segments` puts a
+    tensor-parallel all-reduce after the maximum, the subtraction (the target logits) and the
+    sum.)"""
     e, f32 = elem_bytes, 4
     cast = elem_bytes != f32
     if backward:
@@ -632,11 +634,21 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
                               ((4 + eb) if backward else (eb + 4 + 4)) * t * v,
                               flops=(3.0 if backward else 5.0) * t * v)]
         if direction == "forward":
-            ops = [
-                norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
-                gemm_op("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
-                *loss,
-            ]
+            head = [norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+                    gemm_op("linear_output", t, h, v, elem_bytes=eb, precision=p.precision)]
+            if p.cross_entropy == "unfused":  # an all-reduce after the max, target and sum
+                by = {op.name: op for op in loss}
+                cast = [by["cross_entropy_cast"]] if "cross_entropy_cast" in by else []
+                segs += [
+                    Segment(label_slots([*head, *cast, by["cross_entropy_max"]]),
+                            tp_all_reduce("tp_allreduce_loss_max", 4 * t)),
+                    Segment(label_slots([by["cross_entropy_sub"]]),
+                            tp_all_reduce("tp_allreduce_loss_target", 4 * t)),
+                    Segment(label_slots([by["cross_entropy_exp"], by["cross_entropy_sum"]]),
+                            tp_all_reduce("tp_allreduce_loss_sum", 4 * t)),
+                    Segment(label_slots([by["cross_entropy_softmax"]]), None)]
+                return tuple(segs)
+            ops = [*head, *loss]
             ar = tp_all_reduce("tp_allreduce_loss", 4 * 3 * t)
         else:
             ops = [

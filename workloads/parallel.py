@@ -91,8 +91,8 @@ class ParallelConfig:
             (Megatron-LM's ``--overlap-grad-reduce``, buckets of :data:`GRAD_BUCKET_PARAMS`
             parameters); without it one reduction runs after the last backward.
         cross_entropy: The loss over the vocabulary: ``"fused"`` (one kernel each way:
-            Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it, or
-            PyTorch's cross entropy as Hugging Face code calls it) or ``"unfused"`` (Megatron-LM's
+            Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it; close in
+            bytes to PyTorch's log-softmax loss, which Hugging Face code calls) or ``"unfused"`` (Megatron-LM's
             default: its vocabulary-parallel cross entropy in PyTorch ops, six passes over fp32
             logits forward and two backward; :func:`workloads.graph_builder.
             vocab_parallel_cross_entropy_ops`). Simulator-only, as ``elementwise``.
@@ -267,6 +267,14 @@ class Workload:
                                 f"{'; '.join(fits)}; raise TP/PP or lower the micro-batch size")
         return fits
 
+
+
+#: The fields of a job's shape that commands and result files report (``--json``'s and
+#: ``summary.json``'s ``parallel``): the parallel degrees and everything the job-shape options set.
+JOB_FIELDS: tuple[str, ...] = (
+    "tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
+    "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "attention", "elementwise",
+    "cross_entropy")
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""

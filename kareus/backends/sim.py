@@ -126,9 +126,10 @@ class _Tables:
         partition: Per-clock costs of a partition by (its ``id``, schedule).
         instruction: An instruction's cost by (its graph's ``id``, plan).
         instruction_at: (time s, dynamic energy J) of an instruction by (its graph's ``id``, plan,
-            grid clock index, whether it starts with the GPU's queue drained).
+            grid clock index).
         issue: The host's issue queue through a sequential instruction, (host s, A s, B s) of
-            :meth:`SimulatorBackend.issue_map`, by (its graph's ``id``, grid clock index).
+            :meth:`SimulatorBackend.issue_map`, by (its graph's ``id``, grid clock index); the
+            entry keeps the graph alive, so its ``id`` is not reused while it exists.
     """
 
     index: dict[float, int] = field(default_factory=dict)
@@ -145,9 +146,10 @@ class _Tables:
         field(default_factory=dict)
     instruction: dict[tuple[int, InstructionPlan], _InstructionEntry] = \
         field(default_factory=dict)
-    instruction_at: dict[tuple[int, InstructionPlan, int, bool], tuple[float, float]] = \
+    instruction_at: dict[tuple[int, InstructionPlan, int], tuple[float, float]] = \
         field(default_factory=dict)
-    issue: dict[tuple[int, int], tuple[float, float, float]] = field(default_factory=dict)
+    issue: dict[tuple[int, int], tuple[tuple[float, float, float], InstructionGraph]] = \
+        field(default_factory=dict)
 
 
 class SimulatorBackend:
@@ -578,7 +580,8 @@ class SimulatorBackend:
     # ------------------------------------------------------------------ instructions
     def _segment_cost(self, seg: Segment, f_idx: int) -> tuple[float, float]:
         """Compute ops on all SMs, then the collective alone on the library's kernel (sequential
-        execution; the host runs ahead of the GPU, so only kernel overheads separate ops)."""
+        execution: the GPU's own time; where the host's issue holds it back is
+        :meth:`issue_map`'s)."""
         t = e = 0.0
         for op in seg.compute:
             a = self._alone(op)
@@ -631,17 +634,17 @@ class SimulatorBackend:
         plan.validate(graph, key, self.gpu)
         assert ig is not None  # validate refuses an unknown instruction
         f_idx = self._scalar_index(plan.clock_mhz)
-        cost = InstructionCost(*self._instruction_at(ig, plan, f_idx, graph.stages > 1))
+        cost = InstructionCost(*self._instruction_at(ig, plan, f_idx))
         table[cache_key] = _InstructionEntry(cost, ig)
         return cost
 
-    def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int,
-                        drained: bool = True) -> tuple[float, float]:
+    def _instruction_at(self, ig: InstructionGraph, plan: InstructionPlan, f_idx: int
+                        ) -> tuple[float, float]:
         """Time and dynamic energy of one instruction with every phase asking for grid clock
-        ``f_idx``. ``drained``: it starts with the GPU's queue empty (a pipeline stage, after
-        its transfer's synchronisation; :meth:`issue_map`); otherwise its time is the GPU's
-        alone and the host's issue is charged over the iteration (:meth:`evaluate_plan`)."""
-        table, key = self._tables.instruction_at, (id(ig), plan, f_idx, drained)  # see ``instruction``
+        ``f_idx``, started with the GPU's queue empty (:meth:`issue_map`): so it runs on a
+        pipeline stage, after its transfer's synchronisation. A single stage's host runs ahead
+        across instructions, which :meth:`evaluate_plan` credits over the iteration."""
+        table, key = self._tables.instruction_at, (id(ig), plan, f_idx)  # see ``instruction``
         if key in table:
             return table[key]
         clock = float(self.grid[f_idx])
@@ -673,7 +676,7 @@ class SimulatorBackend:
             st, se = self._segment_cost(seg, f_idx)
             t += st
             e += se
-        if drained and not (plan.nanobatched and ig.partitions):  # partitions model their own
+        if not (plan.nanobatched and ig.partitions):  # partitions model their own host issue
             host, a, b = self.issue_map(ig, f_idx)
             t = max(t, host + max(a, b))
         table[key] = (t, e)
@@ -692,9 +695,9 @@ class SimulatorBackend:
         empty (Megatron-LM synchronises host and GPU at every pipeline transfer) takes
         ``host + max(A, B)``: at least its GPU time (``host + A``) and its issue time, more where
         short kernels wait for their issue between long ones."""
-        table, key = self._tables.issue, (id(ig), f_idx)  # ``ig`` kept alive by ``instruction``
+        table, key = self._tables.issue, (id(ig), f_idx)
         if key in table:
-            return table[key]
+            return table[key][0]
         g = self.gpu
 
         def segment_map(segs: tuple[Segment, ...]) -> tuple[float, float, float]:
@@ -714,7 +717,7 @@ class SimulatorBackend:
         host, a, b = n * lh, n * la, (lb + (n - 1) * max(la, 0.0)) if n else 0.0
         eh, ea, eb = segment_map(ig.extra)
         out = (host + eh, a + ea, max(b + ea, eb) if ig.extra else b)
-        table[key] = out
+        table[key] = (out, ig)
         return out
 
     def host_time(self, ig: InstructionGraph) -> float:
@@ -760,7 +763,7 @@ class SimulatorBackend:
             dyn[ins.stage] += cost.dynamic_energy_j
         times = schedule_times(graph.stages, graph.microbatches, durations,
                                self.p2p_time(graph))
-        issue_stall = self._issue_stall(graph, plan, order, durations)
+        run_ahead = self._run_ahead(graph, plan, order, durations)
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
         ends = {}
         last_end = [0.0] * graph.stages
@@ -769,7 +772,7 @@ class SimulatorBackend:
         last_backward = {ins.stage: times[ins] for ins in times
                          if ins.direction == "backward" and ins.microbatch == graph.microbatches - 1}
         for s in range(graph.stages):
-            last = last_end[s] + issue_stall
+            last = last_end[s] - run_ahead
             tail_t = 0.0
             for i, seg in enumerate(graph.stage_tail.get(s, ())):
                 st, se = self._segment_cost(seg, f_top)
@@ -793,14 +796,16 @@ class SimulatorBackend:
             instruction_times=times, model_flops=graph.model_flops,
         )
 
-    def _issue_stall(self, graph: IterationGraph, plan: IterationPlan,
-                     order: list[Instruction], durations: dict[Instruction, float]) -> float:
-        """Time (s) a single-stage iteration's GPU waits for the host beyond its instructions' own
-        GPU time. Without pipeline transfers nothing synchronises the host with the GPU between
-        instructions, so the host runs ahead across the whole iteration and one issue queue runs
-        through all of them (:meth:`issue_map`; a nanobatched instruction models its own host
-        issue and passes as GPU time). With stages, each instruction starts drained and carries
-        its own wait, so this is 0."""
+    def _run_ahead(self, graph: IterationGraph, plan: IterationPlan,
+                   order: list[Instruction], durations: dict[Instruction, float]) -> float:
+        """Time (s) a single-stage iteration gains over its instructions run one by one from an
+        empty queue (their costs, which the optimizers plan with). Without pipeline transfers
+        nothing synchronises the host with the GPU between instructions, so the host runs
+        ahead across the whole iteration and one issue queue runs through all of them
+        (:meth:`issue_map`; a nanobatched instruction models its own host issue and passes as
+        GPU time): the iteration's compute ends at the host's whole issue time plus the GPU's
+        final lead, never later than the instructions' own costs added up. With stages each
+        instruction starts drained, and this is 0."""
         if graph.stages > 1:
             return 0.0
         host = lead = 0.0
@@ -811,7 +816,7 @@ class SimulatorBackend:
             else:
                 h, a, b = self.issue_map(ig, self._scalar_index(ip.clock_mhz))
             host, lead = host + h, max(lead + a, b)
-        return max(0.0, host + lead - sum(durations[ins] for ins in order))
+        return max(0.0, sum(durations[ins] for ins in order) - (host + lead))
 
     def overlapped_grad_sync(self, comm: CommOp, buckets: int, start_s: float, end_s: float,
                              f_idx: int) -> float:

@@ -26,6 +26,7 @@ from kareus.atomic import atomic_path, atomic_write_text
 from kareus.plugins import Problem
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import frontier_object
+from workloads.parallel import JOB_FIELDS
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
@@ -50,8 +51,7 @@ def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
     return {
         "workload": w.name, "backend": problem.backend.name, "gpu": problem.gpu.name,
         "num_gpus": g.num_gpus, "gpus_per_stage": g.gpus_per_stage,
-        "parallel": {k: getattr(p, k) for k in ("tp", "cp", "pp", "dp", "mbs", "microbatches",
-                                                "seq", "recompute")},
+        "parallel": {k: getattr(p, k) for k in JOB_FIELDS},
         "stage_layers": list(w.stage_layers()),
         "optimizers": optimizers, "comparison": dict(comparison), **meta,
     }
