@@ -246,10 +246,13 @@ def _json_scalar(v: object) -> object:
 
 
 def _error_summary(errors: pd.DataFrame) -> dict[str, float]:
-    err = errors.error_pct.to_numpy()
-    return {"runs": int(len(err)), "mape_pct": round(float(np.abs(err).mean()), 4),
-            "max_pct": round(float(np.abs(err).max()), 4),
-            "signed_mean_pct": round(float(err.mean()), 4)}
+    """:func:`~kareus.suite.megatron_runs.accuracy` without the rank correlation (one run per
+    model here), to four decimals."""
+    from kareus.suite.megatron_runs import accuracy
+
+    a = accuracy(errors)
+    return {"runs": int(a["runs"]), **{k: round(a[k], 4)
+                                       for k in ("mape_pct", "max_pct", "signed_mean_pct")}}
 
 
 def _megatron_scaling() -> None:
