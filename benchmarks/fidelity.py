@@ -141,6 +141,26 @@ def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[st
                           tol=1e-6)
 
 
+#: What vTrain's 64-GPU runs pin down about their cluster: the share of its NICs' bandwidth
+#: NCCL reaches (TP16's all-reduces across two nodes; nothing else there moves with it by more
+#: than a percent).
+NETWORK_PARAMETERS = {"network_efficiency": (0.2, 1.0)}
+
+
+def fit_network(runs, preset) -> dict[str, float]:
+    """:data:`NETWORK_PARAMETERS` by least squares of the log time ratios of ``runs`` on
+    ``preset``, from the preset's value."""
+    from kareus.suite.megatron_runs import simulate_runs
+
+    measured = runs.runs.measured_ms.to_numpy()
+
+    def resid(p: dict[str, float]) -> np.ndarray:
+        return np.log(simulate_runs(runs, preset.with_overrides(**p)) / measured)
+
+    start = {n: getattr(preset, n) for n in NETWORK_PARAMETERS}
+    return _least_squares(NETWORK_PARAMETERS, start, resid, tol=1e-6)
+
+
 def _megatron_section(section: str, title: str, runs, preset) -> None:
     from kareus.suite.megatron_runs import accuracy, run_errors, simulate_runs, worst
     from kareus.suite.progress import terminal_progress
@@ -201,9 +221,17 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
                    + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
         _preset_diff(VTRAIN_GPU, fitted, MEGATRON_FIT_SOURCE, write_preset)
         prior_fit = fit_megatron(sn, preset)
-        for label, rs, p in (("one node -> 64 GPUs (3.6B)", mn, prior_fit),):
+        for label, rs, p in (("one node -> 64 GPUs (3.6B; the network share of VTRAIN_NETWORK)",
+                              mn, prior_fit),):
             a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**p))))
             click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %")
+        default = preset.with_overrides(network_efficiency=get_preset(VTRAIN_GPU)
+                                        .network_efficiency)
+        a = accuracy(run_errors(mn, simulate_runs(mn, default.with_overrides(**prior_fit))))
+        click.echo("hold-out one node -> 64 GPUs, the network at the preset's share "
+                   f"({default.network_efficiency:g}): MAPE {a['mape_pct']:.2f} %, "
+                   f"max {a['max_pct']:.2f} %")
+        _network_fit(mn, default)
         narrow = sn.runs.hidden.to_numpy() == sn.runs.hidden.min()
         small = fit_megatron(sn.subset(narrow), preset)
         for label, rs in (("1024-wide -> 2048-wide models", sn.subset(~narrow)),
@@ -215,6 +243,29 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
         _megatron_section("vtrain-single", "vTrain: Megatron-LM on one node of A100s", sn, preset)
     if "vtrain-multi" in sections:
         _megatron_section("vtrain-multi", "vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
+
+
+def _network_fit(mn, preset) -> None:
+    """Fit vTrain's cluster network share on the 64-GPU runs ``mn`` from ``preset``'s, print it
+    against :data:`~kareus.suite.megatron_runs.VTRAIN_NETWORK`'s, and two hold-outs: fitted on
+    the TP16 runs, the other layouts; fitted on TP16 at micro-batches of 8 or more, the smaller
+    ones."""
+    from kareus.suite.megatron_runs import VTRAIN_NETWORK, accuracy, run_errors, simulate_runs
+
+    t0 = time.perf_counter()
+    fitted = fit_network(mn, preset)
+    click.echo(f"vTrain's cluster, fitted on the 64-GPU runs ({time.perf_counter() - t0:.0f} s): "
+               + ", ".join(f"{k}={v:.4g} (VTRAIN_NETWORK holds {VTRAIN_NETWORK[k]:.4g})"
+                           for k, v in fitted.items()))
+    tp16, mbs = mn.runs.tp.to_numpy() == 16, mn.runs.mbs.to_numpy()
+    for label, fit_on, test_on in (("TP16 -> the other layouts", tp16, ~tp16),
+                                   ("TP16 at mbs >= 8 -> mbs < 8", tp16 & (mbs >= 8),
+                                    tp16 & (mbs < 8))):
+        p = fit_network(mn.subset(fit_on), preset)
+        rs = mn.subset(test_on)
+        a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**p))))
+        click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} % "
+                   "(fitted " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()) + ")")
 
 
 #: Micro-batch sizes the published weak scaling is also simulated at, every model at each (a

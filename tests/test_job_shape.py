@@ -74,6 +74,29 @@ def test_groups_spanning_nodes_use_the_network():
         > _time(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2)).energy.time_s
 
 
+def test_two_node_all_reduce_runs_nccls_tree():
+    """On two nodes NCCL's tree sends each byte across the network once each way (the ring:
+    ``2(n-1)/n`` times) while the chain inside a node carries twice the data: on a DGX A100 pair
+    (8 NICs of 200 Gb/s at 80 %) the NVLink half binds, about 110-120 GB/s of algorithm
+    bandwidth as NCCL's maintainers quote (NVIDIA/nccl#320). Rings elsewhere."""
+    from kareus.graph import CommOp
+
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    g = sim.gpu
+    nvlink, nic = g.nvlink_bw * g.link_efficiency, g.network_bw * g.network_efficiency
+    two = CommOp("ar", "all_reduce", 1e9, 16, False, nodes=2, ranks_per_node=8)
+    assert sim.link_rate(two) * two.bytes / two.bus_bytes == pytest.approx(min(8 * nic, nvlink / 2))
+    assert 100e9 < sim.link_rate(two) * two.bytes / two.bus_bytes < 130e9
+    # the ring's rate where the tree has nothing to gain or does not run
+    for ring in (CommOp("ar", "all_reduce", 1e9, 2, False, nodes=2, ranks_per_node=1),
+                 CommOp("ar", "all_reduce", 1e9, 24, False, nodes=3, ranks_per_node=8),
+                 CommOp("ag", "all_gather", 1e9, 16, False, nodes=2, ranks_per_node=8)):
+        assert sim.link_rate(ring) == pytest.approx(min(nvlink, ring.ranks_per_node * nic))
+    tp16 = make_workload("gpt3-2.7b", tp=16, pp=1, dp=1, gpus_per_node=8)
+    seg = build_iteration_graph(tp16).instruction_graphs[(0, "forward")].sequential[0]
+    assert (seg.comm.nodes, seg.comm.ranks_per_node) == (2, 8)
+
+
 def test_gpus_per_node_must_divide_the_job():
     with pytest.raises(WorkloadError, match="whole nodes"):
         make_workload("gpt3-xl", tp=2, pp=3, dp=1, gpus_per_node=4)

@@ -317,12 +317,24 @@ class SimulatorBackend:
     def link_rate(self, comm: CommOp) -> float:
         """Bus bandwidth (B/s) a library collective reaches at most on its links: NCCL's rings
         inside a node at ``link_efficiency`` of the link; across nodes the slower of the NVLink
-        hops and the NICs at ``network_efficiency``."""
+        hops and the NICs at ``network_efficiency``.
+
+        An all-reduce over two nodes with several ranks on each runs NCCL's tree where that is
+        faster (NCCL's maintainers, NVIDIA/nccl#946 and #320): reduced inside each node first, it
+        sends each byte across the network once each way instead of the ring's ``2(n-1)/n``
+        times, while the chain inside the node carries twice the data. Its algorithm bandwidth
+        is the slower of the NICs and half the NVLink rate, in bus bytes ``2(n-1)/n`` of that.
+        """
         g = self.gpu
+        nvlink = g.nvlink_bw * g.link_efficiency
         if comm.intra_node:
-            return g.nvlink_bw * g.link_efficiency
-        return min(g.nvlink_bw * g.link_efficiency,
-                   comm.ranks_per_node * g.network_bw * g.network_efficiency)
+            return nvlink
+        network = comm.ranks_per_node * g.network_bw * g.network_efficiency
+        ring = min(nvlink, network)
+        if comm.collective != "all_reduce" or comm.nodes != 2 or comm.ranks_per_node < 2:
+            return ring
+        tree = min(network, nvlink / 2.0) * comm.bus_bytes / comm.bytes
+        return max(ring, tree)
 
     def comm_latency(self, comm: CommOp) -> float:
         """Fixed time of one collective (s): the launch and synchronisation inside a node

@@ -190,7 +190,7 @@ def render_fidelity(root: Path) -> str:
             f"{a['endpoint_mape_pct']:.2f} % MAPE, max {a['endpoint_max_pct']:.2f} %; "
             f"nanobatching's fastest-time ratio {ratios} | {when(a)} |")
     for key, label in (("vtrain-single", "vTrain, Megatron-LM on one node (fitted)"),
-                       ("vtrain-multi", "vTrain, 3.6B on 64 GPUs (predicted)")):
+                       ("vtrain-multi", "vTrain, 3.6B on 64 GPUs (network share fitted)")):
         if key in f:
             v = f[key]
             rows.append(
