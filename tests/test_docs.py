@@ -110,3 +110,15 @@ def test_the_readme_shows_settings_and_set() -> None:
     assert "Settings = UniformClockSettings" in readme and "(OptimizerSettings):" in readme
     assert re.search(r"^python reproduce\.py .*--set \w+=", readme, re.M)
     assert "holds every `GPUPreset` field," not in (ROOT / "docs" / "architecture.md").read_text()
+
+
+def test_the_summary_says_where_nanobatching_is_slower_and_where_not() -> None:
+    """The paragraph over the configurations where the order fails counts each direction of
+    nanobatching's time change instead of calling them all slower."""
+    from kareus.suite.docs_render import _nanobatch_clause
+
+    assert _nanobatch_clause([], [0.1]) == ""
+    assert _nanobatch_clause([0.9, 9.0], []).endswith("0.9–9.0 % slower")
+    both = _nanobatch_clause([0.9, 2.0, 9.0], [0.07])
+    assert "slower on 3 of them" in both and both.endswith("faster on the other")
+    assert _nanobatch_clause([1.0], [0.1, 0.2]).endswith("faster on the other 2")

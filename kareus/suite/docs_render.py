@@ -107,6 +107,18 @@ def render_headline(root: Path) -> str:
     return head + "\n\n" + render_paper_summary(root)
 
 
+def _nanobatch_clause(slower: list[float], faster: list[float]) -> str:
+    """What nanobatching does to the fastest iteration of the configurations where the order
+    fails: ``slower`` and ``faster`` are its time changes (%, both positive)."""
+    if not slower:
+        return ""
+    clause = f": nanobatching makes the fastest iteration {_pct_range(slower)} slower"
+    if faster:
+        clause += (f" on {len(slower)} of them and {_pct_range(faster)} faster on "
+                   f"{'the other' if len(faster) == 1 else f'the other {len(faster)}'}")
+    return clause
+
+
 def render_paper_summary(root: Path) -> str:
     """A paragraph of ranges over the paper suite, computed from its CSVs and the order column."""
     paper = _paper(root)
@@ -123,7 +135,9 @@ def render_paper_summary(root: Path) -> str:
     n_it, n_ie = fr["nanobatch-perseus iso-time ΔE %"], fr["nanobatch-perseus iso-energy ΔT %"]
     lead = [min(k_it[c] - n_it[c], k_ie[c] - n_ie[c]) for c in yes]
     lead_max = [max(k_it[c] - n_it[c], k_ie[c] - n_ie[c]) for c in yes]
-    nb_slower = [-mt.loc[c, "nanobatch ΔT %"] for c in no if mt.loc[c, "nanobatch ΔT %"] < 0]
+    nb_gain = {c: mt.loc[c, "nanobatch ΔT %"] for c in no}
+    nb_slower = [-v for v in nb_gain.values() if v < 0]
+    nb_faster = [v for v in nb_gain.values() if v >= 0]
     lines = [
         f"Over the {len(fr)} configurations of `--suite paper`: Perseus's fastest plan is as fast "
         f"as Megatron-LM's ({_pct_range(list(mt['perseus ΔT %']))} time saved) and saves "
@@ -140,8 +154,7 @@ def render_paper_summary(root: Path) -> str:
     if no:
         lines.append(
             f"On the other {len(no)} ({', '.join(f'`{c}`' for c in no)}) the order column says no"
-            + (f": nanobatching makes the fastest iteration {_pct_range(nb_slower)} slower"
-               if nb_slower else "")
+            + _nanobatch_clause(nb_slower, nb_faster)
             + f", and Kareus saves {_pct_range([_num(k_it[c]) for c in no])} at iso-time and "
             f"{_pct_range([_num(k_ie[c]) for c in no])} at iso-energy.")
     return textwrap.fill(" ".join(lines), width=99, break_on_hyphens=False,
