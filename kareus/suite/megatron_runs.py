@@ -43,10 +43,10 @@ if TYPE_CHECKING:
 #: Preset overrides that describe vTrain's cluster rather than the GPU: 800 Gb/s of network per
 #: node of 8 GPUs (vTrain's validation configs), one NIC's share per GPU (B/s), and the share of
 #: it NCCL reaches there. That share is fitted (``benchmarks/fidelity.py --fit-megatron``) on the
-#: 64-GPU runs, where TP16's all-reduces across two nodes pin it: 0.48, against the 0.8 of
+#: 64-GPU runs, where TP16's all-reduces across two nodes pin it: 0.46, against the 0.8 of
 #: a DGX A100's 200 Gb/s NICs. Two DGX A100 with the same 8 x 100 Gb/s reached 60 GB/s of ring
 #: bus bandwidth in a public nccl-tests run (NVIDIA/nccl#812), 0.6 of the line rate.
-VTRAIN_NETWORK = {"network_bw": 800e9 / 8 / 8, "network_efficiency": 0.4809}
+VTRAIN_NETWORK = {"network_bw": 800e9 / 8 / 8, "network_efficiency": 0.4555}
 #: The preset vTrain's runs are simulated on (assumed: A100 SXM, 80 GB).
 VTRAIN_GPU = "a100-sxm4-80gb"
 #: Columns of vTrain's ground-truth files.
@@ -83,8 +83,10 @@ def run_workload(row: pd.Series | dict) -> Workload:
         head_dim=h // heads, ffn=4 * h, layers=int(row["layers"]),
         vocab=vocab, native_seq=int(row["seq"]), mlp="gelu",
         norm="layernorm", rope=False, tied_embeddings=True)
+    pp, layers = int(row["pp"]), int(row["layers"])
     parallel = ParallelConfig(
-        tp=tp, cp=1, pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["mbs"]),
+        tp=tp, cp=1, pp=pp, dp=int(row["dp"]), mbs=int(row["mbs"]),
+        layer_split=(layers // pp,) * pp if layers % pp == 0 else None,
         microbatches=int(row["microbatches"]), seq=int(row["seq"]), recompute="full",
         nanobatches=1, precision="fp16", attention="unfused", cross_entropy="unfused",
         gpus_per_node=8,
