@@ -127,9 +127,10 @@ MEGATRON_PARAMETERS = {
 MEGATRON_PRIORS = {"host_eager_op_s": 40e-6, "hbm_efficiency": 0.85, "gemm_depth_half": 128.0}
 
 
-def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[str, float]:
-    """:data:`MEGATRON_PARAMETERS` by least squares of the log time ratios of ``runs``
-    (:class:`~kareus.suite.megatron_runs.RunSet`) on ``preset``."""
+def _fit_runs(runs, preset, bounds: dict[str, tuple[float, float]],
+              start: dict[str, float]) -> dict[str, float]:
+    """The parameters of ``bounds`` by least squares of the log time ratios of ``runs``
+    (:class:`~kareus.suite.megatron_runs.RunSet`) on ``preset``, from ``start``."""
     from kareus.suite.megatron_runs import simulate_runs
 
     measured = runs.runs.measured_ms.to_numpy()
@@ -137,28 +138,26 @@ def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[st
     def resid(p: dict[str, float]) -> np.ndarray:
         return np.log(simulate_runs(runs, preset.with_overrides(**p)) / measured)
 
-    return _least_squares(MEGATRON_PARAMETERS, {**MEGATRON_PRIORS, **(start or {})}, resid,
-                          tol=1e-6)
+    return _least_squares(bounds, start, resid, tol=1e-6)
+
+
+def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[str, float]:
+    """:data:`MEGATRON_PARAMETERS` fitted on ``runs`` (:func:`_fit_runs`) from their priors,
+    or from ``start`` where it gives them."""
+    return _fit_runs(runs, preset, MEGATRON_PARAMETERS, {**MEGATRON_PRIORS, **(start or {})})
 
 
 #: What vTrain's 64-GPU runs pin down about their cluster: the share of its NICs' bandwidth
 #: NCCL reaches (TP16's all-reduces across two nodes pin it; the other layouts' gradient
-#: all-reduces and transfers move by 1 to 3.4 points between 0.48 and 0.8).
+#: all-reduces and transfers move by 1.3 to 3.9 points between 0.46 and 0.8).
 NETWORK_PARAMETERS = {"network_efficiency": (0.2, 1.0)}
 
 
 def fit_network(runs, preset) -> dict[str, float]:
-    """:data:`NETWORK_PARAMETERS` by least squares of the log time ratios of ``runs`` on
-    ``preset``, from the preset's value."""
-    from kareus.suite.megatron_runs import simulate_runs
-
-    measured = runs.runs.measured_ms.to_numpy()
-
-    def resid(p: dict[str, float]) -> np.ndarray:
-        return np.log(simulate_runs(runs, preset.with_overrides(**p)) / measured)
-
-    start = {n: getattr(preset, n) for n in NETWORK_PARAMETERS}
-    return _least_squares(NETWORK_PARAMETERS, start, resid, tol=1e-6)
+    """:data:`NETWORK_PARAMETERS` fitted on ``runs`` (:func:`_fit_runs`) from the preset's
+    values."""
+    return _fit_runs(runs, preset, NETWORK_PARAMETERS,
+                     {n: getattr(preset, n) for n in NETWORK_PARAMETERS})
 
 
 def _megatron_section(section: str, title: str, runs, preset) -> None:
