@@ -6,7 +6,8 @@
 Sections (``--only`` picks some: ``artifact``, ``vtrain-single``, ``vtrain-multi``,
 ``megatron-sc21``, ``perseus-measured``, ``partition``): the Kareus artifact (below, 1-3);
 vTrain's measured Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`:
-MAPE, maximum, signed mean, Spearman's rank correlation of each model's layouts, the worst five
+MAPE, maximum, signed mean, Spearman's rank correlation of each model's layouts, the signed
+error by TP size where the host's issue sets the pace and where the GPU does, the worst five
 rows with their layouts); the Megatron-LM paper's published weak scaling from 32 to 3,072 A100s
 (:mod:`kareus.suite.megatron_scaling`: at the authors' settings, and every model at micro-batch
 1, 2 and 4);
@@ -161,12 +162,14 @@ def fit_network(runs, preset) -> dict[str, float]:
 
 
 def _megatron_section(section: str, title: str, runs, preset) -> None:
-    from kareus.suite.megatron_runs import accuracy, run_errors, simulate_runs, worst
+    from kareus.suite.megatron_runs import (accuracy, errors_by_regime, run_errors,
+                                            simulate_runs, without_host, worst)
     from kareus.suite.progress import terminal_progress
 
     t0 = time.perf_counter()
     with terminal_progress() as progress:
         errors = run_errors(runs, simulate_runs(runs, preset, progress))
+        regimes = errors_by_regime(errors, simulate_runs(runs, without_host(preset), progress))
     a = accuracy(errors)
     click.echo(f"\n== {title} ({int(a['runs'])} runs, every one simulated, "
                f"{time.perf_counter() - t0:.1f} s)")
@@ -174,6 +177,12 @@ def _megatron_section(section: str, title: str, runs, preset) -> None:
     click.echo(f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed mean "
                f"{a['signed_mean_pct']:+.2f} %; Spearman of each model's layouts: mean "
                f"{a['spearman_mean']:.3f}, min {a['spearman_min']:.3f}")
+    click.echo("signed error by TP size, where the host's issue sets the pace and where the "
+               "GPU does:\n" + regimes.to_string(float_format=lambda x: f"{x:.1f}"))
+    RECORD[section]["by_tp_and_regime"] = {
+        int(tp): {c: (round(float(v), 3) if "mean" in c else int(v))
+                  for c, v in row.items() if v == v}
+        for tp, row in regimes.iterrows()}
     click.echo("worst five:\n" + worst(errors).to_string(
         index=False, float_format=lambda x: f"{x:.1f}"))
 

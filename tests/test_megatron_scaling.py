@@ -54,3 +54,27 @@ def test_megatron_runs_split_layers_evenly():
                microbatches=4)
     assert run_workload(row).stage_layers() == (6, 6, 6, 6)
     assert run_workload({**row, "pp": 1}).stage_layers() == (24,)
+
+
+def test_errors_split_by_who_sets_the_pace():
+    """A run is host-bound where the host's issue lengthens it past the GPU's own time by more
+    than HOST_BOUND_SHARE; micro-batch 1 at TP8 is host-bound, a large micro-batch at TP1 is
+    not (simulated, vTrain's 1024-wide model on one node)."""
+    import pandas as pd
+
+    from kareus.suite.megatron_runs import HOST_BOUND_SHARE, errors_by_regime, without_host
+
+    rows = pd.DataFrame([dict(hidden=1024, heads=16, layers=12, seq=1024, tp=tp, pp=1, dp=1,
+                              mbs=mbs, microbatches=2, measured_ms=100.0,
+                              model="gpt-h1024-l12-s1024")
+                         for tp, mbs in ((8, 1), (1, 8))])
+    runs = RunSet.build(rows)
+    gpu = get_preset(VTRAIN_GPU)
+    errors = run_errors(runs, simulate_runs(runs, gpu))
+    gpu_only = simulate_runs(runs, without_host(gpu))
+    share = 1.0 - gpu_only / errors.simulated_ms.to_numpy()
+    assert share[0] > HOST_BOUND_SHARE > share[1] >= 0.0
+    table = errors_by_regime(errors, gpu_only)
+    assert table.loc[8, "host-bound runs"] == 1 and table.loc[1, "GPU-bound runs"] == 1
+    assert table.loc[8, "host-bound mean_pct"] == pytest.approx(errors.error_pct.iloc[0])
+    assert np.isnan(table.loc[8, "GPU-bound mean_pct"])

@@ -150,6 +150,30 @@ def accuracy(errors: pd.DataFrame) -> dict[str, float]:
             "spearman_min": float(np.min(rhos)) if rhos else float("nan")}
 
 
+#: A run counts as host-bound where the host's issue lengthens its simulated iteration by more
+#: than this share of it (:func:`errors_by_regime`).
+HOST_BOUND_SHARE = 0.05
+
+
+def without_host(gpu: "GPUPreset") -> "GPUPreset":
+    """``gpu`` behind a host that issues every kernel and collective at once: simulated on it, a
+    run takes its GPU's own time."""
+    return gpu.with_overrides(host_eager_op_s=0.0, host_issue_call_s=0.0)
+
+
+def errors_by_regime(errors: pd.DataFrame, gpu_only_ms: np.ndarray) -> pd.DataFrame:
+    """Mean signed error (%) and number of runs by tensor-parallel size and regime, given each
+    run's simulated time without the host (``gpu_only_ms``, :func:`without_host`):
+    ``host-bound`` where the host's issue lengthens the simulated iteration by more than
+    :data:`HOST_BOUND_SHARE`, ``GPU-bound`` elsewhere. One column pair per regime."""
+    host_share = 1.0 - np.asarray(gpu_only_ms, float) / errors.simulated_ms.to_numpy()
+    regime = np.where(host_share > HOST_BOUND_SHARE, "host-bound", "GPU-bound")
+    table = (errors.assign(regime=regime).groupby(["tp", "regime"]).error_pct
+             .agg(mean_pct="mean", runs="size").unstack("regime"))
+    table.columns = [f"{regime} {stat}" for stat, regime in table.columns]
+    return table[sorted(table.columns, key=lambda c: (c.split(" ")[0], c))]
+
+
 def worst(errors: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The ``n`` runs with the largest absolute error, with their layouts."""
     cols = ["model", "tp", "dp", "pp", "mbs", "microbatches", "measured_ms", "simulated_ms",
