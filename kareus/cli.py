@@ -15,7 +15,7 @@ import click
 
 from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
-from kareus.suite.options import JOB_SHAPE_OPTIONS, SET_OPTION
+from kareus.suite.options import JOB_SHAPE_OPTIONS, PARALLEL_OPTIONS, SET_OPTION
 from workloads.parallel import JOB_FIELDS
 
 if TYPE_CHECKING:
@@ -46,13 +46,7 @@ def workload_options(f: F) -> F:
     keywords)."""
     options = [
         click.option("--workload", "-w", required=True, help=WORKLOAD_HELP),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel degree."),
-        click.option("--cp", type=int, default=None, help="Context-parallel degree."),
-        click.option("--pp", type=int, default=None, help="Pipeline stages."),
-        click.option("--dp", type=int, default=None, help="Data-parallel replicas."),
-        click.option("--mbs", type=int, default=None, help="Micro-batch size."),
-        click.option("--seq", type=int, default=None, help="Sequence length (tokens)."),
-        click.option("--microbatches", type=int, default=None, help="Microbatches per iteration."),
+        *PARALLEL_OPTIONS,
         *JOB_SHAPE_OPTIONS,
         STRICT_OPTION,
     ]
@@ -257,14 +251,15 @@ def optimizers(as_json: bool) -> None:
 @click.option("--export", "export_dir", default=None, type=click.Path(file_okay=False),
               help="Write the chosen (or fastest) plan for deployment: freqs_pipeline.py (Zeus "
                    "pipeline-frequency PointSolution) and schedules.json (per-partition SMs/slot).")
-@click.option("--solver", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
-              help="Time-cost solver: fast folds long pipelines' steady state; exact solves "
-                   "the whole 1F1B DAG step for step as lowtime does.")
+@click.option("--solver", type=click.Choice(["fast", "exact"]), default=None,
+              help="Time-cost solver (the same as --set solver=...): fast (the default) folds "
+                   "long pipelines' steady state; exact solves the whole 1F1B DAG step for step "
+                   "as lowtime does.")
 @SET_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
-             allow_clock_control: bool, export_dir: str | None, solver: str,
+             allow_clock_control: bool, export_dir: str | None, solver: str | None,
              settings: tuple[str, ...], strict: bool, as_json: bool,
              **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
@@ -276,10 +271,11 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
 
-    if any(pair.partition("=")[0].strip() == "solver" for pair in settings):
-        raise InputError("--set solver: use --solver fast|exact")
-    options: dict[str, object] = {"solver": solver,
-                                  **parse_settings(settings, [optimizer_name])}
+    given = parse_settings(settings, [optimizer_name])
+    if solver is not None and given.get("solver", solver) != solver:
+        raise InputError(f"--solver {solver} and --set solver={given['solver']} disagree; "
+                         "give one")
+    options: dict[str, object] = {"solver": solver or "fast", **given}
     opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:

@@ -141,9 +141,9 @@ class InstructionPlan:
                  where: object = None) -> None:
         """Raise :class:`PlanError` (one line) unless this plan can run instructions of type
         ``key`` (stage, direction) of ``graph`` on ``gpu``: the instruction type exists, the
-        clock is a number within the GPU's lockable range (MHz), nanobatching is possible, every
-        partition key is one of the instruction's partitions and every schedule fits it (window
-        inside its ops, at most ``max_comm_sms`` communication SMs, default
+        clock is one of the GPU's lockable clocks (MHz: its range, in its steps), nanobatching is
+        possible, every partition key is one of the instruction's partitions and every schedule
+        fits it (window inside its ops, at most ``max_comm_sms`` communication SMs, default
         ``gpu.comm_max_sms``; threads per block only where ``block_size_settable``).
         ``where`` names the instruction in the message (default: ``key``)."""
         where = key if where is None else where
@@ -157,6 +157,12 @@ class InstructionPlan:
         if c < gpu.clock_min_mhz - 1e-6 or c > gpu.clock_max_mhz + 1e-6:
             raise PlanError(f"{where}: clock {c} MHz outside {gpu.name}'s "
                             f"{gpu.clock_min_mhz:.0f}-{gpu.clock_max_mhz:.0f} MHz")
+        steps = (c - gpu.clock_min_mhz) / gpu.clock_step_mhz
+        if abs(steps - round(steps)) > 1e-6:  # the driver would lock the step below, silently
+            below = gpu.clock_min_mhz + math.floor(steps) * gpu.clock_step_mhz
+            raise PlanError(f"{where}: clock {c:g} MHz is not one of {gpu.name}'s lockable "
+                            f"clocks ({gpu.clock_step_mhz:g} MHz steps): {below:g} or "
+                            f"{below + gpu.clock_step_mhz:g}")
         if self.nanobatched and graph.nanobatch_refusal:
             raise JobRefused(graph.nanobatch_refusal)
         parts = {p.key: p for p in ig.partitions}

@@ -2,7 +2,9 @@
 
 An optimizer is any class with a ``name`` and an ``optimize(problem)`` method returning plans.
 Built-ins and third-party optimizers register the same way: an entry point in the group
-``kareus.optimizers`` naming the class (see ``pyproject.toml`` and ``examples/``). The harness
+``kareus.optimizers`` naming the class (see ``pyproject.toml`` and ``examples/``); the
+entry point's name is the one runs, cells and tables use (give the class's ``name`` the same; two
+packages registering one name for different classes are refused). The harness
 evaluates every returned plan on the problem's backend; optimizers may also call the backend
 themselves (to profile, or to pick among candidates).
 
@@ -318,9 +320,15 @@ class OptimizerEntry(Protocol):
 
 
 def registered_optimizers() -> dict[str, OptimizerEntry]:
-    """Entry points registered under :data:`ENTRY_POINT_GROUP`, by name (sorted); not loaded."""
-    found: dict[str, OptimizerEntry] = {ep.name: ep
-                                        for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Entry points registered under :data:`ENTRY_POINT_GROUP`, by name (sorted); not loaded.
+    Raises :class:`InputError` where two installed packages register one name for different
+    classes (which one ran would depend on the install order)."""
+    found: dict[str, OptimizerEntry] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in found and found[ep.name].value != ep.value:
+            raise InputError(f"optimizer name {ep.name!r} is registered twice, by "
+                             f"{found[ep.name].value} and {ep.value}; rename or uninstall one")
+        found.setdefault(ep.name, ep)
     if not found:
         raise InputError("no optimizers are registered; install the suite with "
                          "`pip install -e .` so its entry points exist")

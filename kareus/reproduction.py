@@ -84,14 +84,18 @@ def _print_tables(summary: dict) -> None:
     console.print(report.NA_NOTE[0].upper() + report.NA_NOTE[1:] + ".", highlight=False)
     for name, obj in summary["optimizers"].items():
         if obj["status"] != "ok":
-            console.print(f"[red]{name} failed:[/red] {obj['error']}")
+            what = "refused the job" if obj.get("refused") else obj["status"]
+            console.print(f"[red]{name} {what}:[/red] {obj['error']}")
 
 
 @click.command("reproduce", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--workload", "-w", default=None,
               help="Workload name (see `kareus workloads`), or a Hugging Face config.json or the "
                    "folder holding one (pip install -e '.[hf]').")
-@click.option("--suite", default=None, help="paper | static-sweep | scale | smoke")
+@click.option("--suite", default=None,
+              help="A predefined suite instead of a workload: paper (the paper's "
+                   "configurations), static-sweep or scale (what-if studies, docs/results.md), "
+                   "smoke (two small configurations, seconds).")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
 @click.option("--backend", default="sim", show_default=True, help="sim | gpu")
 @click.option("--optimizers", default=None, help="Comma-separated optimizer names [all].")
@@ -105,13 +109,6 @@ def _print_tables(summary: dict) -> None:
 @click.option("--allow-clock-control", is_flag=True,
               help="GPU backend: lock SM clocks per instruction (needs admin rights; restored "
                    "on exit). Without it, plans run at the card's current clocks.")
-@click.option("--tp", type=int, default=None)
-@click.option("--cp", type=int, default=None)
-@click.option("--pp", type=int, default=None)
-@click.option("--dp", type=int, default=None)
-@click.option("--mbs", type=int, default=None)
-@click.option("--seq", type=int, default=None)
-@click.option("--microbatches", type=int, default=None)
 @job_shape_options
 @click.option("--strict", is_flag=True,
               help="Refuse (exit 2) a layout whose estimated memory exceeds the GPU's, instead "

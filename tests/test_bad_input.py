@@ -202,3 +202,16 @@ def test_hugging_face_config_wording(capsys, tmp_path, edit, fragment):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     code, _, err = run(capsys, "workloads", "--show", str(tmp_path))
     one_line_2(code, err, fragment)
+
+
+def test_a_shared_dir_that_is_not_a_folder_is_refused(tmp_path, monkeypatch):
+    """``$KAREUS_SHARED_DIR`` naming no folder is the user's mistake, not a cue to read
+    ``../shared`` instead."""
+    from kareus.errors import InputError
+    from kareus.suite.datasets import shared_dir, vtrain_runs
+
+    monkeypatch.setenv("KAREUS_SHARED_DIR", str(tmp_path / "nope"))
+    with pytest.raises(InputError, match=r"\$KAREUS_SHARED_DIR=.*nope: not a folder"):
+        vtrain_runs("single_node.csv")
+    monkeypatch.setenv("KAREUS_SHARED_DIR", str(tmp_path))
+    assert shared_dir() == tmp_path and vtrain_runs("single_node.csv") is None

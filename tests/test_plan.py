@@ -139,6 +139,8 @@ def _cases(graph):
         ("clock too low", _with(base, first, InstructionPlan.make(100.0)), "outside"),
         ("clock nan", _with(base, first, InstructionPlan.make(math.nan)), "invalid clock"),
         ("clock negative", _with(base, first, InstructionPlan.make(-5.0)), "invalid clock"),
+        ("clock between steps", _with(base, first, InstructionPlan.make(1234.0)),
+         "not one of a100-sxm4-40gb's lockable clocks (15 MHz steps): 1230 or 1245"),
         ("unknown partition", _with(base, first, InstructionPlan.make(
             1410.0, True, {"nope/0": PartitionSchedule()})), "unknown partition 'nope/0'"),
         ("window past the ops", nano(PartitionSchedule(4, 0, n)), "window"),

@@ -315,7 +315,9 @@ def test_zeus_reads_its_eta_from_the_run(problem):
     (["-o", "megatron", "--set", "eta=1"], "has that setting; theirs: none"),
     (["-o", "kareus", "--set", "budget"], "--set 'budget': give NAME=VALUE"),
     (["-o", "kareus", "--set", "budget=3", "--set", "budget=4"], "--set budget: given twice"),
-    (["-o", "kareus", "--set", "solver=exact"], "--set solver: use --solver"),
+    (["-o", "kareus", "--set", "solver=exact", "--solver", "fast"],
+     "--solver fast and --set solver=exact disagree; give one"),
+    (["-o", "kareus", "--set", "solver=slow"], "setting 'solver' must be one of"),
 ])
 def test_frontier_refuses_a_bad_setting_in_one_line(capsys, args, fragment):
     assert main(["frontier", *XL, *args]) == 2
@@ -426,3 +428,47 @@ def test_reproduce_checks_every_setting_before_any_work(tmp_path, capsys):
     code = reproduce.main(["--workload", "gpt3-xl", "--optimizers", "megatron", "--set",
                            "budget=40", "--out", str(out)])
     assert code == 2 and "no optimizer of this run (megatron)" in capsys.readouterr().err
+
+
+def test_reproduce_runs_the_others_past_a_plugin_that_does_not_parse_or_is_not_found(
+        tmp_path, monkeypatch, capsys):
+    """A plugin whose source has a syntax error, and one whose module is not installed, each
+    fail alone with their own error, though asked for by name."""
+    from importlib.metadata import EntryPoint
+
+    (tmp_path / "syntax_bad_plugin.py").write_text("def broken(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    group = plugins.ENTRY_POINT_GROUP
+    eps = {"syntaxbad": EntryPoint("syntaxbad", "syntax_bad_plugin:Bad", group),
+           "missingmod": EntryPoint("missingmod", "no_such_plugin_module:Missing", group)}
+    real = plugins.registered_optimizers()
+    monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
+    out = tmp_path / "res"
+    code = reproduce.main(["--workload", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
+                           "--microbatches", "4", "--optimizers",
+                           "megatron,syntaxbad,missingmod", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err and "interrupted" not in err
+    assert "optimizers not asked for" not in err
+    runs = json.loads((out / "summary.json").read_text())["optimizers"]
+    assert runs["megatron"]["status"] == "ok"
+    assert runs["syntaxbad"]["status"] == "failed" and "SyntaxError" in runs["syntaxbad"]["error"]
+    assert runs["missingmod"]["status"] == "failed"
+    assert "ModuleNotFoundError" in runs["missingmod"]["error"]
+    sys.modules.pop("syntax_bad_plugin", None)
+
+
+def test_one_name_registered_for_two_classes_is_refused(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    group = plugins.ENTRY_POINT_GROUP
+    twice = [EntryPoint("perseus", "baselines.perseus:Perseus", group),
+             EntryPoint("perseus", "my_plugin:FakePerseus", group),
+             EntryPoint("megatron", "baselines.megatron:Megatron", group),
+             EntryPoint("megatron", "baselines.megatron:Megatron", group)]  # one package, twice
+    monkeypatch.setattr(plugins, "entry_points", lambda group: twice)
+    with pytest.raises(InputError, match="'perseus' is registered twice, by "
+                       "baselines.perseus:Perseus and my_plugin:FakePerseus"):
+        plugins.registered_optimizers()
+    monkeypatch.setattr(plugins, "entry_points", lambda group: twice[2:])
+    assert list(plugins.registered_optimizers()) == ["megatron"]

@@ -1,6 +1,8 @@
 """The calibrated GPU simulator: the default backend.
 
-Physics, per GPU (all laws and their parameters live in :class:`~kareus.hardware.presets.GPUPreset`):
+Physics, per GPU (every GPU's parameters live in :class:`~kareus.hardware.presets.GPUPreset`;
+two assumed constants that no GPU here changes, an SM's streaming issue limit and split-K's
+smallest slice, are this module's ``_MEM_BYTES_PER_CLK_PER_SM`` and ``_SPLIT_K_DEPTH``):
 
 - **Compute kernels.** A GEMM or attention kernel runs its thread blocks in waves over the SMs it
   may use: ``ceil(tiles / SMs)`` waves, each taking ``tile FLOPs / (FLOP/clk/SM · f · efficiency)``.
@@ -607,10 +609,12 @@ class SimulatorBackend:
 
     def _partition_cost(self, part: Partition, clock: float, sched: PartitionSchedule
                         ) -> tuple[float, float]:
-        # keyed by identity (hashing a partition's ops is slow); the cached value keeps the
-        # partition alive, so its id cannot be reused while the entry exists
-        # every clock of the grid at once: one vectorised call serves all the clocks a search
-        # or a plan asks this partition and schedule for
+        """Time (s) and dynamic energy (J) of one partition under schedule ``sched`` at
+        ``clock`` (MHz, snapped down to the grid like every clock here)."""
+        # Keyed by identity (hashing a partition's ops is slow); the cached value keeps the
+        # partition alive, so its id cannot be reused while the entry exists. Every clock of the
+        # grid at once: one vectorised call serves all the clocks a search or a plan asks this
+        # partition and schedule for.
         table, key = self._tables.partition, (id(part), sched)
         if key not in table:
             k = LIBRARY_DEFAULT if sched.comm_sms is None else sched.comm_sms

@@ -20,14 +20,18 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 def shared_dir() -> Path | None:
-    """``$KAREUS_SHARED_DIR`` if set, else ``../shared`` next to the repository, if it exists."""
+    """``$KAREUS_SHARED_DIR`` if set, else ``../shared`` next to the repository, if it exists.
+    Raises :class:`~kareus.errors.InputError` where ``$KAREUS_SHARED_DIR`` names no folder (the
+    user asked for that data; another copy must not stand in for it silently)."""
     env = os.environ.get("KAREUS_SHARED_DIR")
-    candidates = [Path(env)] if env else []
-    candidates.append(_REPO.parent / "shared")
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
+    if env:
+        if not Path(env).is_dir():
+            from kareus.errors import InputError
+
+            raise InputError(f"$KAREUS_SHARED_DIR={env}: not a folder")
+        return Path(env)
+    default = _REPO.parent / "shared"
+    return default if default.is_dir() else None
 
 
 def _shared_path(*parts: str, file: bool = True) -> Path | None:

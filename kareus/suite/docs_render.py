@@ -316,8 +316,82 @@ def render_parameters(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
     return "\n".join(rows) + "\n"
 
 
+#: The kinds of the paper testbed's parameters (docs/calibration.md, "Where every number came
+#: from"): each ``{field}`` is the preset's value, ``{field_us}`` / ``{field_M}`` / ``{field_G}``
+#: / ``{field_T}`` the value times 1e6 / over 1e6, 1e9, 1e12 (µs from s; MB/s, GB/s, TB/s from
+#: B/s).
+PARAMETER_KINDS = (
+    ("datasheet", "SMs, FLOP/clk/SM, clocks, HBM {hbm_bw_T:.3f} TB/s, NVLink {nvlink_bw_G:.0f} "
+     "GB/s, {power_limit_w:.0f} W limit, {comm_max_sms} channels at most"),
+    ("published", "{static_power_w:.0f} W static power (Kareus paper); inter-node 4 × 100 Gb/s "
+     "EFA per 8 GPUs = {network_bw_G:.2f} GB/s per GPU (`hardware.md`); {comm_block_default} "
+     "threads/block for tuned collectives (the artifact sweep's faster block size)"),
+    ("fitted: Perseus profiles", "the V–f knee ({knee_mhz:.0f} MHz) and voltage ratio "
+     "({v_ratio:.3f}), from the GPT-3 175B A100 profile (`benchmarks/calibration.py`, below)"),
+    ("fitted: partition sweep", "the tuned collective ({tuned_bw_per_sm_mhz_M:.2f} MB/s per SM "
+     "per MHz, β = {tuned_block_exponent:.2f}, λ = {tuned_link_fraction:.2f} of NVLink alone and "
+     "at most {tuned_link_fraction_beside_compute:.3f} of it beside a GEMM or attention kernel, "
+     "pipelining p = {tuned_pipelining:.2f}, launch {comm_launch_s_us:.2f} µs), its SM path "
+     "beside memory kernels ({comm_rate_beside_memory:.2f}) and its rate beside GEMM / attention "
+     "kernels ({comm_rate_beside_gemm:.2f} / {comm_rate_beside_attention:.2f}), compute's "
+     "slowdown beside it ({overlap_slowdown_memory:.2f} / {overlap_slowdown_gemm:.3f} / "
+     "{overlap_slowdown_attention:.2f} per unit SM share), the wave a GEMM loses when the "
+     "collective ends inside it ({partial_wave_loss:.2f}), host issue per op "
+     "({host_issue_memory_s_us:.0f} / {host_issue_gemm_s_us:.0f} / "
+     "{host_issue_attention_s_us:.0f} µs), the sweep harness's overhead "
+     "({partition_harness_s_us:.0f} µs), the tuned collective's SM activity ({activity_comm:.2f}) "
+     "and link power ({link_dyn_power_w:.0f} W), by `kareus calibrate --partition-sweep` (one "
+     "round alternated with the frontier fit; see the partition section); with them, the per-op "
+     "work and host factors of the sweep's own eight kernels (the fuser's basic ops), which "
+     "`kareus partition` uses without `--calibration` on that spec"),
+    ("fitted: iteration frontiers", "`gemm_efficiency` {gemm_efficiency:.3f}, `hbm_efficiency` "
+     "{hbm_efficiency:.3f}, SM dynamic power {sm_dyn_power_w:.1f} W, NCCL's rate beside compute "
+     "{library_rate_beside:.3f} and NCCL's channels' SM activity {library_activity_comm:.2f}, by "
+     "`benchmarks/fidelity.py --fit` (its first stage) on the two shared calibration frontiers, "
+     "refitted from the preset (first fitted from the textbook priors 0.80 / 0.85 / 438.1 W (the "
+     "80 GB fit) / 0.80; from those priors, under the partition law's other basin, it stopped in "
+     "a neighbouring minimum: 1.68 % MAPE, max 3.25 %)"),
+    ("fitted: nanobatching ratios", "the share of the host issue time that reaches the GPU "
+     "inside an iteration, {iteration_host_fraction:.3f}, and the host time per framework call, "
+     "{host_issue_call_s_us:.1f} µs, by `benchmarks/fidelity.py --fit` (its second stage) on the "
+     "two measured ratios of Nanobatching + Perseus's fastest time to Perseus's (see \"The host "
+     "inside an iteration\")"),
+    ("derived", "causal attention's tail past its even share, 1.14 average tiles forward and "
+     "0.88 backward (list scheduling of FlashAttention-2's grid, `benchmarks/attention_tail.py`); "
+     "Transformer Engine's all-gather CP attention's host calls besides its first kernel and its "
+     "collectives, 52 forward and 83 backward (counted in `context_parallel.py`, "
+     "NVIDIA/TransformerEngine 9c61cd7)"),
+    ("assumed", "attention efficiency {attention_efficiency:.2f} forward / "
+     "{attention_bwd_efficiency:.2f} backward, the {gemm_depth_half:.0f}-step GEMM depth half, "
+     "link efficiency {link_efficiency:.2f}, NCCL's {comm_default_sms} channels and "
+     "{comm_latency_s_us:.0f} µs latency, {kernel_overhead_s_us:.0f} µs per kernel, memory / "
+     "attention activity, 3.9 pJ/bit HBM"),
+)
+
+
+def render_parameter_kinds(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
+    """The paper testbed's parameters by kind (:data:`PARAMETER_KINDS`), their values read from
+    the preset."""
+    from dataclasses import fields
+
+    from kareus.hardware.presets import get_preset
+
+    p = get_preset(gpu)
+    values: dict[str, object] = {}
+    for f in fields(p):
+        v = getattr(p, f.name)
+        values[f.name] = v
+        if isinstance(v, float):
+            values.update({f"{f.name}_us": v * 1e6, f"{f.name}_M": v / 1e6,
+                           f"{f.name}_G": v / 1e9, f"{f.name}_T": v / 1e12})
+    rows = [f"| kind | parameters ({p.name}, the paper's testbed) |", "|---|---|"]
+    rows += [f"| {kind} | {text.format(**values)} |" for kind, text in PARAMETER_KINDS]
+    return "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "parameters": render_parameters,
+    "parameter-kinds": render_parameter_kinds,
     "headline": render_headline,
     "paper-run": render_paper_run,
     "paper-summary": render_paper_summary,

@@ -32,6 +32,18 @@ def _flag_or_none(ctx: click.Context, param: click.Parameter, value: bool) -> bo
     return True if value else None
 
 
+#: The job's parallel degrees and batch, shared by every command taking a workload and by
+#: ``reproduce.py`` (each overrides the workload's default only when given).
+PARALLEL_OPTIONS = [
+    click.option("--tp", type=int, default=None, help="Tensor-parallel degree."),
+    click.option("--cp", type=int, default=None, help="Context-parallel degree."),
+    click.option("--pp", type=int, default=None, help="Pipeline stages."),
+    click.option("--dp", type=int, default=None, help="Data-parallel replicas."),
+    click.option("--mbs", type=int, default=None, help="Micro-batch size."),
+    click.option("--seq", type=int, default=None, help="Sequence length (tokens)."),
+    click.option("--microbatches", type=int, default=None, help="Microbatches per iteration."),
+]
+
 #: The job's whole shape beyond its parallel degrees, shared by every command taking a workload
 #: and by ``reproduce.py``.
 JOB_SHAPE_OPTIONS = [
@@ -65,8 +77,8 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def job_shape_options(f: F) -> F:
-    """Apply :data:`JOB_SHAPE_OPTIONS` (passed as keywords)."""
-    for opt in reversed(JOB_SHAPE_OPTIONS):
+    """Apply :data:`PARALLEL_OPTIONS` and :data:`JOB_SHAPE_OPTIONS` (passed as keywords)."""
+    for opt in reversed([*PARALLEL_OPTIONS, *JOB_SHAPE_OPTIONS]):
         f = opt(f)
     return f
 

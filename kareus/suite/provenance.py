@@ -140,7 +140,11 @@ class CodeHasher:
             return self._imports[(path, whole)]
         names: list[str] = []
         is_package = path.name == "__init__.py"
-        todo: list[ast.AST] = [ast.parse(path.read_bytes(), filename=str(path))]
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):  # hashed as it is; importing it fails its cell alone
+            tree = ast.Module(body=[], type_ignores=[])
+        todo: list[ast.AST] = [tree]
         while todo:
             node = todo.pop()
             if not whole and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,

@@ -117,15 +117,22 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
         others = [n for n in store.optimizers(cfg.label) if n not in names]
         for name in [*names, *others]:
             own = _own_settings(name, options or {}) if name in registered else {}
+            unresolved = False
             try:
                 key = cell_key(cfg.workload, cfg.gpu or gpu, backend, name, seed, cfg.overrides,
                                cfg.gpu_overrides, own, model=model, hasher=hasher)
-            except (InputError, ModuleNotFoundError):  # a plugin no longer installed
-                left_out.setdefault("optimizer not installed", []).append(f"{cfg.label}: {name}")
-                continue
+            except (InputError, ModuleNotFoundError) as e:  # a plugin not (or no longer) found
+                if name not in names:
+                    left_out.setdefault("optimizer not installed", []).append(
+                        f"{cfg.label}: {name}")
+                    continue
+                # asked for: its cell runs without a code hash and fails alone, saying why
+                key = {"optimizer": name, "unresolved": f"{type(e).__name__}: {e}"}
+                unresolved = True
             old = store.read(cfg.label, name)
             ok = old is not None and old.get("status") == "ok"
-            reasons = (["unreadable cell"] if old is None and store.exists(cfg.label, name)
+            reasons = (["its code cannot be found"] if unresolved
+                       else ["unreadable cell"] if old is None and store.exists(cfg.label, name)
                        else ["not run before"] if old is None
                        else stale_reasons(old.get("key"), key) or ([] if ok else ["failed before"]))
             if name not in names:

@@ -33,7 +33,8 @@ def make_search(name: str) -> PartitionSearch:
 
 def min_budget(name: str) -> int:
     """The fewest configurations strategy ``name`` may be given as its budget (its
-    ``MIN_BUDGET``; 1 for ``exhaustive``, which measures everything and ignores the budget).
+    ``min_budget`` attribute; 1 for ``exhaustive``, which measures everything and ignores the
+    budget).
     Kareus's settings check a ``budget`` against it before any work."""
     return int(getattr(make_search(name), "min_budget", 1))
 
