@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import click
@@ -53,6 +54,17 @@ def workload_options(f: F) -> F:
     for opt in reversed(options):
         f = opt(f)
     return f
+
+
+def _where(path: str) -> str:
+    """``path`` as a preset's source records it, the same from any working directory:
+    ``shared/...`` inside the shared measurement folder, else absolute."""
+    from kareus.suite.datasets import shared_dir
+
+    full, shared = Path(path).resolve(), shared_dir()
+    if shared is not None and full.is_relative_to(shared.resolve()):
+        return f"shared/{full.relative_to(shared.resolve()).as_posix()}"
+    return str(full)
 
 
 def build_workload(workload: str, **overrides: object):  # noqa: ANN201
@@ -308,8 +320,6 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": run.plans[chosen.plan_id].to_json()}
     if export_dir is not None:
-        from pathlib import Path
-
         from kareus.atomic import atomic_write_text
         from kareus.suite.export import partition_schedules, zeus_solution_text
 
@@ -533,7 +543,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
                           ("sm_dyn_power_w", "hbm_dyn_power_w", "knee_mhz", "v_ratio")},
     }
     if write_preset:
-        source = f"fitted: `kareus calibrate --profile {profile_path}`"
+        source = f"fitted: `kareus calibrate --profile {_where(profile_path)}`"
         changes = {"sm_dyn_power_w": (round(fitted.sm_dyn_power_w, 1), source),
                    "knee_mhz": (round(fitted.knee_mhz, 1), source),
                    "v_ratio": (float(f"{fitted.v_ratio:.4g}"), source)}
@@ -621,8 +631,6 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
                          out_path: str | None, figure_path: str | None, as_json: bool,
                          write_preset: bool = False) -> None:
     """``kareus calibrate --partition-sweep``: fit, report, write the calibration atomically."""
-    from pathlib import Path
-
     from kareus.atomic import atomic_write_text
     from kareus.backends.partition_calibration import fit_partition, floor_slope_text
     from kareus.errors import InputError

@@ -183,7 +183,7 @@ def test_calibrate_profile_above_the_knee_leaves_the_voltage_curve_in_the_preset
     rep = json.loads(capsys.readouterr().out)
     assert rep["fit"]["kept_from_preset"] == ["knee_mhz", "v_ratio"]
     after = P.get_preset("my-a100")
-    assert after.sources["sm_dyn_power_w"].startswith("fitted: `kareus calibrate --profile")
+    assert after.sources["sm_dyn_power_w"] == f"fitted: `kareus calibrate --profile {profile}`"
     assert (after.knee_mhz, after.v_ratio) == (before.knee_mhz, before.v_ratio)
     assert after.sources["knee_mhz"] == before.sources["knee_mhz"]
     assert after.sources["v_ratio"] == before.sources["v_ratio"]
