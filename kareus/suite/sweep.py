@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,27 +92,61 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
     it; cells whose code changed since are left out of the summary (their files stay) and named.
     Interrupted runs (SIGINT/SIGTERM) write summaries of what finished, marking the rest, and
     re-raise."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kareus.errors import InputError
-    from kareus.plugins import optimizer_names
-    from kareus.suite.executors import CellTask, execute
-    from kareus.suite.progress import on_terminal
-    from kareus.suite.provenance import CodeHasher, made_by, stale_reasons
     from kareus.suite.store import ResultsStore
 
     store = ResultsStore(root)
     for cfg in configs:
         store.check_layout(cfg.label, names)
+    cells = _plan_cells(configs, store, gpu, backend, names, seed, force=force,
+                        backend_options=backend_options, options=options)
+    console = make_console(stderr=True)
+    for line in reuse_lines(cells.reused, cells.why_computed, cells.left_out,
+                            sum(1 for k in cells.records if k[1] not in names)):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    interrupted = _execute_cells(cells.tasks, cells.records, console, executor=executor,
+                                 jobs=jobs)
+    summaries = {}
+    for cfg in configs:
+        summaries[cfg.label] = _write_config(cfg, root / cfg.label, gpu, backend,
+                                             cells.shown[cfg.label], seed, cells.records, store)
+    if interrupted is not None:
+        raise interrupted
+    return summaries
+
+
+@dataclass
+class _Cells:
+    """What a run does with each (configuration, optimizer) cell (:func:`_plan_cells`)."""
+
+    records: dict[tuple[str, str], dict] = field(default_factory=dict)
+    """Current records by (configuration, optimizer): reused, and filled as tasks finish."""
+    reused: list[dict] = field(default_factory=list)
+    """The records reused among the optimizers asked for."""
+    why_computed: dict[str, list[str]] = field(default_factory=dict)
+    """Reason -> the optimizer of each cell computed for it."""
+    left_out: dict[str, list[str]] = field(default_factory=dict)
+    """Reason -> ``"configuration: optimizer"`` of each stored cell not in the summaries."""
+    shown: dict[str, list[str]] = field(default_factory=dict)
+    """Configuration -> the optimizers its summary covers, in the registry's order."""
+    tasks: list = field(default_factory=list)
+    """The cells to compute (:class:`~kareus.suite.executors.CellTask`)."""
+
+
+def _plan_cells(configs: list, store, gpu: str, backend: str, names: list[str],  # noqa: ANN001
+                seed: int, *, force: bool, backend_options: dict | None,
+                options: Mapping[str, object] | None) -> _Cells:
+    """Decide, for every cell of ``configs`` (the optimizers ``names`` and every other one with
+    a stored cell), whether to reuse its record, compute it (and why) or leave it out of the
+    summaries (and why): :func:`run_configs`'s rules."""
+    from kareus.errors import InputError
+    from kareus.plugins import optimizer_names
+    from kareus.suite.executors import CellTask
+    from kareus.suite.provenance import CodeHasher, made_by, stale_reasons
+
     hasher = CodeHasher()
     maker = made_by()
     registered = optimizer_names()
-    records: dict[tuple[str, str], dict] = {}
-    reused: list[dict] = []
-    why_computed: dict[str, list[str]] = {}  # reason -> optimizer per cell
-    left_out: dict[str, list[str]] = {}  # reason -> "config: optimizer"
-    shown: dict[str, list[str]] = {}
-    tasks: list[CellTask] = []
+    out = _Cells()
     for cfg in configs:
         model = model_fields(cfg.workload)
         others = [n for n in store.optimizers(cfg.label) if n not in names]
@@ -123,7 +158,7 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
                                cfg.gpu_overrides, own, model=model, hasher=hasher)
             except (InputError, ModuleNotFoundError) as e:  # a plugin not (or no longer) found
                 if name not in names:
-                    left_out.setdefault("optimizer not installed", []).append(
+                    out.left_out.setdefault("optimizer not installed", []).append(
                         f"{cfg.label}: {name}")
                     continue
                 # asked for: its cell runs without a code hash and fails alone, saying why
@@ -137,37 +172,44 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
                        else stale_reasons(old.get("key"), key) or ([] if ok else ["failed before"]))
             if name not in names:
                 if reasons:
-                    left_out.setdefault(", ".join(reasons), []).append(f"{cfg.label}: {name}")
+                    out.left_out.setdefault(", ".join(reasons), []).append(f"{cfg.label}: {name}")
                 else:
-                    records[(cfg.label, name)] = old
+                    out.records[(cfg.label, name)] = old
                 continue
             if force:
                 reasons = ["--force"]
             if not reasons:
-                records[(cfg.label, name)] = old
-                reused.append(old)
+                out.records[(cfg.label, name)] = old
+                out.reused.append(old)
                 continue
-            why_computed.setdefault(", ".join(reasons), []).append(name)
-            tasks.append(CellTask(config=cfg.label, workload=cfg.workload, optimizer=name,
-                                  gpu=cfg.gpu or gpu, backend=backend, seed=seed,
-                                  key=key, made_by=maker,
-                                  store_root=str(root),
-                                  overrides={k: (list(v) if isinstance(v, tuple) else v)
-                                             for k, v in cfg.overrides.items()},
-                                  gpu_overrides=dict(cfg.gpu_overrides), options=own,
-                                  backend_options=dict(backend_options or {})))
-        shown[cfg.label] = [n for n in registered if n in names or (cfg.label, n) in records]
-    console = make_console(stderr=True)
-    for line in reuse_lines(reused, why_computed, left_out,
-                            sum(1 for k in records if k[1] not in names)):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
-    interrupted: BaseException | None = None
+            out.why_computed.setdefault(", ".join(reasons), []).append(name)
+            out.tasks.append(CellTask(
+                config=cfg.label, workload=cfg.workload, optimizer=name, gpu=cfg.gpu or gpu,
+                backend=backend, seed=seed, key=key, made_by=maker, store_root=str(store.root),
+                overrides={k: (list(v) if isinstance(v, tuple) else v)
+                           for k, v in cfg.overrides.items()},
+                gpu_overrides=dict(cfg.gpu_overrides), options=own,
+                backend_options=dict(backend_options or {})))
+        out.shown[cfg.label] = [n for n in registered
+                                if n in names or (cfg.label, n) in out.records]
+    return out
+
+
+def _execute_cells(tasks: list, records: dict[tuple[str, str], dict], console,  # noqa: ANN001
+                   *, executor: str, jobs: int) -> BaseException | None:
+    """Compute ``tasks`` with a progress bar on ``console``, adding each finished record to
+    ``records``; returns the interruption (Ctrl-C, SIGTERM) that stopped them, if one did."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kareus.suite.executors import execute
+    from kareus.suite.progress import on_terminal
+
     with Progress(TextColumn("{task.description:<58}"), BarColumn(bar_width=24),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   disable=not on_terminal()) as progress:
         bar = progress.add_task("cells (configuration x optimizer)", total=len(tasks))
 
-        def done(task: CellTask, record: dict) -> None:
+        def done(task, record: dict) -> None:  # noqa: ANN001
             records[(task.config, task.optimizer)] = record
             status = "ok" if record["status"] == "ok" else "FAILED"
             progress.update(bar, advance=1,
@@ -176,14 +218,8 @@ def run_configs(configs: list, root: Path, gpu: str, backend: str, names: list[s
         try:
             execute(tasks, executor=executor, jobs=jobs, on_done=done)
         except KeyboardInterrupt as e:
-            interrupted = e
-    summaries = {}
-    for cfg in configs:
-        summaries[cfg.label] = _write_config(cfg, root / cfg.label, gpu, backend,
-                                             shown[cfg.label], seed, records, store)
-    if interrupted is not None:
-        raise interrupted
-    return summaries
+            return e
+    return None
 
 
 def _own_settings(name: str, options: Mapping[str, object]) -> dict[str, object]:
