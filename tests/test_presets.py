@@ -91,6 +91,8 @@ def test_user_gpu_file_appears(user_dir, capsys):
      "memory_bytes must be above zero"),
     (lambda raw: raw["compute"].__setitem__("clock_min_mhz", {"value": 2000, "source": "x: y"}),
      "clock_min_mhz 2000 is above clock_max_mhz"),
+    (lambda raw: raw["compute"].__setitem__("clock_min_mhz", {"value": 200, "source": "x: y"}),
+     "clock_max_mhz 1740 is not clock_min_mhz 200 plus whole 15 MHz steps"),
     (lambda raw: raw["power"].__setitem__("static_power_w", {"value": 400, "source": "x: y"}),
      "static power 400 W is not below the power limit 300 W"),
     (lambda raw: raw["links_collectives"].__setitem__("comm_max_sms",

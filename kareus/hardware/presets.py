@@ -443,14 +443,18 @@ _POSITIVE_FIELDS = (
 
 def physical_problem(preset: GPUPreset) -> str:
     """Why ``preset`` describes no GPU that can run ('' if it can): a field of
-    :data:`_POSITIVE_FIELDS` at zero, a clock range upside down, static power at or above the
-    power limit (W), or more communication SMs than the GPU has."""
+    :data:`_POSITIVE_FIELDS` at zero, a clock range upside down or not a whole number of steps,
+    static power at or above the power limit (W), or more communication SMs than the GPU has."""
     for name in _POSITIVE_FIELDS:
         if not getattr(preset, name) > 0:
             return f"{name} must be above zero, got {getattr(preset, name)!r}"
     if preset.clock_min_mhz > preset.clock_max_mhz:
         return (f"clock_min_mhz {preset.clock_min_mhz:g} is above clock_max_mhz "
                 f"{preset.clock_max_mhz:g}")
+    steps = (preset.clock_max_mhz - preset.clock_min_mhz) / preset.clock_step_mhz
+    if abs(steps - round(steps)) > 1e-6:
+        return (f"clock_max_mhz {preset.clock_max_mhz:g} is not clock_min_mhz "
+                f"{preset.clock_min_mhz:g} plus whole {preset.clock_step_mhz:g} MHz steps")
     if preset.static_power_w >= preset.power_limit_w:
         return (f"static power {preset.static_power_w:g} W is not below the power limit "
                 f"{preset.power_limit_w:g} W")
