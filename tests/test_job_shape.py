@@ -113,6 +113,15 @@ def test_overlapped_grad_reduction_hides_most_of_it():
     assert [s.comm.collective for s in dist.stage_tail[0]] == ["reduce_scatter", "all_gather"]
 
 
+def test_gradient_buckets_count_a_rank_s_own_parameters():
+    """Megatron-core's buckets hold ``max(40 M, 1 M x DP)`` of the rank's (TP-sharded)
+    parameters: Llama 3.2 3B at TP8 PP2 holds 238 M and 213 M a GPU on its two stages, so 6
+    buckets each at DP2 and 2 at DP128 (128 M a bucket)."""
+    for dp, buckets in ((2, 6), (128, 2)):
+        w = make_workload("llama3.2-3b", tp=8, pp=2, dp=dp, overlap_grad_reduce=True)
+        assert build_iteration_graph(w).grad_buckets == {0: buckets, 1: buckets}
+
+
 def test_odd_micro_batches_run_sequential_plans_only():
     w = make_workload("llama3.2-3b", mbs=3)
     assert _time(w).energy.time_s > 0

@@ -35,7 +35,7 @@ from kareus.graph import (
     Segment,
 )
 from workloads.models import ModelSpec
-from workloads.parallel import GRAD_BUCKET_PARAMS, GRAD_BYTES, Workload
+from workloads.parallel import GRAD_BYTES, Workload, grad_bucket_params
 
 BF16 = 2
 _TILE = 128
@@ -736,7 +736,7 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                                                          * m.hidden), 2,
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
     tails = {s: _stage_tail(w, s, n) for s, n in enumerate(w.stage_layers())}
-    buckets = {s: max(1, math.ceil(stage_params(w, s, n) * p.tp / GRAD_BUCKET_PARAMS))
+    buckets = {s: max(1, math.ceil(stage_params(w, s, n) / grad_bucket_params(p.dp)))
                if p.overlap_grad_reduce else 1 for s, n in enumerate(w.stage_layers())}
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,

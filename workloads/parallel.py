@@ -40,9 +40,17 @@ ELEMENT_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 #: fp32 main gradients (``accumulate_allreduce_grads_in_fp32`` is forced on with bf16); fp16
 #: reduces fp16 gradients by default; fp32 / tf32 train in fp32.
 GRAD_BYTES: dict[str, int] = {"bf16": 4, "fp16": 2, "tf32": 4, "fp32": 4}
-#: Parameters per gradient bucket with ``overlap_grad_reduce`` (Megatron-core's default
-#: ``bucket_size``, 40 M parameters).
+#: Parameters per gradient bucket with ``overlap_grad_reduce``: Megatron-core's default
+#: ``bucket_size``, ``max(40 M, 1 M x DP)`` of the rank's own (TP-sharded) parameters
+#: (``DistributedDataParallel``; :func:`grad_bucket_params`).
 GRAD_BUCKET_PARAMS = 40_000_000
+GRAD_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+def grad_bucket_params(dp: int) -> int:
+    """Parameters of one gradient bucket on a rank of a ``dp``-way data-parallel group
+    (Megatron-core's default ``bucket_size``)."""
+    return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp)
 #: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP with the
 #: distributed optimizer); mixed precision keeps the master copy, fp32 training does not.
 _OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 12, "tf32": 8, "fp32": 8}
@@ -88,8 +96,8 @@ class ParallelConfig:
             attention scores scaled and masked in passes of their own;
             :mod:`workloads.graph_builder`). Simulator-only: the GPU backend runs fused kernels.
         overlap_grad_reduce: Bucketed gradient reduction overlapped with the backward pass
-            (Megatron-LM's ``--overlap-grad-reduce``, buckets of :data:`GRAD_BUCKET_PARAMS`
-            parameters); without it one reduction runs after the last backward.
+            (Megatron-LM's ``--overlap-grad-reduce``, buckets of :func:`grad_bucket_params`
+            of the rank's parameters); without it one reduction runs after the last backward.
         cross_entropy: The loss over the vocabulary: ``"fused"`` (one kernel each way:
             Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it; close in
             bytes to PyTorch's log-softmax loss, which Hugging Face code calls) or ``"unfused"`` (Megatron-LM's

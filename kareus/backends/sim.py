@@ -6,12 +6,15 @@ smallest slice, are this module's ``_MEM_BYTES_PER_CLK_PER_SM`` and ``_SPLIT_K_D
 
 - **Compute kernels.** A GEMM or attention kernel runs its thread blocks in waves over the SMs it
   may use: ``ceil(tiles / SMs)`` waves, each taking ``tile FLOPs / (FLOP/clk/SM · f · efficiency)``.
-  Time scales with ``1/f``, and losing a few SMs to a collective can add a whole wave. Its HBM
+  Time scales with ``1/f`` (beside a collective the waves are fluid: see Overlap). Its HBM
   traffic takes ``bytes / (achievable bandwidth)``, independent of the SM clock; the kernel takes
   the longer of the two (roofline). Memory-bound kernels are therefore nearly flat in the clock,
   until the clock is so low that the SMs cannot issue loads fast enough.
-- **Collectives** run on their own SMs: throughput ``min(link bandwidth · efficiency,
-  SMs · clock · per-SM rate)`` over NCCL's bus bytes, plus a fixed latency.
+- **Collectives** run on their own SMs over their bus bytes, plus a fixed latency. The
+  library's (NCCL) at ``min(link bandwidth · efficiency, channels · clock · per-channel rate)``;
+  a tuned kernel (MSCCL++) at a pipelined soft minimum of its SM path (threads per block to the
+  fitted block exponent) and ``tuned_link_fraction`` of the link (``_comm_raw``). Across nodes,
+  the NICs' share and NCCL's ring or two-node tree (:meth:`SimulatorBackend.link_rate`).
 - **Overlap.** Beside a running collective, compute has fewer SMs (each collective block takes a
   whole SM), shared fluidly (no whole waves: the collective holds them for part of the kernel
   only), and shares HBM with the collective's traffic, and both suffer L2/memory-controller
