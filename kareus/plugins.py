@@ -18,7 +18,8 @@ instance to the class: ``cls(settings)``. A bad value is :class:`~kareus.errors.
 line naming the optimizer, the setting and what it must be; a ``Settings`` the registry cannot
 build (not a dataclass, unresolvable annotations, a constructor that fails on its own) is the
 plugin's fault, :class:`~kareus.errors.PluginError` (exit 1; in a run, that optimizer fails alone).
-An optimizer without ``Settings`` is built as ``cls()`` and sees no settings.
+An optimizer without ``Settings`` is built as ``cls()`` and sees no settings. Settings that others
+make irrelevant (:meth:`OptimizerSettings.unused`) stay out of a cell's key.
 
 **Refusing a job.** An optimizer whose plans need what the job does not allow raises
 :class:`~kareus.errors.JobRefused` (a nanobatched plan on a micro-batch that does not split
@@ -184,6 +185,12 @@ class OptimizerSettings:
     def check(self) -> None:
         """Raise :class:`InputError` (one line naming the setting) for a value out of range."""
 
+    def unused(self) -> frozenset[str]:
+        """The settings the others make irrelevant (Kareus's ``budget`` under the exhaustive
+        search): a cell's key leaves them out (:func:`settings_view`), so giving one recomputes
+        nothing."""
+        return frozenset()
+
 
 def require(ok: bool, name: str, what: str, value: object) -> None:
     """:class:`InputError` ``setting NAME must be WHAT, got VALUE`` unless ``ok``: the one form of
@@ -242,15 +249,18 @@ def optimizer_settings(name: str) -> type | None:
 def settings_view(name: str, options: Mapping[str, object]) -> dict[str, object]:
     """The keys of ``options`` that registered optimizer ``name`` declares and whose value, as
     its settings hold it (converted and checked: :class:`InputError` for a bad one), is not the
-    field's default; ``{}`` when none is. What a run records of ``name``'s settings (a cell's
-    key): ``--set eta=0.5``, Zeus's default, makes the same key as no ``--set``, and cells made
-    without settings keep theirs."""
+    field's default and that the others do not make irrelevant (:meth:`OptimizerSettings.unused`);
+    ``{}`` when none is. What a run records of ``name``'s settings (a cell's key): ``--set
+    eta=0.5``, Zeus's default, makes the same key as no ``--set``, and cells made without
+    settings keep theirs."""
     declared = optimizer_settings(name) if options else None
     if declared is None:
         return {}
     settings = make_settings(declared, options, name)
+    unused = settings.unused() if isinstance(settings, OptimizerSettings) else frozenset()
     return {f.name: getattr(settings, f.name) for f in dataclasses.fields(declared)
-            if f.name in options and not _is_default(f, getattr(settings, f.name))}
+            if f.name in options and f.name not in unused
+            and not _is_default(f, getattr(settings, f.name))}
 
 
 def _is_default(f: dataclasses.Field, value: object) -> bool:

@@ -221,7 +221,9 @@ def test_settings_at_their_defaults_are_not_recorded():
     assert plugins.settings_view("zeus-power-limit", {"eta": "0.5"}) == {}
     assert plugins.settings_view("zeus-power-limit", {"eta": "0.50", "budget": "9"}) == {}
     assert plugins.settings_view("kareus", {"solver": "fast", "unit_ms": "1", "search":
-                                            "exhaustive", "budget": "40"}) == {"budget": 40}
+                                            "exhaustive", "budget": "40"}) == {}  # ignored
+    assert plugins.settings_view("kareus", {"search": "nsga2", "budget": "40"}) == \
+        {"search": "nsga2", "budget": 40}
     assert plugins.settings_view("perseus", {"max_steps": str(MAX_STEPS), "unit_ms": "2"}) == \
         {"unit_ms": 2.0}
 

@@ -66,6 +66,10 @@ class KareusSettings(TradeoffSettings):
         require(self.budget is None or self.budget >= least, "budget",
                 f"at least {least} with search={self.search}", self.budget)
 
+    def unused(self) -> frozenset[str]:
+        """The exhaustive search measures every configuration: its ``budget`` changes nothing."""
+        return frozenset({"budget"}) if self.search == "exhaustive" else frozenset()
+
 
 def partition_windows(n_ops: int) -> np.ndarray:
     """Every meaningful (launch, wait) window of a partition of ``n_ops`` compute ops: launched
