@@ -1,7 +1,7 @@
 """The outside contract's exit statuses, applied to a click command: 0 success; 2 bad input (one
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
-traceback; 1 also when every optimizer of a run failed: ``error: every optimizer failed``, but 2
-when each refused the job);
+traceback; 1 also for a plugin's own fault, ``plugin error: ...``, and when every optimizer of a
+run failed: ``error: every optimizer failed``, but 2 when each refused the job);
 130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A
 :class:`~kareus.errors.KareusError` chooses its status by class (``exit_status``)."""
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import click
 
-from kareus.errors import AllOptimizersFailed, KareusError
+from kareus.errors import AllOptimizersFailed, KareusError, PluginError
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
@@ -42,6 +42,9 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         if status != 1 or isinstance(e, AllOptimizersFailed):
             click.echo(f"error: {e}".splitlines()[0], err=True)
             return status
+        if isinstance(e, PluginError):  # the plugin's fault, not the suite's
+            click.echo(f"plugin error: {e}".splitlines()[0], err=True)
+            return 1
         if os.environ.get("KAREUS_DEBUG"):
             raise
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)

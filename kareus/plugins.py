@@ -357,10 +357,16 @@ def optimizer_names() -> list[str]:
 
 
 def _optimizer_class(name: str) -> Callable[..., object]:
+    """The class registered as ``name``: :class:`InputError` for an unknown name,
+    :class:`PluginError` for one whose module cannot be imported (its own fault)."""
     eps = registered_optimizers()
     if name not in eps:
         raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
-    return eps[name].load()
+    try:
+        return eps[name].load()
+    except Exception as e:  # noqa: BLE001 - whatever the plugin's import raises
+        raise PluginError(f"plugin {name!r} ({eps[name].value}) cannot be loaded: "
+                          f"{type(e).__name__}: {e}".splitlines()[0]) from e
 
 
 def nanobatched_only(name: str) -> bool:
