@@ -6,6 +6,11 @@ limit) and the current one (``after``: ceiling and held cap fitted).
 
     python benchmarks/calibration.py [--detail] [--plot calibration.png] [--json] [--top-window 150]
 
+``--cross-gpu`` adds a table: each GPU's voltage curve (knee and voltage ratio) carried from the
+other measured GPU, its knee at the same fraction of the top clock or at the same MHz, the rest
+fitted on one model's profile and the other model predicted; the rule that carries better is the
+one the presets without measurements (H100, H200) use.
+
 ``--top-window W`` adds a table: each profile fitted on its clocks within ``W`` MHz of its top
 clock only, predicting its lower clocks (relative to each instruction's top clock), with the knee
 and voltage ratio kept from the preset when the window does not reach below the knee (the
@@ -30,7 +35,7 @@ from kareus.hardware.calibration import (
     predict_relative,
     transfer_table,
 )
-from kareus.hardware.presets import get_preset
+from kareus.hardware.presets import GPUPreset, get_preset
 from kareus.hardware.profile import load_profile
 from kareus.suite.datasets import perseus_profile
 
@@ -106,19 +111,66 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
     return out
 
 
+#: (target GPU, the GPU whose fitted voltage curve is carried to it)
+CROSS = [("a40", "a100-sxm4-80gb"), ("a100-sxm4-80gb", "a40")]
+
+
+def knee_rules(source: GPUPreset, target: GPUPreset) -> dict[str, float | None]:
+    """The knees (MHz) ``target`` would get from ``source``'s fitted curve: ``own`` (None: fitted
+    on the target's profile), ``same fraction`` of the top clock, or the ``same MHz``."""
+    return {"own": None,
+            "same fraction": source.knee_mhz / source.clock_max_mhz * target.clock_max_mhz,
+            "same MHz": source.knee_mhz}
+
+
+def cross_gpu_table() -> list[dict]:
+    """Each (target, source) of :data:`CROSS` and knee rule (:func:`knee_rules`), both directions
+    of models: the target's profile of one model fitted with the carried knee and voltage ratio
+    held (``own``: fitted freely), the other model's per-clock time and energy relative to its top
+    clock predicted (MAPE %)."""
+    out = []
+    for gpu, source_gpu in CROSS:
+        target, source = get_preset(gpu), get_preset(source_gpu)
+        tag = dict(CASES)[gpu]
+        for rule, knee in knee_rules(source, target).items():
+            preset = target if knee is None else target.with_overrides(
+                knee_mhz=knee, v_ratio=source.v_ratio)
+            for fit_model, test_model in DIRECTIONS:
+                fit_path = perseus_profile(f"{fit_model}+{tag}_bf16.csv")
+                test_path = perseus_profile(f"{test_model}+{tag}_bf16.csv")
+                if fit_path is None or test_path is None:
+                    sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
+                res = calibrate(load_profile(fit_path), preset,
+                                min_clocks_below_knee=0 if knee is None else sys.maxsize)
+                _, tr = predict_relative(res, preset, load_profile(test_path))
+                out.append({"gpu": gpu, "curve_from": gpu if knee is None else source_gpu,
+                            "rule": rule, "fit": fit_model, "test": test_model,
+                            "knee_mhz": res.law.knee_mhz, "v_ratio": res.law.v_ratio,
+                            "hold_time_mape_pct": tr.time_mape_pct,
+                            "hold_energy_mape_pct": tr.energy_mape_pct})
+    return out
+
+
 @click.command()
 @click.option("--detail", is_flag=True, help="Print every (stage, instruction).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--top-window", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Also fit each profile on its top MHz only and predict the clocks below.")
-def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None) -> None:
+@click.option("--cross-gpu", is_flag=True,
+              help="Also carry each GPU's voltage curve to the other (knee at the same fraction "
+                   "of the top clock or the same MHz) and predict its profiles.")
+def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None,
+         cross_gpu: bool) -> None:
     windows = None if top_window is None else top_window_extrapolation(top_window)
+    carried = cross_gpu_table() if cross_gpu else None
     report, table, frames = run()
     if as_json:
         out = {"summary": report, "per_instruction": table.to_dict("records")}
         if windows is not None:
             out["top_window"] = windows
+        if carried is not None:
+            out["cross_gpu"] = carried
         click.echo(json.dumps(out, indent=2, default=float))
         return
     click.echo("Fit (all rows of the fit profile) and hold-out (the other model, relative to its "
@@ -152,6 +204,14 @@ def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None
             click.echo(f"  {w['gpu']:15s} {w['profile']:10s} >= {w['window_from_mhz']:.0f} MHz "
                        f"{w['voltage_curve']:5s} knee {w['knee_mhz']:5.0f} Vr {w['v_ratio']:.3f}"
                        f"  time {w['time_mape_pct']:6.2f}  energy {w['energy_mape_pct']:6.2f}")
+    if carried is not None:
+        click.echo("\nThe voltage curve carried from the other GPU, the rest fitted on one model "
+                   "and the other predicted (hold-out MAPE %, relative to the top clock):")
+        for c in carried:
+            click.echo(f"  {c['gpu']:15s} {c['rule']:13s} from {c['curve_from']:15s} "
+                       f"knee {c['knee_mhz']:5.0f} Vr {c['v_ratio']:.3f} "
+                       f"{c['fit'] + ' -> ' + c['test']:20s} time {c['hold_time_mape_pct']:5.2f}  "
+                       f"energy {c['hold_energy_mape_pct']:5.2f}")
     if plot:
         _plot(frames, plot)
 
