@@ -31,7 +31,7 @@ from baselines.profiles import check_arguments, frequencies_record
 from kareus.energy import dynamic_from_measured, iteration_energy
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
 from kareus.methods.profiling import profile_instructions, profile_to_options
-from kareus.methods.tradeoff import Option
+from kareus.methods.tradeoff import Option, replay_knobs
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
 
@@ -170,7 +170,9 @@ def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     (the Perseus emulation's unit); the iteration time is the measured length of the path it
     stops on (:func:`envpipe_run`), and the energy is every instruction's
     measured energy plus every GPU's static power over its idle time in that iteration.
-    Also returns the raising ``steps`` taken.
+    Also returns the plan replayed on the profile (``replayed_time_s``, ``replayed_energy_j``:
+    :func:`kareus.methods.tradeoff.replay_knobs`, as ``kareus perseus`` does) and the raising
+    ``steps`` taken.
     """
     options = profile_to_options(profile)
     run = envpipe_run(options, stages, microbatches, unit_time_s=unit_time_s)
@@ -180,7 +182,9 @@ def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
         opt = by_knob[ins.type_key][clock]
         dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
     energy = iteration_energy(dynamic, stages, static_power_w, run.time_s).total_j
-    return [{"time_s": run.time_s, "energy_j": energy, "steps": run.steps,
+    replayed = replay_knobs(run.clocks, options, stages, microbatches, static_power_w)
+    return [{"time_s": run.time_s, "energy_j": energy, "replayed_time_s": replayed[0],
+             "replayed_energy_j": replayed[1], "steps": run.steps,
              "frequencies": frequencies_record(run.clocks)}]
 
 

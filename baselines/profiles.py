@@ -13,7 +13,9 @@ measured.
 ``on_profile`` (:class:`kareus.plugins.ProfileRunner`) checks the arguments
 (:func:`check_arguments`), then runs :func:`perseus_on_profile` or
 :func:`baselines.envpipe.envpipe_on_profile` (EnvPipe's own module owns it); both return point records with ``time_s`` and ``energy_j`` for the
-GPUs the profile describes (one per stage, static included).
+GPUs the profile describes (one per stage, static included), each as its method reports it, and
+``replayed_time_s`` / ``replayed_energy_j``, the plan replayed on the profile: the same footing
+for both.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from kareus.frontier import pareto_indices
 from kareus.graph import Instruction
 from kareus.hardware.profile import check_clock_sweep
 from kareus.methods.profiling import profile_to_options
-from kareus.methods.tradeoff import Prefilter, solve, solver_energy, solver_span, unit_problem
+from kareus.methods.tradeoff import (
+    Prefilter,
+    replay_knobs,
+    solve,
+    solver_energy,
+    solver_span,
+    unit_problem,
+)
 from kareus.progress import SILENT, Progress
 
 
@@ -84,9 +93,10 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
 
     Returns point records: ``time_s`` and ``energy_j`` as the authors' driver reports them (the
     solver's time, ``quant_time`` units, and its cost plus every stage's static power over that
-    time), solver ``iteration``, ``quant_time``, ``cost`` and the per-stage ``frequencies`` in
-    1F1B order (replay them on the profile with :func:`kareus.methods.tradeoff.
-    evaluate_on_options` for measured-time views). All steps in solver order with ``all_iterations``,
+    time); ``replayed_time_s`` and ``replayed_energy_j``, the same clocks replayed on the
+    profile's measured times (:func:`kareus.methods.tradeoff.replay_knobs`, the footing on which
+    ``kareus envpipe``'s point compares); solver ``iteration``, ``quant_time``, ``cost`` and the
+    per-stage ``frequencies`` in 1F1B order. All steps in solver order with ``all_iterations``,
     else the Pareto-optimal ones sorted by time. ``progress`` counts the solver's steps.
     """
     options = profile_to_options(profile)
@@ -100,7 +110,9 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
                           unit_time_s=unit_time_s, prefilter=prefilter):
             times.append(step.real_time_s)
             energies.append(solver_energy(step, stages, static_power_w))
+            replayed = replay_knobs(step.knobs, options, stages, microbatches, static_power_w)
             points.append({"time_s": times[-1], "energy_j": energies[-1],
+                           "replayed_time_s": replayed[0], "replayed_energy_j": replayed[1],
                            "iteration": step.iteration, "quant_time": step.quant_time,
                            "cost": step.cost, "frequencies": frequencies_record(step.knobs)})
             task.advance()

@@ -90,7 +90,18 @@ def _emit(obj: object, as_json: bool, text: Callable[[], str]) -> None:
         click.echo(text())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group; an unknown command names the valid ones."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+            raise click.UsageError(f"no command {args[0]!r}; choose one of: "
+                                   f"{', '.join(self.list_commands(ctx))}", ctx)
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Energy-optimal large-model training: Kareus, baselines, simulator and harness."""
 
@@ -393,8 +404,10 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
 
     def text() -> str:
         what = "solver steps" if kwargs.get("all_iterations") else "frontier points"
-        return render(["iter", "time s", "energy J"],
-                      ([p.get("iteration", 1), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}"]
+        step = "iteration" if optimizer == "perseus" else "steps"
+        return render([step, "time s", "energy J", "replayed time s", "replayed energy J"],
+                      ([p.get(step, ""), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}",
+                        f"{p['replayed_time_s']:.4f}", f"{p['replayed_energy_j']:.2f}"]
                        for p in points),
                       title=f"{optimizer} on {profile_path}: {len(points)} "
                             f"{what if optimizer == 'perseus' else 'point'}")

@@ -386,10 +386,16 @@ def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Op
     """Instantiate a registered optimizer, with its typed settings built from ``options`` when it
     declares ``Settings`` (see the module docstring); unknown names raise :class:`InputError`
     listing the registered ones, a bad setting :class:`InputError` naming it; a plugin that is
-    not an optimizer, or whose ``Settings`` cannot be built, :class:`PluginError`."""
+    not an optimizer, whose ``Settings`` cannot be built or whose constructor raises,
+    :class:`PluginError`."""
     cls = _optimizer_class(name)
     declared = settings_class(cls)
-    opt = cls() if declared is None else cls(make_settings(declared, options or {}, name))
+    settings = None if declared is None else make_settings(declared, options or {}, name)
+    try:
+        opt = cls() if settings is None else cls(settings)
+    except (Exception, SystemExit) as e:  # the plugin's own constructor
+        raise PluginError(f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) cannot be "
+                          f"constructed: {type(e).__name__}: {e}".splitlines()[0]) from e
     if not isinstance(opt, Optimizer):
         raise PluginError(f"plugin {name!r} ({cls!r}) has no `name` and `optimize(problem)`")
     return opt

@@ -158,7 +158,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                              "parallelism overrides")
         for cfg in get_suite(suite):
             preset = get_preset(cfg.gpu or gpu)
-            _check_memory(make_workload(cfg.workload, **cfg.overrides),
+            _check_job(make_workload(cfg.workload, **cfg.overrides),
                           preset.with_overrides(**cfg.gpu_overrides)
                           if cfg.gpu_overrides else preset, strict)
         default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
@@ -175,7 +175,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     clean = {k: v for k, v in overrides.items() if v is not None}
     w = make_workload(ref, **clean)  # validate before any work
     _refuse_if_none_can_plan(w, names)
-    _check_memory(w, get_preset(gpu), strict)
+    _check_job(w, get_preset(gpu), strict)
     out_dir = (check_writable_dir(out, "--out") if out is not None
                else default_results_root() / w.name)
     t0 = time.perf_counter()
@@ -204,7 +204,9 @@ def _fail_if_all_failed(summaries: dict[str, dict], where: Path) -> None:
     """Raise :class:`AllOptimizersFailed` (exit status 1) when no optimizer of any
     configuration finished: a run that produced nothing must not exit 0; :class:`JobRefused`
     (exit status 2) when each of them refused its job (the input's fault)."""
-    statuses = [(label, name, obj.get("status"), obj.get("error"))
+    # a suite's configurations by their labels; one workload's run by the workload, not its folder
+    statuses = [(label if len(summaries) > 1 else s.get("workload", label), name,
+                 obj.get("status"), obj.get("error"))
                 for label, s in summaries.items() for name, obj in s["optimizers"].items()]
     if statuses and all(status != "ok" for _, _, status, _ in statuses):
         label, name, _, error = statuses[0]
@@ -226,8 +228,12 @@ def _refuse_if_none_can_plan(w: "Workload", names: list[str]) -> None:
         raise JobRefused(f"{', '.join(names)} plan only nanobatched execution: {refusal}")
 
 
-def _check_memory(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:
-    """Warn on stderr when ``w`` does not fit ``gpu``'s memory; refuse it with ``strict``."""
+def _check_job(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:
+    """Before any work: refuse a precision ``gpu`` cannot run (one line, exit 2); warn on stderr
+    when ``w`` does not fit ``gpu``'s memory, and refuse it with ``strict``."""
+    from kareus.suite.problem import check_precision
+
+    check_precision(w, gpu)
     for message in w.memory_warnings(gpu.memory_bytes, strict):
         click.echo(f"warning: {w.name}: {message}", err=True)
 

@@ -215,3 +215,97 @@ def test_a_shared_dir_that_is_not_a_folder_is_refused(tmp_path, monkeypatch):
         vtrain_runs("single_node.csv")
     monkeypatch.setenv("KAREUS_SHARED_DIR", str(tmp_path))
     assert shared_dir() == tmp_path and vtrain_runs("single_node.csv") is None
+
+
+def test_a_partition_sweep_too_small_for_the_law_or_its_hold_out_is_refused(capsys, tmp_path):
+    from kareus.suite.datasets import kareus_artifact
+
+    spec = str(kareus_artifact("attention_partition/spec.json"))
+    sweep = kareus_artifact("attention_partition/default_clock.csv")
+    if not sweep.is_file():
+        pytest.skip("shared Kareus artifact not available")
+    rows = pd.read_csv(sweep)
+    seq, win = rows[rows.overlap_start < 0], rows[(rows.overlap_start == 0)
+                                                  & (rows.overlap_end == 6)]
+    out = tmp_path / "cal.json"
+    for name, part, fragment in (("few", pd.concat([seq.head(2), win.head(1)]), "needs at least"),
+                                 ("overlapped_only", win.head(3), "needs at least"),
+                                 ("one_window", pd.concat([seq, win]), "in each half")):
+        path = tmp_path / f"{name}.csv"
+        part.to_csv(path, index=False)
+        code, _, err = run(capsys, "calibrate", "--gpu", "a100-sxm4-40gb", "--spec", spec,
+                           "--partition-sweep", str(path), "--out", str(out))
+        one_line_2(code, err, fragment)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda d: d.update(fit=[1]), "fit is a list"),
+    (lambda d: d.update(fit="abc"), "fit is a str"),
+    (lambda d: d.update(law={}), "names no parameter"),
+    (lambda d: d.update(law={"sms": 100}), "'sms' is not a parameter"),
+    (lambda d: d.update(law={"tuned_pipelining": True}), "tuned_pipelining = True"),
+    (lambda d: d.update(law={"tuned_link_fraction": 1.5}), "tuned_link_fraction = 1.5"),
+    (lambda d: d.update(law={"comm_launch_s": -1e-6}), "comm_launch_s = -1e-06"),
+    (lambda d: d.update(clock_mhz="fast"), "clock_mhz 'fast'"),
+])
+def test_a_malformed_partition_calibration_file_is_refused(capsys, tmp_path, edit, fragment):
+    from kareus.backends.partition_calibration import PartitionCalibration
+    from kareus.suite.datasets import kareus_artifact
+    from workloads.partition_spec import PartitionSpec
+
+    spec_path = kareus_artifact("attention_partition/spec.json")
+    if not spec_path.is_file():
+        pytest.skip("shared Kareus artifact not available")
+    spec = PartitionSpec.load(spec_path)
+    n = len(spec.partition().compute)
+    record = PartitionCalibration(gpu="a100-sxm4-40gb", spec_sha256=spec.sha256, clock_mhz=None,
+                                  law={"comm_launch_s": 5e-6}, op_work=(1.0,) * n,
+                                  op_host=(1.0,) * n).to_dict()
+    edit(record)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(record))
+    configs = tmp_path / "configs.csv"
+    configs.write_text("overlap_start,overlap_end,comm_sm_number,comm_block_size\n0,2,8,1024\n")
+    code, out, err = run(capsys, "partition", "--gpu", "a100-sxm4-40gb", "--spec", str(spec_path),
+                         "--configs", str(configs), "--calibration", str(cal))
+    assert out == ""
+    one_line_2(code, err, fragment)
+
+
+def test_a_profile_whose_power_no_gpu_draws_is_refused(capsys, tmp_path):
+    prof = pd.read_csv(profile_or_skip("bloom+a100_sxm_bf16.csv"))
+    for name, scale, fragment in (("kj", 1000.0, "291,014.0 W"), ("mj", 1e-3, "0.3 W")):
+        path = tmp_path / f"{name}.csv"
+        prof.assign(energy=prof.energy * scale).to_csv(path, index=False)
+        code, _, err = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a100-sxm4-40gb",
+                           "--write-preset")
+        one_line_2(code, err, fragment)
+        assert "joules per instruction of one GPU" in err
+
+
+def test_a_profile_time_past_an_hour_is_a_unit_mistake(capsys, tmp_path):
+    path = tmp_path / "huge.csv"
+    path.write_text("stage,instruction,frequency,time,energy\n0,forward,1410,1e308,24\n"
+                    "0,backward,1410,0.1,24\n0,forward,1200,0.2,20\n0,backward,1200,0.2,20\n")
+    code, _, err = run(capsys, "perseus", "--profile", str(path), "--stages", "1",
+                       "--microbatches", "2", "--p-static", "60")
+    one_line_2(code, err, "over 3600 s; time must be seconds")
+
+
+def test_a_precision_the_gpu_lacks_is_refused_before_any_cell(capsys, tmp_path, monkeypatch):
+    from kareus.hardware.presets import BUILTIN_DIR
+
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    preset = json.loads((BUILTIN_DIR / "a100-sxm4-40gb.json").read_text())
+    preset["name"] = "fp16-only"
+    preset["compute"]["precisions"]["value"] = ["fp16", "fp32"]
+    (gpus / "fp16-only.json").write_text(json.dumps(preset))
+    monkeypatch.setenv("KAREUS_GPU_DIR", str(gpus))
+    for args in (["-w", "gpt3-xl"], ["--suite", "smoke"]):
+        assert reproduction.main([*args, "--gpu", "fp16-only", "--optimizers", "megatron",
+                                  "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == "error: fp16-only cannot run bf16; choose --precision from fp16, fp32"
+    assert not (tmp_path / "out").exists()

@@ -51,7 +51,7 @@ def test_simulate_overrides(capsys):
     (["simulate", "-w", "gpt3-xl", "--gpu", "v100"], "choose one of"),
     (["calibrate", "--profile", "/no/such.csv", "--gpu", "a40"], "does not exist"),
     (["simulate"], "Missing option"),
-    (["frobnicate"], "No such command"),
+    (["frobnicate"], "no command 'frobnicate'; choose one of: calibrate, envpipe"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, args, fragment):
     code, out, err = run(capsys, *args)

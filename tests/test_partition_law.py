@@ -429,7 +429,8 @@ def test_one_block_size_keeps_the_presets_thread_exponent(tmp_path, spec, a100_4
     law, and said so) and fits the throughput under it, so presets with exponents 0.6 and 1.5
     come out with throughputs 2 ** 0.9 apart. Two block sizes free the exponent."""
     from kareus.backends.partition_calibration import held_by_sweep
-    rows = sorted({(s, e, k, 512) for s, e, k, _ in ROWS})
+    # two more sequential rows: at least as many rows as the law has free parameters (18)
+    rows = sorted({(s, e, k, 512) for s, e, k, _ in ROWS} | {(-1, -1, 3, 512), (-1, -1, 6, 512)})
     path = tmp_path / "sweep.csv"
     _sweep_csv(path, spec, a100_40, rows, scale=1.08)
     one = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)

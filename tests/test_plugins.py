@@ -123,8 +123,16 @@ class _OffGrid:
         return [IterationPlan.uniform(problem.graph, 5000.0)]
 
 
+class _Exits:
+    name = "exits"
+
+    def optimize(self, problem):
+        sys.exit(7)
+
+
 @pytest.mark.parametrize("plugin,fragment", [
-    (_Raises(), "boom"), (_Nothing(), "nothing"), (_Empty(), "no plans"),
+    (_Raises(), "boom"), (_Exits(), "SystemExit: 7"), (_Nothing(), "nothing"),
+    (_Empty(), "no plans"),
     (_NaN(), "invalid clock"), (_Negative(), "invalid clock"), (_Partial(), "no entry"),
     (_OffGrid(), "outside"),
 ])
@@ -340,6 +348,16 @@ class _Raises:  # a plain ValueError of its own, not a user's value
         raise ValueError("the plugin's own bug")
 
 
+class _ConstructorRaises:
+    name = "constructor-raises"
+
+    def __init__(self):
+        raise RuntimeError("boom in the constructor")
+
+    def optimize(self, problem):  # pragma: no cover - never constructed
+        return []
+
+
 def _declaring(settings_cls, name):
     return type(name.title(), (_Declares,), {"name": name, "Settings": settings_cls})
 
@@ -354,7 +372,7 @@ def broken_plugins(fake_plugins, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     eps = {"broken": EntryPoint("broken", "broken_plugin:Broken", plugins.ENTRY_POINT_GROUP),
            **{c.name: _EntryPoint(c) for c in (_declaring(_Unresolvable, "unresolvable"),
-                                              _declaring(_Raises, "raises"))}}
+                                              _declaring(_Raises, "raises"), _ConstructorRaises)}}
     real = plugins.registered_optimizers()
     monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
     yield
@@ -376,11 +394,12 @@ def test_a_plugin_s_own_fault_is_a_plugin_error_not_the_user_s(broken_plugins):
 
 
 def test_frontier_with_a_broken_plugin_is_one_line_exit_1(broken_plugins, capsys):
-    for name in ("malformed", "unresolvable", "broken"):
+    for name in ("malformed", "unresolvable", "broken", "constructor-raises"):
         assert main(["frontier", *XL, "-o", name]) == 1
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert "internal error" not in err  # the plugin's fault, not the suite's
+        assert err.startswith("plugin error: "), err
 
 
 def test_settings_skip_a_plugin_that_cannot_be_loaded(broken_plugins):
@@ -400,14 +419,16 @@ def test_reproduce_with_a_broken_plugin_runs_the_others(broken_plugins, tmp_path
     out = tmp_path / "res"
     code = reproduce.main(["--workload", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
                            "--microbatches", "4", "--optimizers",
-                           "megatron,broken,malformed,raises", "--set", "clock_mhz=1200",
+                           "megatron,broken,malformed,raises,constructor-raises", "--set",
+                           "clock_mhz=1200",
                            "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err
     runs = json.loads((out / "summary.json").read_text())["optimizers"]
     assert runs["megatron"]["status"] == "ok"
     for name, fragment in (("broken", "ImportError"), ("malformed", "Settings must be a dataclass"),
-                           ("raises", "PluginError")):
+                           ("raises", "PluginError"),
+                           ("constructor-raises", "cannot be constructed: RuntimeError: boom")):
         assert runs[name]["status"] == "failed" and fragment in runs[name]["error"], name
 
 
@@ -475,3 +496,12 @@ def test_one_name_registered_for_two_classes_is_refused(monkeypatch):
         plugins.registered_optimizers()
     monkeypatch.setattr(plugins, "entry_points", lambda group: twice[2:])
     assert list(plugins.registered_optimizers()) == ["megatron"]
+
+
+def test_when_every_optimizer_fails_the_message_names_the_workload(broken_plugins, tmp_path,
+                                                                   capsys):
+    out = tmp_path / "some_folder"
+    code = reproduce.main([*XL, "--optimizers", "constructor-raises", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "first: constructor-raises on gpt3-xl: " in err and "on some_folder" not in err

@@ -74,6 +74,37 @@ def test_sigterm_halfway_then_resume(tmp_path, reference):
 
 
 @pytest.mark.slow
+def test_ctrl_c_on_a_process_pool_keeps_its_cells_and_stops_its_workers(tmp_path, reference):
+    """Ctrl-C reaches the whole process group: the parent keeps what finished, writes the
+    summaries, stops the pool's workers and exits 130; a rerun completes the sweep."""
+    out = tmp_path / "pool"
+    proc = subprocess.Popen(_cmd(out, "--jobs", "2"), env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while len(_cells(out)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "internal error" not in err and "Traceback" not in err
+    assert all((out / c / "summary.json").is_file() for c in CONFIGS)
+    deadline = time.time() + 30  # the workers (and the pool's resource tracker) are gone
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("processes of the interrupted run's group are still alive")
+    rerun = subprocess.run(_cmd(out, "--jobs", "2"), env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert _summaries(out) == _summaries(reference)
+
+
+@pytest.mark.slow
 def test_parallel_jobs_give_the_serial_summaries(tmp_path, reference):
     out = tmp_path / "jobs2"
     proc = subprocess.run(_cmd(out, "--jobs", "2"), env=_env(), capture_output=True, text=True,
@@ -129,3 +160,34 @@ def test_a_recalibrated_preset_invalidates_finished_cells(monkeypatch):
     assert after["preset"] != before["preset"]
     assert {k: v for k, v in after.items() if k != "preset"} == \
         {k: v for k, v in before.items() if k != "preset"}
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update(points="abc"),
+    lambda d: d.update(points=[]),
+    lambda d: d["points"][0].update(time_s=-1),
+    lambda d: d["points"][0].update(energy_j="x"),
+    lambda d: d.update(frontier=None),
+    lambda d: d.update(choice=[1]),
+    lambda d: d.update(key=3),
+    lambda d: d.pop("spread"),
+])
+def test_a_cell_that_is_json_but_not_a_run_is_recomputed(tmp_path, capsys, edit):
+    """A hand-edited cell is unreadable, like one that is not JSON: computed again when asked
+    for, left out of the summary when only shown beside the others; never a crash."""
+    from kareus import reproduction
+
+    out = tmp_path / "run"
+    args = ["-w", "gpt3-xl", "--microbatches", "4", "--out", str(out)]
+    assert reproduction.main([*args, "--optimizers", "megatron,zeus-power-limit"]) == 0
+    cell = out / "cells" / "zeus-power-limit.json"
+    record = json.loads(cell.read_text())
+    edit(record)
+    cell.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert reproduction.main([*args, "--optimizers", "megatron", "--force"]) == 0
+    assert "unreadable cell" in capsys.readouterr().err  # left out of the summary, and why
+    assert json.loads(cell.read_text()) == record  # its file stays
+    assert reproduction.main([*args, "--optimizers", "megatron,zeus-power-limit"]) == 0
+    assert "computing 1 cell(s): unreadable cell (zeus-power-limit)" in capsys.readouterr().err
+    assert json.loads(cell.read_text())["status"] == "ok"

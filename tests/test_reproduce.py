@@ -96,7 +96,7 @@ def test_every_optimizer_failing_exits_1_and_keeps_the_record(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert code == 1
     assert err.strip().splitlines()[-1].startswith("error: every optimizer failed (1 runs; "
-                                                   "first: always-fails on res: RuntimeError: boom")
+                                                   "first: always-fails on gpt3-xl: RuntimeError: boom")
     s = json.loads((out / "summary.json").read_text())
     assert s["optimizers"]["always-fails"]["status"] != "ok"
 

@@ -252,11 +252,42 @@ class PartitionCalibration:
 
         if not isinstance(law, dict) or not factors(work) or not factors(host):
             raise InputError(f"{p}: malformed calibration (law, op_work or op_host)")
-        return PartitionCalibration(gpu=gpu, spec_sha256=spec_sha256,
-                                    clock_mhz=raw.get("clock_mhz"), law=dict(law),
+        bad = _law_problem(law)
+        if bad:
+            raise InputError(f"{p}: malformed calibration law: {bad}")
+        clock, fit = raw.get("clock_mhz"), raw.get("fit", {})
+        if clock is not None and not (_is_number(clock) and clock > 0):
+            raise InputError(f"{p}: malformed calibration: clock_mhz {clock!r} is neither null "
+                             "nor a positive number (MHz)")
+        if not isinstance(fit, dict):
+            raise InputError(f"{p}: malformed calibration: fit is a {type(fit).__name__}, not "
+                             "an object")
+        return PartitionCalibration(gpu=gpu, spec_sha256=spec_sha256, clock_mhz=clock,
+                                    law={k: float(v) for k, v in law.items()},
                                     op_work=tuple(float(v) for v in work),
-                                    op_host=tuple(float(v) for v in host),
-                                    fit=dict(raw.get("fit") or {}))
+                                    op_host=tuple(float(v) for v in host), fit=dict(fit))
+
+
+def _is_number(v: object) -> bool:
+    """A finite int or float (``bool`` is not a number here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
+def _law_problem(law: dict[object, object]) -> str:
+    """Why ``law`` is not a fitted partition law ("" when it is): every key one of the fit's
+    parameters (:data:`_TIME_PARAMS`, :data:`_ENERGY_PARAMS`), every value a finite number in
+    that parameter's range; at least one."""
+    if not law:
+        return "it names no parameter"
+    kinds = {name: kind for name, kind, _ in _TIME_PARAMS + _ENERGY_PARAMS}
+    for name, value in law.items():
+        if name not in kinds:
+            return f"{name!r} is not a parameter the partition fit chooses"
+        kind = kinds[str(name)]
+        lo, hi = (0.0, np.inf) if kind == "log" else _bounds(kind) or (0.0, 1.0)
+        if not _is_number(value) or not lo <= float(value) <= hi:  # type: ignore[arg-type]
+            return f"{name} = {value!r} is not a number in [{lo:g}, {hi:g}]"
+    return ""
 
 
 def _mape(pred: NDArray, meas: NDArray) -> float:
@@ -298,7 +329,8 @@ def _fit_collective_alone(partition: Partition, sweep: PartitionSweep, gpu: GPUP
         return t / sweep.time_s - 1
 
     y0 = np.array([_encode(kind, v) for _, kind, v in free] + [0.0])
-    return unpack(least_squares(resid, y0).x)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # rejected trial steps
+        return unpack(least_squares(resid, y0).x)
 
 
 def collective_alone_holdout(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
@@ -455,12 +487,34 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
     if not overlapped.any():
         raise SweepError("the sweep has no row with the collective beside compute (every window "
                          "is (-1, -1)); the partition law is fitted on overlapped windows")
+    _check_enough_rows(partition, sweep, holdout)
     task = progress.start("partition law: fits", total=3 if holdout else 1)
     try:
-        return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task,
-                              max_nfev_per_param)
+        # the solver's trial steps may reach a rate of zero (an infinite time): a step it rejects,
+        # not a warning for the user
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task,
+                                  max_nfev_per_param)
     finally:
         task.done()
+
+
+def _check_enough_rows(partition: Partition, sweep: PartitionSweep, holdout: bool) -> None:
+    """Refuse a sweep too small for the law (:class:`SweepError`): the fit needs at least as many
+    rows as the law has free parameters (those :func:`held_by_sweep` leaves out do not count),
+    and the hold-out needs two overlapped windows, one in each half it fits on."""
+    need = len(_TIME_PARAMS) + len(_ENERGY_PARAMS) - len(held_by_sweep(partition, sweep))
+    if len(sweep.configs) < need:
+        raise SweepError(f"the sweep has {len(sweep.configs)} rows; the partition law has {need} "
+                         "free parameters, so it needs at least that many rows")
+    if not holdout:
+        return
+    wins = sweep.configs.windows()
+    for half in (wins[0::2], wins[1::2]):
+        if not (half[:, 0] >= 0).any():
+            raise SweepError("the hold-out fits on every other window of the sweep and predicts "
+                             "the rest: it needs an overlapped window in each half, and this "
+                             f"sweep has {int((wins[:, 0] >= 0).sum())} overlapped window(s)")
 
 
 def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,

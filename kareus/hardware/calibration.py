@@ -156,6 +156,26 @@ class _Model:
         return t, self.power(fe, alpha) * t
 
 
+#: A profile whose median row draws more than this many times the power limit, or less than this
+#: share of the static power, is not one GPU's joules per instruction (:func:`calibrate`).
+_MAX_POWER_OVER_LIMIT = 2.0
+_MIN_POWER_OVER_STATIC = 0.25
+
+
+def _check_power_plausible(profile: pd.DataFrame, preset: GPUPreset, static_w: float,
+                           cap_w: float) -> None:
+    """Refuse a profile whose rows' average power (energy / time, W) cannot be one GPU's: the
+    median above :data:`_MAX_POWER_OVER_LIMIT` times the power limit or below
+    :data:`_MIN_POWER_OVER_STATIC` of the static power (energies in the wrong unit, or summed
+    over GPUs). Its fit would carry that power into the preset."""
+    watts = float(np.median(profile.energy.to_numpy(float) / profile.time.to_numpy(float)))
+    if watts > _MAX_POWER_OVER_LIMIT * cap_w or watts < _MIN_POWER_OVER_STATIC * static_w:
+        raise ProfileError(
+            f"the profile's rows draw {watts:,.1f} W (median energy / time), not what one "
+            f"{preset.name} can ({static_w:.0f} W static, {cap_w:.0f} W limit): energy must be "
+            "joules per instruction of one GPU and time seconds")
+
+
 def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float | None = None,
               power_limit_w: float | None = None, clock_limits: bool = True,
               max_nfev: int = 4000,
@@ -185,6 +205,7 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
         )
     if profile.frequency.nunique() < 4:
         raise ProfileError("profile needs at least 4 distinct clocks to fit a clock law")
+    _check_power_plausible(profile, preset, static_w, cap_w)
     keys = list(profile.groupby(["stage", "instruction"]).groups)
     gidx = profile.set_index(["stage", "instruction"]).index.map({k: i for i, k in enumerate(keys)})
     gidx = np.asarray(gidx, dtype=int)

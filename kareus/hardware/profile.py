@@ -10,12 +10,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kareus.errors import ProfileError
 
 COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 INSTRUCTIONS = ("forward", "backward")
+#: The longest time one instruction (a micro-batch's forward or backward on one stage) may take in
+#: a profile (s): anything longer is a unit mistake (ms or µs given as s).
+MAX_INSTRUCTION_S = 3600.0
 
 
 def load_profile(path: str | Path) -> pd.DataFrame:
@@ -85,6 +89,12 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
             raise ProfileError(
                 f"{source}: data row {bad_rows[0] + 1}, column {col!r}: {v:g} {what}"
             )
+    long_rows = np.flatnonzero(df["time"].to_numpy(dtype=float) > MAX_INSTRUCTION_S)
+    if long_rows.size:
+        row = int(long_rows[0])
+        raise ProfileError(
+            f"{source}: data row {row + 1}, column 'time': {df['time'].iloc[row]:g} s for one "
+            f"instruction is over {MAX_INSTRUCTION_S:g} s; time must be seconds per instruction")
     stages = df["stage"].to_numpy(dtype=float)
     if any(not math.isfinite(s) or s < 0 or s != int(s) for s in stages):
         raise ProfileError(f"{source}: column 'stage' must hold non-negative integers")

@@ -448,16 +448,24 @@ def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
 def evaluate_on_options(step: SolverStep, options: Mapping[tuple[int, Direction], Sequence[Option]],
                         stages: int, microbatches: int, static_power_w: float
                         ) -> tuple[float, float]:
-    """(time s, energy J) of a solver step replayed on measured options (a profile): instruction
-    times from the chosen options on the 1F1B DAG, energy = their dynamic energies plus every
-    GPU's static power for the whole iteration (one GPU per stage, as a profile describes)."""
+    """(time s, energy J) of a solver step replayed on measured options (:func:`replay_knobs`)."""
+    return replay_knobs(step.knobs, options, stages, microbatches, static_power_w)
+
+
+def replay_knobs(knobs: Mapping[Instruction, Hashable],
+                 options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                 microbatches: int, static_power_w: float) -> tuple[float, float]:
+    """(time s, energy J) of a knob per instruction replayed on measured options (a profile):
+    instruction times from the chosen options on the 1F1B DAG, energy = their dynamic energies
+    plus every GPU's static power for the whole iteration (one GPU per stage, as a profile
+    describes). The one footing on which plans of different methods compare."""
     from kareus.energy import iteration_energy
     from kareus.graph import schedule_times
 
     by_knob = {key: {o.knob: o for o in opts} for key, opts in options.items()}
     durations: dict[Instruction, float] = {}
     dynamic = 0.0
-    for ins, knob in step.knobs.items():
+    for ins, knob in knobs.items():
         opt = by_knob[(ins.stage, ins.direction)][knob]
         durations[ins] = opt.time_s
         dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)

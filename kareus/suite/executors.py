@@ -86,7 +86,8 @@ def _execute_pool(tasks: Sequence[CellTask], jobs: int,
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                               initializer=_leave_sigint_to_the_parent)
     futures = {pool.submit(run_task, t): t for t in tasks}
     try:
         pending = set(futures)
@@ -97,11 +98,23 @@ def _execute_pool(tasks: Sequence[CellTask], jobs: int,
                 if on_done is not None:
                     on_done(futures[fut], record)
     except BaseException:
+        # the workers, taken before shutdown forgets them (it sets the private map to None)
+        workers = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list(getattr(pool, "_processes", {}).values()):
+        for proc in workers:
             proc.terminate()
+        for proc in workers:
+            proc.join(timeout=10)
         raise
     pool.shutdown(wait=True)
+
+
+def _leave_sigint_to_the_parent() -> None:
+    """A pool worker ignores SIGINT: Ctrl-C reaches the whole process group, and the parent,
+    which keeps the finished cells and writes the summaries, stops the workers itself."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _execute_ray(tasks: Sequence[CellTask], jobs: int,

@@ -110,7 +110,7 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
         finally:
             task.done()
         run.plans = plans
-    except Exception as e:  # a plugin may fail in any way; the sweep goes on
+    except (Exception, SystemExit) as e:  # a plugin may fail in any way; the sweep goes on
         run.status = "failed"
         run.refused = isinstance(e, JobRefused)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -199,7 +199,7 @@ def load_and_run(name: str, problem: Problem,
         opt = load_optimizer(name, problem.options)
     except InputError:
         raise
-    except Exception as e:  # broken plugin import: it fails alone
+    except (Exception, SystemExit) as e:  # broken plugin import or constructor: it fails alone
         return OptimizerRun(name=name, status="failed",
                             error=f"{type(e).__name__}: {e}".splitlines()[0])
     return run_optimizer(name, opt, problem, on_plan)

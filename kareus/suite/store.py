@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,17 +36,62 @@ def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> 
     }
 
 
+class MalformedCell(ValueError):
+    """A cell file that parses as JSON but does not hold a run (:func:`record_to_run`)."""
+
+
+def _number(v: object, what: str, *, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or (positive and v <= 0):
+        raise MalformedCell(f"{what} is {v!r}, not a finite{' positive' if positive else ''} "
+                            "number")
+    return float(v)
+
+
+def _point(p: object) -> Point:
+    if not isinstance(p, dict):
+        raise MalformedCell(f"a point is a {type(p).__name__}, not an object")
+    plan_id = p.get("plan_id")
+    if isinstance(plan_id, bool) or not isinstance(plan_id, int):
+        raise MalformedCell(f"plan_id {plan_id!r} is not an integer")
+    return Point(_number(p.get("time_s"), "time_s", positive=True),
+                 _number(p.get("energy_j"), "energy_j"),
+                 _number(p.get("dynamic_energy_j"), "dynamic_energy_j"),
+                 _number(p.get("static_energy_j"), "static_energy_j"), plan_id)
+
+
 def record_to_run(record: dict) -> OptimizerRun:
-    """Rebuild an :class:`OptimizerRun` (without plans) from a record."""
-    pts = [Point(p["time_s"], p["energy_j"], p["dynamic_energy_j"], p["static_energy_j"],
-                 p["plan_id"]) for p in record["points"]]
-    by_id = {p.plan_id: p for p in pts}
-    run = OptimizerRun(name=record["name"], status=record["status"], error=record["error"],
-                       wall_s=record.get("wall_s", 0.0), optimize_s=record.get("optimize_s", 0.0),
-                       points=pts, frontier=[by_id[i] for i in record["frontier"]],
-                       spread=list(record["spread"]), choice=record.get("choice"),
-                       refused=bool(record.get("refused", False)))
-    return run
+    """Rebuild an :class:`OptimizerRun` (without plans) from a record; :class:`MalformedCell`
+    when it does not hold one (a hand-edited or foreign file)."""
+    try:
+        points, frontier = record["points"], record["frontier"]
+        if not isinstance(points, list) or not isinstance(frontier, list):
+            raise MalformedCell("points and frontier must be lists")
+        pts = [_point(p) for p in points]
+        by_id = {p.plan_id: p for p in pts}
+        missing = [i for i in frontier if not isinstance(i, int) or i not in by_id]
+        if missing:
+            raise MalformedCell(f"frontier names plan(s) {missing[:3]} that no point has")
+        choice = record.get("choice")
+        if choice is not None and not isinstance(choice, dict):
+            raise MalformedCell(f"choice is a {type(choice).__name__}, not an object")
+        spread = record["spread"]
+        if not isinstance(spread, list) or any(i not in by_id for i in spread):
+            raise MalformedCell("spread must list plan ids of the points")
+        if not isinstance(record["key"], dict) \
+                or not isinstance(record.get("made_by"), (dict, type(None))):
+            raise MalformedCell("key or made_by is not an object")
+        if not isinstance(record["name"], str) or not isinstance(record["status"], str) \
+                or not isinstance(record["error"], (str, type(None))):
+            raise MalformedCell("name, status or error has the wrong type")
+        return OptimizerRun(name=record["name"], status=record["status"], error=record["error"],
+                            wall_s=_number(record.get("wall_s", 0.0), "wall_s"),
+                            optimize_s=_number(record.get("optimize_s", 0.0), "optimize_s"),
+                            points=pts, frontier=[by_id[i] for i in frontier],
+                            spread=list(spread), choice=choice,
+                            refused=bool(record.get("refused", False)))
+    except KeyError as e:
+        raise MalformedCell(f"no {e.args[0]!r} field") from None
 
 
 class ResultsStore:
@@ -63,12 +109,15 @@ class ResultsStore:
 
     def read(self, config: str, optimizer: str) -> dict | None:
         """The cell's stored record, whatever its key and status; ``None`` when missing or
-        unreadable."""
+        unreadable (not JSON, or not a run: :class:`MalformedCell`), so that it is recomputed."""
         try:
             record = json.loads(self.cell_path(config, optimizer).read_text())
-        except (OSError, json.JSONDecodeError):
+            if not isinstance(record, dict):
+                return None
+            record_to_run(record)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, MalformedCell):
             return None
-        return record if isinstance(record, dict) else None
+        return record
 
     def load(self, config: str, optimizer: str, key: dict) -> dict | None:
         """The cell's record if it finished successfully under the same key, else ``None``."""
