@@ -32,7 +32,7 @@ def main(workload: str, gpu: str) -> None:
     fmax = preset.clock_max_mhz
     plan_at_max = IterationPlan.uniform(g, fmax)
     res = sim.evaluate_plan(g, plan_at_max)
-    d = iteration_details(res, preset)
+    d = iteration_details(res, preset, w.parallel.precision)
     e = res.energy
     p = w.parallel
 

@@ -222,7 +222,7 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
     sim = SimulatorBackend(preset)
     result = sim.evaluate_plan(graph, IterationPlan.uniform(graph, preset.clock_max_mhz,
                                                             label="megatron"))
-    details = iteration_details(result, preset)
+    details = iteration_details(result, preset, w.parallel.precision)
     obj = frontier_object(
         workload=w.name, optimizer="megatron", backend=sim.name, gpu=preset.name,
         num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,

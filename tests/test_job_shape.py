@@ -24,7 +24,9 @@ def _time(w, gpu="a100-sxm4-80gb", **plan):
 
 
 def test_precision_sets_math_rate_and_bytes():
-    bf16 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2)).energy.time_s
+    # the same (unfused) attention on both sides: flash attention needs 16-bit tensors
+    bf16 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2,
+                               attention="unfused")).energy.time_s
     tf32 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2,
                                precision="tf32")).energy.time_s
     fp32 = _time(make_workload("gpt3-xl", tp=1, pp=1, mbs=4, microbatches=2,
@@ -42,9 +44,13 @@ def test_recompute_modes_order_the_backward():
     t = {m: _time(make_workload("llama3.2-3b", tp=8, recompute=m)).energy.time_s
          for m in ("none", "selective", "full")}
     assert t["none"] < t["selective"] < t["full"]
-    mem = {m: max(make_workload("llama3.2-3b", recompute=m).memory_estimate_bytes().values())
-           for m in ("none", "selective", "full")}
-    assert mem["full"] < mem["selective"] < mem["none"]
+    def peak(mode: str, attention: str) -> float:
+        w = make_workload("llama3.2-3b", recompute=mode, attention=attention)
+        return max(w.memory_estimate_bytes().values())
+
+    # selective recomputation drops the stored scores, which flash attention never stores
+    assert peak("full", "unfused") < peak("selective", "unfused") < peak("none", "unfused")
+    assert peak("full", "flash") < peak("selective", "flash") == peak("none", "flash")
 
 
 def test_stage_layers_are_the_split():
@@ -434,3 +440,55 @@ def test_cross_entropy_option_reaches_the_job(capsys):
     assert main(["simulate", "-w", "gpt3-xl", "--cross-entropy", "unfused", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parallel"]["cross_entropy"] == "unfused"
     assert main(["simulate", "-w", "gpt3-xl", "--cross-entropy", "nope"]) == 2
+
+
+def test_flash_attention_falls_back_to_unfused_without_16_bit_tensors():
+    """Transformer Engine's flash and fused attention run fp16 / bf16 only; with tf32 or fp32
+    the core attention is the unfused path whatever --attention says, as Megatron-LM runs it."""
+    for precision in ("tf32", "fp32"):
+        asked = make_workload("gpt3-xl", tp=1, pp=1, precision=precision)
+        unfused = make_workload("gpt3-xl", tp=1, pp=1, precision=precision, attention="unfused")
+        assert asked.parallel.core_attention == "unfused"
+        assert _time(asked).energy.time_s == _time(unfused).energy.time_s
+    assert make_workload("gpt3-xl", precision="fp16").parallel.core_attention == "flash"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--attention", "unfused"], "not with --attention unfused"),
+    (["--precision", "fp32"], "not with --precision fp32, whose attention falls back"),
+])
+def test_context_parallelism_needs_the_fused_attention(extra, needle, capsys):
+    status = main(["simulate", "-w", "llama3.2-3b", "--cp", "2", "--tp", "4", *extra])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_flash_attention_stores_no_score_matrix():
+    """Without recomputation the unfused path keeps the 5·a·s²·b score bytes per layer (Korthikanti
+    et al.); flash attention keeps O(s) per head, so its estimate has no s² term."""
+    flash = make_workload("llama3.2-3b", tp=8, recompute="none")
+    unfused = make_workload("llama3.2-3b", tp=8, recompute="none", attention="unfused")
+    m, p = flash.model, flash.parallel
+    tokens = p.mbs * p.seq
+    scores = 5 * m.heads / p.tp * tokens * p.seq * p.element_bytes / 2
+    stored = flash.stage_layers()[0] * min(p.pp, p.microbatches) * scores
+    assert unfused.memory_estimate_bytes()[0] - flash.memory_estimate_bytes()[0] == \
+        pytest.approx(stored, rel=1e-9)
+    # a CP2 x TP4 layout fits a 40 GB card once the scores are not counted (66 GiB before)
+    cp = make_workload("llama3.2-3b", tp=4, cp=2, recompute="none")
+    assert cp.memory_warnings(get_preset("a100-sxm4-40gb").memory_bytes) == []
+
+
+def test_mfu_is_against_the_peak_of_the_job_s_precision(capsys):
+    from kareus.suite.records import iteration_details
+
+    a100 = get_preset("a100-sxm4-40gb")
+    assert a100.peak_flops_in("bf16") == a100.peak_flops == pytest.approx(312e12, rel=0.01)
+    assert a100.peak_flops_in("tf32") == pytest.approx(156e12, rel=0.01)
+    assert a100.peak_flops_in("fp32") == pytest.approx(19.5e12, rel=0.01)
+    w = make_workload("gpt3-xl", precision="tf32")
+    res = _time(w)
+    details = iteration_details(res, a100, "tf32")
+    e = res.energy
+    assert details["mfu"] == pytest.approx(
+        res.model_flops / (e.time_s * res.num_gpus * a100.peak_flops_in("tf32")))

@@ -361,7 +361,7 @@ class _LayerOps:
         self.eb = p.element_bytes
         self.precision = p.precision
         self.recompute = p.recompute
-        self.attention = p.attention
+        self.attention = p.core_attention
         self.eager = p.elementwise == "eager"
         self.s_local = p.seq // p.cp
         self.t = b * self.s_local  # tokens on this GPU

@@ -130,6 +130,13 @@ class ParallelConfig:
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def core_attention(self) -> Attention:
+        """The core attention that runs: :attr:`attention`, but flash attention needs 16-bit
+        tensors; with ``tf32`` or ``fp32`` Transformer Engine falls back to its unfused path
+        (``UnfusedDotProductAttention``: the score matrix in HBM), and so does Megatron-LM."""
+        return self.attention if self.precision in ("bf16", "fp16") else "unfused"
+
+    @property
     def gpus_per_stage(self) -> int:
         """GPUs that run one pipeline stage (TP x CP x DP)."""
         return self.tp * self.cp * self.dp
@@ -248,7 +255,9 @@ class Workload:
             # Korthikanti et al. (2022): a layer stores ~34·s·b·h + 5·a·s²·b bytes at 16 bits
             # without recomputation, the 5·a·s²·b of it the core attention's
             layer_acts = tokens * m.hidden * (10 + 24 / p.tp) * eb / 2
-            attn_acts = 5 * m.heads / p.tp * tokens * (p.seq / p.cp) * eb / 2
+            # flash attention keeps O(s) per head (its output and log-sum-exp), not the scores
+            attn_acts = (5 * m.heads / p.tp * tokens * (p.seq / p.cp) * eb / 2
+                         if p.core_attention == "unfused" else 0.0)
             per_layer = {"full": per_layer_input, "selective": layer_acts,
                          "none": layer_acts + attn_acts}[p.recompute]
             stored = n * per_layer * in_flight
@@ -350,6 +359,12 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
                                  ("recompute mode", p.recompute, RECOMPUTE_MODES)):
         if value not in choices:
             raise WorkloadError(f"unknown {what} {value!r}; choose one of: {', '.join(choices)}")
+    if p.cp > 1 and p.core_attention == "unfused":
+        why = ("--attention unfused" if p.attention == "unfused" else
+               f"--precision {p.precision}, whose attention falls back to the unfused path")
+        raise WorkloadError(
+            f"context parallelism runs inside Transformer Engine's fused attention, not with "
+            f"{why}; use --cp 1, or --attention flash with --precision bf16 or fp16")
     if p.num_gpus > p.gpus_per_node and p.num_gpus % p.gpus_per_node:
         raise WorkloadError(
             f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "

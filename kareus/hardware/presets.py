@@ -211,7 +211,12 @@ class GPUPreset:
     @property
     def peak_flops(self) -> float:
         """Dense bf16 tensor peak at the maximum clock (FLOP/s)."""
-        return self.sms * self.flops_per_clk_per_sm * self.clock_max_mhz * 1e6
+        return self.peak_flops_in("bf16")
+
+    def peak_flops_in(self, precision: str) -> float:
+        """Dense peak of the math in ``precision`` at the maximum clock (FLOP/s): the tensor
+        cores' for bf16, fp16 and tf32, the FP32 units' for fp32."""
+        return self.sms * self.flops_per_clk(precision) * self.clock_max_mhz * 1e6
 
     def flops_per_clk(self, precision: str) -> float:
         """FLOP per SM per clock of math in ``precision`` (raises :class:`PresetError` for a

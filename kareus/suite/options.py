@@ -62,7 +62,8 @@ JOB_SHAPE_OPTIONS = [
     click.option("--overlap-grad-reduce", is_flag=True, callback=_flag_or_none,
                  help="Bucketed DP gradient reduction overlapped with the backward."),
     click.option("--attention", type=click.Choice(["flash", "unfused"]), default=None,
-                 help="Core attention: one flash kernel [flash], or Megatron-LM's unfused path."),
+                 help="Core attention: one flash kernel [flash], or Megatron-LM's unfused path "
+                      "(which tf32 and fp32 always run: flash needs 16-bit tensors)."),
     click.option("--elementwise", type=click.Choice(["fused", "eager"]), default=None,
                  help="Elementwise work: fused kernels [fused, Megatron-LM], or PyTorch eager "
                       "as Hugging Face models write it (Merak)."),

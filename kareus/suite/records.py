@@ -24,13 +24,16 @@ def frontier_object(*, workload: str, optimizer: str, backend: str, gpu: str, nu
     return obj
 
 
-def iteration_details(result: IterationResult, gpu: GPUPreset) -> dict[str, float]:
-    """Derived figures of one iteration: average power per GPU (W), model FLOPs utilisation,
-    static share of energy, and per-stage energy of one GPU (J)."""
+def iteration_details(result: IterationResult, gpu: GPUPreset, precision: str = "bf16"
+                      ) -> dict[str, float]:
+    """Derived figures of one iteration: average power per GPU (W), model FLOPs utilisation
+    (against the GPU's peak in the job's ``precision``, :meth:`GPUPreset.peak_flops_in`), static
+    share of energy, and per-stage energy of one GPU (J)."""
     e = result.energy
+    peak = gpu.peak_flops_in(precision)
     return {
         "avg_power_per_gpu_w": e.total_j / e.time_s / result.num_gpus,
-        "mfu": result.model_flops / (e.time_s * result.num_gpus * gpu.peak_flops),
+        "mfu": result.model_flops / (e.time_s * result.num_gpus * peak),
         "static_share": e.static_j / e.total_j,
         "per_gpu_energy_j": {str(s): v for s, v in result.per_gpu_energy_j.items()},
     }
