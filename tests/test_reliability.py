@@ -171,6 +171,7 @@ def test_a_recalibrated_preset_invalidates_finished_cells(monkeypatch):
     lambda d: d.update(choice=[1]),
     lambda d: d.update(key=3),
     lambda d: d.pop("spread"),
+    lambda d: d.update(spread=[[0]]),
 ])
 def test_a_cell_that_is_json_but_not_a_run_is_recomputed(tmp_path, capsys, edit):
     """A hand-edited cell is unreadable, like one that is not JSON: computed again when asked

@@ -284,7 +284,11 @@ def _law_problem(law: dict[object, object]) -> str:
         if name not in kinds:
             return f"{name!r} is not a parameter the partition fit chooses"
         kind = kinds[str(name)]
-        lo, hi = (0.0, np.inf) if kind == "log" else _bounds(kind) or (0.0, 1.0)
+        if kind == "log":
+            if not _is_number(value) or not float(value) > 0:  # type: ignore[arg-type]
+                return f"{name} = {value!r} is not a positive number"
+            continue
+        lo, hi = _bounds(kind) or (0.0, 1.0)
         if not _is_number(value) or not lo <= float(value) <= hi:  # type: ignore[arg-type]
             return f"{name} = {value!r} is not a number in [{lo:g}, {hi:g}]"
     return ""

@@ -76,7 +76,8 @@ def record_to_run(record: dict) -> OptimizerRun:
         if choice is not None and not isinstance(choice, dict):
             raise MalformedCell(f"choice is a {type(choice).__name__}, not an object")
         spread = record["spread"]
-        if not isinstance(spread, list) or any(i not in by_id for i in spread):
+        if not isinstance(spread, list) or not all(isinstance(i, int) and i in by_id
+                                                   for i in spread):
             raise MalformedCell("spread must list plan ids of the points")
         if not isinstance(record["key"], dict) \
                 or not isinstance(record.get("made_by"), (dict, type(None))):
