@@ -95,7 +95,8 @@ class _Commands(click.Group):
 
     def resolve_command(self, ctx: click.Context, args: list[str]
                         ) -> tuple[str | None, click.Command | None, list[str]]:
-        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+        if args and not args[0].startswith("-") and not ctx.resilient_parsing \
+                and self.get_command(ctx, args[0]) is None:
             raise click.UsageError(f"no command {args[0]!r}; choose one of: "
                                    f"{', '.join(self.list_commands(ctx))}", ctx)
         return super().resolve_command(ctx, args)
@@ -711,8 +712,9 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
             f"(mean of {f['repeats']} repeats); written to {out_path}",
             f"  fit: time MAPE {f['time_mape_pct']:.2f} % (max {f['time_max_ape_pct']:.2f} %), "
             f"energy MAPE {f['energy_mape_pct']:.2f} %",
-            f"  hold-out ({h['method']}): time MAPE {h['time_mape_pct']:.2f} %, energy MAPE "
-            f"{h['energy_mape_pct']:.2f} %",
+            f"  hold-out ({h['method']}): " + (h["skipped"] if "skipped" in h else
+                                                f"time MAPE {h['time_mape_pct']:.2f} %, energy "
+                                                f"MAPE {h['energy_mape_pct']:.2f} %"),
             f"  measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
             f"{best['comm_sm_number']} SMs x {best['comm_block_size']} threads, "
             f"{best['time_s'] * 1e3:.3f} ms; predicted rank {f['measured_best_predicted_rank']}",

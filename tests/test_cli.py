@@ -108,3 +108,11 @@ def test_simulate_refuses_impossible_microbatch_counts(capsys, args, fragment):
     out = capsys.readouterr()
     assert code == 2 and out.out == "" and len(out.err.strip().splitlines()) == 1
     assert fragment in out.err
+
+
+def test_shell_completion_parses_an_unknown_command_quietly():
+    """click parses resiliently while completing: no error for a half-typed command."""
+    from kareus.cli import cli
+
+    with cli.make_context("kareus", ["frob", "x"], resilient_parsing=True) as ctx:
+        assert cli.resolve_command(ctx, ["frob", "x"])[1] is None

@@ -510,3 +510,17 @@ def test_writing_fuse_ops_false_keeps_the_specs_hash():
     assert PartitionSpec.from_dict({**SPEC, "fuse_ops": False}).sha256 == \
         PartitionSpec.from_dict(SPEC).sha256 != PartitionSpec.from_dict(
             {**SPEC, "fuse_ops": True}).sha256
+
+
+def test_a_sweep_of_one_overlapped_window_fits_and_says_why_it_has_no_hold_out(tmp_path, spec,
+                                                                                a100_40):
+    """The hold-out fits on every other window: with one overlapped window one half would hold
+    the sequential window alone, so the law is fitted without it, and the calibration says so."""
+    rows = [(-1, -1, k, b) for k in (1, 2, 4, 8, 16) for b in (512, 1024)] + \
+        [(0, 6, k, b) for k in (1, 3, 6, 12, 16) for b in (512, 1024)]
+    path = tmp_path / "sweep.csv"
+    _sweep_csv(path, spec, a100_40, rows)
+    sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
+    cal = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, max_nfev_per_param=2)
+    assert "each half of the windows needs an overlapped one" in cal.fit["holdout"]["skipped"]
+    assert "time_mape_pct" not in cal.fit["holdout"]

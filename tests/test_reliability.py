@@ -172,6 +172,9 @@ def test_a_recalibrated_preset_invalidates_finished_cells(monkeypatch):
     lambda d: d.update(key=3),
     lambda d: d.pop("spread"),
     lambda d: d.update(spread=[[0]]),
+    lambda d: d.update(choice={"note": 1}),
+    lambda d: d["choice"].update(time_s="fast"),
+    lambda d: d.update(made_by={"git_commit": 12345}),
 ])
 def test_a_cell_that_is_json_but_not_a_run_is_recomputed(tmp_path, capsys, edit):
     """A hand-edited cell is unreadable, like one that is not JSON: computed again when asked

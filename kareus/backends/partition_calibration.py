@@ -476,6 +476,9 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     return unpack(res.x)
 
 
+_HOLDOUT_METHOD = "fit on half the windows (alternating), predict the other half; both ways"
+
+
 def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, spec_sha256: str,
                   clock_mhz: float | None = None, holdout: bool = True,
                   progress: Progress = SILENT, *,
@@ -483,7 +486,8 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
     """Fit the partition law to ``sweep`` and measure its errors.
 
     The hold-out splits the sweep's windows in two alternating halves (by window order), fits on
-    one half and predicts the other, both ways; it reports the errors on the predicted halves.
+    one half and predicts the other, both ways; it reports the errors on the predicted halves, or
+    why it was skipped (``fit["holdout"]["skipped"]``: a half without an overlapped window).
     ``progress`` counts the fits (one, or three with the hold-out). Each least-squares stage of a
     fit spends at most ``max_nfev_per_param`` function evaluations per free parameter.
     """
@@ -491,34 +495,40 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
     if not overlapped.any():
         raise SweepError("the sweep has no row with the collective beside compute (every window "
                          "is (-1, -1)); the partition law is fitted on overlapped windows")
-    _check_enough_rows(partition, sweep, holdout)
+    _check_enough_rows(partition, sweep)
+    skipped = _holdout_gap(sweep) if holdout else ""
+    holdout = holdout and not skipped
     task = progress.start("partition law: fits", total=3 if holdout else 1)
     try:
         # the solver's trial steps may reach a rate of zero (an infinite time): a step it rejects,
         # not a warning for the user
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            return _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task,
-                                  max_nfev_per_param)
+            cal = _fit_partition(partition, sweep, gpu, spec_sha256, clock_mhz, holdout, task,
+                                 max_nfev_per_param)
     finally:
         task.done()
+    if skipped:
+        cal.fit["holdout"] = {"method": _HOLDOUT_METHOD, "skipped": skipped}
+    return cal
 
 
-def _check_enough_rows(partition: Partition, sweep: PartitionSweep, holdout: bool) -> None:
+def _check_enough_rows(partition: Partition, sweep: PartitionSweep) -> None:
     """Refuse a sweep too small for the law (:class:`SweepError`): the fit needs at least as many
-    rows as the law has free parameters (those :func:`held_by_sweep` leaves out do not count),
-    and the hold-out needs two overlapped windows, one in each half it fits on."""
+    rows as the law has free parameters (those :func:`held_by_sweep` leaves out do not count)."""
     need = len(_TIME_PARAMS) + len(_ENERGY_PARAMS) - len(held_by_sweep(partition, sweep))
     if len(sweep.configs) < need:
         raise SweepError(f"the sweep has {len(sweep.configs)} rows; the partition law has {need} "
                          "free parameters, so it needs at least that many rows")
-    if not holdout:
-        return
+
+
+def _holdout_gap(sweep: PartitionSweep) -> str:
+    """Why the hold-out cannot run on ``sweep`` ("" when it can): it fits on every other window
+    and predicts the rest, so each half needs an overlapped window."""
     wins = sweep.configs.windows()
-    for half in (wins[0::2], wins[1::2]):
-        if not (half[:, 0] >= 0).any():
-            raise SweepError("the hold-out fits on every other window of the sweep and predicts "
-                             "the rest: it needs an overlapped window in each half, and this "
-                             f"sweep has {int((wins[:, 0] >= 0).sum())} overlapped window(s)")
+    if all((half[:, 0] >= 0).any() for half in (wins[0::2], wins[1::2])):
+        return ""
+    return (f"skipped: each half of the windows needs an overlapped one, and the sweep has "
+            f"{int((wins[:, 0] >= 0).sum())}")
 
 
 def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
@@ -556,7 +566,7 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
                           "time_mape_pct": _mape(th, held.time_s),
                           "energy_mape_pct": _mape(eh, held.energy_j)})
         fit["holdout"] = {
-            "method": "fit on half the windows (alternating), predict the other half; both ways",
+            "method": _HOLDOUT_METHOD,
             "time_mape_pct": float(np.mean([p["time_mape_pct"] for p in parts])),
             "energy_mape_pct": float(np.mean([p["energy_mape_pct"] for p in parts])),
             "halves": parts}

@@ -210,8 +210,8 @@ class GPUPreset:
 
     @property
     def peak_flops(self) -> float:
-        """Dense bf16 tensor peak at the maximum clock (FLOP/s)."""
-        return self.peak_flops_in("bf16")
+        """Dense 16-bit tensor peak at the maximum clock (FLOP/s)."""
+        return self.sms * self.flops_per_clk_per_sm * self.clock_max_mhz * 1e6
 
     def peak_flops_in(self, precision: str) -> float:
         """Dense peak of the math in ``precision`` at the maximum clock (FLOP/s): the tensor

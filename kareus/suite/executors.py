@@ -8,6 +8,7 @@ and so the summaries, are the same as a serial run's.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -88,7 +89,17 @@ def _execute_pool(tasks: Sequence[CellTask], jobs: int,
 
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
                                initializer=_leave_sigint_to_the_parent)
-    futures = {pool.submit(run_task, t): t for t in tasks}
+    # submitting starts the workers: they inherit an ignored SIGINT, so a Ctrl-C while one is
+    # still starting (before its initializer runs) does not reach it either
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()  # signals are the main's
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        futures = {pool.submit(run_task, t): t for t in tasks}
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     try:
         pending = set(futures)
         while pending:
@@ -112,8 +123,6 @@ def _execute_pool(tasks: Sequence[CellTask], jobs: int,
 def _leave_sigint_to_the_parent() -> None:
     """A pool worker ignores SIGINT: Ctrl-C reaches the whole process group, and the parent,
     which keeps the finished cells and writes the summaries, stops the workers itself."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

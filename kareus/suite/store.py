@@ -73,15 +73,20 @@ def record_to_run(record: dict) -> OptimizerRun:
         if missing:
             raise MalformedCell(f"frontier names plan(s) {missing[:3]} that no point has")
         choice = record.get("choice")
-        if choice is not None and not isinstance(choice, dict):
-            raise MalformedCell(f"choice is a {type(choice).__name__}, not an object")
+        if choice is not None:
+            if not isinstance(choice, dict) or not isinstance(choice.get("label"), str):
+                raise MalformedCell("choice is not an object with a label")
+            _number(choice.get("time_s"), "choice's time_s", positive=True)
+            _number(choice.get("energy_j"), "choice's energy_j")
         spread = record["spread"]
         if not isinstance(spread, list) or not all(isinstance(i, int) and i in by_id
                                                    for i in spread):
             raise MalformedCell("spread must list plan ids of the points")
-        if not isinstance(record["key"], dict) \
-                or not isinstance(record.get("made_by"), (dict, type(None))):
-            raise MalformedCell("key or made_by is not an object")
+        made_by = record.get("made_by")
+        if not isinstance(record["key"], dict) or not (made_by is None or (
+                isinstance(made_by, dict) and all(isinstance(made_by.get(k), (str, type(None)))
+                                                  for k in ("suite", "git_commit")))):
+            raise MalformedCell("key is not an object, or made_by not one of strings")
         if not isinstance(record["name"], str) or not isinstance(record["status"], str) \
                 or not isinstance(record["error"], (str, type(None))):
             raise MalformedCell("name, status or error has the wrong type")
