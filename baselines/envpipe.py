@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from baselines.profiles import check_arguments, frequencies_record
-from kareus.energy import dynamic_from_measured, iteration_energy
+from kareus.energy import iteration_energy
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
 from kareus.methods.profiling import profile_instructions, profile_to_options
 from kareus.methods.tradeoff import Option, replay_knobs
@@ -176,15 +176,11 @@ def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     """
     options = profile_to_options(profile)
     run = envpipe_run(options, stages, microbatches, unit_time_s=unit_time_s)
-    by_knob = {k: {o.knob: o for o in opts} for k, opts in options.items()}
-    dynamic = 0.0
-    for ins, clock in run.clocks.items():
-        opt = by_knob[ins.type_key][clock]
-        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
-    energy = iteration_energy(dynamic, stages, static_power_w, run.time_s).total_j
     replayed = replay_knobs(run.clocks, options, stages, microbatches, static_power_w)
-    return [{"time_s": run.time_s, "energy_j": energy, "replayed_time_s": replayed[0],
-             "replayed_energy_j": replayed[1], "steps": run.steps,
+    # as the authors' script reports it: the same dynamic energy, static power over its own time
+    energy = iteration_energy(replayed.dynamic_j, stages, static_power_w, run.time_s).total_j
+    return [{"time_s": run.time_s, "energy_j": energy, "replayed_time_s": replayed.time_s,
+             "replayed_energy_j": replayed.energy_j, "steps": run.steps,
              "frequencies": frequencies_record(run.clocks)}]
 
 

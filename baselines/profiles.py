@@ -112,7 +112,8 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
             energies.append(solver_energy(step, stages, static_power_w))
             replayed = replay_knobs(step.knobs, options, stages, microbatches, static_power_w)
             points.append({"time_s": times[-1], "energy_j": energies[-1],
-                           "replayed_time_s": replayed[0], "replayed_energy_j": replayed[1],
+                           "replayed_time_s": replayed.time_s,
+                           "replayed_energy_j": replayed.energy_j,
                            "iteration": step.iteration, "quant_time": step.quant_time,
                            "cost": step.cost, "frequencies": frequencies_record(step.knobs)})
             task.advance()

@@ -8,6 +8,7 @@ the dicts those methods return and the few free-form documents built in place.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias, TypeVar
 
@@ -21,6 +22,11 @@ JsonObject: TypeAlias = "dict[str, Json]"
 
 
 T = TypeVar("T")
+
+
+def is_finite_number(v: object) -> bool:
+    """Whether a value read from JSON is a finite number (``true`` and ``false`` are not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def construct(cls: type[T], fields: Mapping[str, object]) -> T:

@@ -51,6 +51,7 @@ from kareus.errors import InputError, SweepError
 from kareus.graph import Partition
 from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
 from kareus.hardware.presets import GPUPreset
+from kareus.json_types import is_finite_number
 from kareus.progress import SILENT, Progress, ProgressTask
 
 CALIBRATION_KIND = "kareus-partition-calibration"
@@ -256,7 +257,7 @@ class PartitionCalibration:
         if bad:
             raise InputError(f"{p}: malformed calibration law: {bad}")
         clock, fit = raw.get("clock_mhz"), raw.get("fit", {})
-        if clock is not None and not (_is_number(clock) and clock > 0):
+        if clock is not None and not (is_finite_number(clock) and clock > 0):
             raise InputError(f"{p}: malformed calibration: clock_mhz {clock!r} is neither null "
                              "nor a positive number (MHz)")
         if not isinstance(fit, dict):
@@ -266,11 +267,6 @@ class PartitionCalibration:
                                     law={k: float(v) for k, v in law.items()},
                                     op_work=tuple(float(v) for v in work),
                                     op_host=tuple(float(v) for v in host), fit=dict(fit))
-
-
-def _is_number(v: object) -> bool:
-    """A finite int or float (``bool`` is not a number here)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
 def _law_problem(law: dict[object, object]) -> str:
@@ -285,11 +281,11 @@ def _law_problem(law: dict[object, object]) -> str:
             return f"{name!r} is not a parameter the partition fit chooses"
         kind = kinds[str(name)]
         if kind == "log":
-            if not _is_number(value) or not float(value) > 0:  # type: ignore[arg-type]
+            if not is_finite_number(value) or not float(value) > 0:  # type: ignore[arg-type]
                 return f"{name} = {value!r} is not a positive number"
             continue
         lo, hi = _bounds(kind) or (0.0, 1.0)
-        if not _is_number(value) or not lo <= float(value) <= hi:  # type: ignore[arg-type]
+        if not is_finite_number(value) or not lo <= float(value) <= hi:  # type: ignore[arg-type]
             return f"{name} = {value!r} is not a number in [{lo:g}, {hi:g}]"
     return ""
 

@@ -449,16 +449,26 @@ def evaluate_on_options(step: SolverStep, options: Mapping[tuple[int, Direction]
                         stages: int, microbatches: int, static_power_w: float
                         ) -> tuple[float, float]:
     """(time s, energy J) of a solver step replayed on measured options (:func:`replay_knobs`)."""
-    return replay_knobs(step.knobs, options, stages, microbatches, static_power_w)
+    replay = replay_knobs(step.knobs, options, stages, microbatches, static_power_w)
+    return replay.time_s, replay.energy_j
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A plan replayed on measured options (:func:`replay_knobs`)."""
+
+    time_s: float  #: iteration time on the 1F1B DAG (s)
+    energy_j: float  #: dynamic energy plus every GPU's static power over ``time_s`` (J)
+    dynamic_j: float  #: the chosen options' dynamic energies (J)
 
 
 def replay_knobs(knobs: Mapping[Instruction, Hashable],
                  options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                 microbatches: int, static_power_w: float) -> tuple[float, float]:
-    """(time s, energy J) of a knob per instruction replayed on measured options (a profile):
-    instruction times from the chosen options on the 1F1B DAG, energy = their dynamic energies
-    plus every GPU's static power for the whole iteration (one GPU per stage, as a profile
-    describes). The one footing on which plans of different methods compare."""
+                 microbatches: int, static_power_w: float) -> Replay:
+    """A knob per instruction replayed on measured options (a profile): instruction times from
+    the chosen options on the 1F1B DAG, energy = their dynamic energies plus every GPU's static
+    power for the whole iteration (one GPU per stage, as a profile describes). The one footing
+    on which plans of different methods compare."""
     from kareus.energy import iteration_energy
     from kareus.graph import schedule_times
 
@@ -471,7 +481,7 @@ def replay_knobs(knobs: Mapping[Instruction, Hashable],
         dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
     times = schedule_times(stages, microbatches, durations)
     t = max(end for _, end in times.values())
-    return t, iteration_energy(dynamic, stages, static_power_w, t).total_j
+    return Replay(t, iteration_energy(dynamic, stages, static_power_w, t).total_j, dynamic)
 
 
 class SlackReclaimer:

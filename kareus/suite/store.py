@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from kareus.atomic import atomic_write_text
+from kareus.json_types import is_finite_number
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import Point
 
@@ -41,8 +41,7 @@ class MalformedCell(ValueError):
 
 
 def _number(v: object, what: str, *, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or (positive and v <= 0):
+    if not is_finite_number(v) or (positive and v <= 0):  # type: ignore[operator]
         raise MalformedCell(f"{what} is {v!r}, not a finite{' positive' if positive else ''} "
                             "number")
     return float(v)
