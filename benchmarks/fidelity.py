@@ -1,10 +1,13 @@
 """The simulator against real measurements, one section per data set.
 
-    python benchmarks/fidelity.py [--gpu a100-sxm4-40gb] [--fit] [--fit-megatron]
+    python benchmarks/fidelity.py [--gpu a100-sxm4-40gb] [--fit] [--fit-megatron] [--fit-nccl]
                                   [--skip-partition] [--only SECTION]
 
-Sections (``--only`` picks some: ``artifact``, ``vtrain-single``, ``vtrain-multi``,
-``megatron-sc21``, ``perseus-measured``, ``partition``): the Kareus artifact (below, 1-3);
+Sections (``--only`` picks some: ``nccl``, ``artifact``, ``vtrain-single``, ``vtrain-multi``,
+``megatron-sc21``, ``perseus-measured``, ``partition``): NCCL's all-reduce inside an A100 node
+against the times vTrain's authors measured (:mod:`kareus.suite.nccl_allreduce`; ``--fit-nccl``
+refits the A100 80 GB preset's ring law on 2, 4 and 8 GPUs and holds it against 3 and 6); the
+Kareus artifact (below, 1-3);
 vTrain's measured Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`:
 MAPE, maximum, signed mean, Spearman's rank correlation of each model's layouts, the signed
 error by TP size where the host's issue sets the pace and where the GPU does, the worst five
@@ -200,6 +203,53 @@ def _preset_diff(gpu: str, fitted: dict[str, float], source: str, write: bool) -
     diff = update_preset_file(gpu, changes, write=write)
     verb = "written" if write else "not written (--write-preset writes it)"
     click.echo(f"preset file diff, {verb}:\n{diff}" if diff else f"preset {gpu}: unchanged")
+
+
+#: Where the NCCL ring law of vTrain's GPU comes from (``--fit-nccl``).
+NCCL_FIT_SOURCE = ("fitted: benchmarks/fidelity.py --fit-nccl on NCCL all-reduce times measured "
+                   "on vTrain's A100 node, 2, 4 and 8 GPUs (kareus/suite/nccl_allreduce.py)")
+#: The groups the ring law is fitted on; the others are its hold-out.
+NCCL_FIT_GROUPS = (2, 4, 8)
+
+
+def _nccl(do_fit: bool, write_preset: bool) -> None:
+    """NCCL's all-reduce inside an A100 node: the preset's ring law against vTrain's measured
+    times by group size; ``do_fit``: the law fitted on :data:`NCCL_FIT_GROUPS`, its hold-out on
+    the other groups, and the preset diff it makes."""
+    from kareus.suite.megatron_runs import VTRAIN_GPU
+    from kareus.suite.nccl_allreduce import fit_ring_law, ring_law_errors
+
+    preset = get_preset(VTRAIN_GPU)
+
+    def summary(errors: pd.DataFrame) -> str:
+        e = errors.error_pct
+        return (f"MAPE {e.abs().mean():.2f} %, max {e.abs().max():.2f} %, signed "
+                f"{e.mean():+.2f} %")
+
+    if do_fit:
+        fitted = fit_ring_law(preset, NCCL_FIT_GROUPS)
+        click.echo(f"\n== NCCL ring law fitted on {NCCL_FIT_GROUPS} GPUs: "
+                   + ", ".join(f"{k}={v:.4g}" for k, v in fitted.values.items()))
+        _preset_diff(VTRAIN_GPU, fitted.values, NCCL_FIT_SOURCE, write_preset)
+        preset = get_preset(VTRAIN_GPU) if write_preset else preset.with_overrides(
+            **fitted.values)
+    errors = ring_law_errors(preset)
+    click.echo(f"\n== NCCL all-reduce inside one A100 node ({preset.name}'s ring law against "
+               f"vTrain's measured times, 1-256 MiB): {summary(errors)}")
+    by_group = errors.groupby("group").error_pct
+    click.echo(by_group.agg(mape_pct=lambda e: e.abs().mean(), signed_pct="mean")
+               .to_string(float_format=lambda x: f"{x:.1f}"))
+    # the hold-out: the law refitted on NCCL_FIT_GROUPS alone, held against the other groups
+    held = tuple(sorted(set(errors.group) - set(NCCL_FIT_GROUPS)))
+    holdout = ring_law_errors(preset.with_overrides(**fit_ring_law(preset, NCCL_FIT_GROUPS)
+                                                    .values), held)
+    click.echo(f"hold-out: fitted on {NCCL_FIT_GROUPS} GPUs, {held} GPUs predicted: "
+               f"{summary(holdout)}")
+    RECORD["nccl"] = {"gpu": preset.name, "rows": len(errors),
+                      "mape_pct": round(float(errors.error_pct.abs().mean()), 2),
+                      "max_pct": round(float(errors.error_pct.abs().max()), 2),
+                      "signed_mean_pct": round(float(errors.error_pct.mean()), 2),
+                      "holdout_mape_pct": round(float(holdout.error_pct.abs().mean()), 2)}
 
 
 def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> None:
@@ -422,7 +472,7 @@ def _locked_clock_record(locked: pd.DataFrame) -> None:
                f"{de.min():+.1f} to {de.max():+.1f} points")
 
 
-SECTIONS = ("artifact", "vtrain-single", "vtrain-multi", "megatron-sc21", "perseus-measured",
+SECTIONS = ("nccl", "artifact", "vtrain-single", "vtrain-multi", "megatron-sc21", "perseus-measured",
             "partition")
 
 #: What each section measured, for ``--write`` (the docs render their accuracy from it).
@@ -619,16 +669,19 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
               help="Also write the artifact-view endpoints of all ten paper configurations.")
 @click.option("--fit-megatron", "do_fit_megatron", is_flag=True,
               help="Refit the Megatron-LM host and kernel parameters on vTrain's runs.")
+@click.option("--fit-nccl", "do_fit_nccl", is_flag=True,
+              help="Refit the NCCL ring law of vTrain's GPU on its measured all-reduces.")
 @click.option("--write-preset", is_flag=True,
-              help="--fit, --fit-megatron: write the fitted values into the preset file "
-                   "[print the diff only].")
+              help="--fit, --fit-megatron, --fit-nccl: write the fitted values into the preset "
+                   "file [print the diff only].")
 @click.option("--only", default=",".join(SECTIONS), show_default=True,
               help="Comma-separated sections to run.")
 @click.option("--write", "write_json", default=None, type=click.Path(dir_okay=False),
               help="Merge the sections' accuracy into this JSON file (results/fidelity/"
                    "summary.json, which the docs render).")
 def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None,
-         do_fit_megatron: bool, write_preset: bool, only: str, write_json: str | None) -> None:
+         do_fit_megatron: bool, do_fit_nccl: bool, write_preset: bool, only: str,
+         write_json: str | None) -> None:
     sections = {x.strip() for x in only.split(",") if x.strip()}
     unknown = sections - set(SECTIONS)
     if unknown:
@@ -636,6 +689,8 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
                                  f"{', '.join(SECTIONS)}", param_hint="--only")
     if skip_partition:
         sections.discard("partition")
+    if "nccl" in sections or do_fit_nccl:
+        _nccl(do_fit_nccl, write_preset)
     _megatron(sections, do_fit_megatron, write_preset)
     if "megatron-sc21" in sections:
         _megatron_scaling()

@@ -122,6 +122,19 @@ class CommOp:
         return self.bytes
 
 
+def ring_steps(collective: Collective, n: int) -> int:
+    """Steps of NCCL's ring for ``collective`` over ``n`` members (ranks, or nodes across a
+    network): ``2(n - 1)`` for an all-reduce (its reduce-scatter and all-gather halves), ``n - 1``
+    for an all-gather or a reduce-scatter, one for a send; none for one member."""
+    if n <= 1:
+        return 0
+    if collective == "all_reduce":
+        return 2 * (n - 1)
+    if collective == "send_recv":
+        return 1
+    return n - 1
+
+
 @dataclass(frozen=True)
 class Partition:
     """Compute of one nanobatch plus the communication of the other that may overlap it.

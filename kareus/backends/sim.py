@@ -54,6 +54,7 @@ from kareus.graph import (
     IterationGraph,
     Partition,
     Segment,
+    ring_steps,
     schedule_times,
 )
 from kareus.backends.partition_timeline import (
@@ -342,20 +343,19 @@ class SimulatorBackend:
         return max(ring, tree)
 
     def comm_latency(self, comm: CommOp) -> float:
-        """Fixed time of one collective (s): the launch and synchronisation inside a node
-        (``comm_latency_s``), plus, across ``n`` nodes, the network steps of the faster of NCCL's
-        algorithms: a ring (``2(n-1)`` steps for an all-reduce, ``n-1`` for an all-gather or
-        reduce-scatter, one for a send) or, for an all-reduce, a tree (``2·ceil(log2 n)``)."""
+        """Fixed time of one collective (s): the launch and synchronisation (``comm_latency_s``);
+        inside a node, plus the steps of NCCL's ring (:func:`ring_steps` of the group, at
+        ``comm_step_latency_s`` each); across ``n`` nodes, plus the network steps of the faster
+        of NCCL's algorithms: a ring (:func:`ring_steps` of the nodes) or, for an all-reduce, a
+        tree (``2·ceil(log2 n)``)."""
         g = self.gpu
         if comm.intra_node or comm.nodes <= 1:
-            return g.comm_latency_s
+            steps = ring_steps(comm.collective, comm.group)
+            return g.comm_latency_s + steps * g.comm_step_latency_s
         n = comm.nodes
+        steps = ring_steps(comm.collective, n)
         if comm.collective == "all_reduce":
-            steps = min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
-        elif comm.collective == "send_recv":
-            steps = 1
-        else:
-            steps = n - 1
+            steps = min(steps, 2 * math.ceil(math.log2(n)))
         return g.comm_latency_s + steps * g.network_hop_latency_s
 
     def _comm_sms(self, ks: tuple[int, ...]) -> NDArray[np.float64]:
@@ -763,7 +763,8 @@ class SimulatorBackend:
             return 0.0
         g = self.gpu
         if graph.p2p.intra_node:
-            return g.comm_latency_s + graph.p2p.bytes / (g.nvlink_bw * g.link_efficiency)
+            return self.comm_latency(graph.p2p) + graph.p2p.bytes / (g.nvlink_bw
+                                                                     * g.link_efficiency)
         return self.comm_latency(graph.p2p) + graph.p2p.bytes / (g.network_bw
                                                                  * g.network_efficiency)
 

@@ -75,6 +75,9 @@ class GPUPreset:
             ``channels · clock · this`` bus bytes per second.
         comm_default_sms: SMs (NCCL channels) the collective library takes by default.
         comm_latency_s: Fixed cost of one collective (launch, synchronisation), s.
+        comm_step_latency_s: Latency of each step of the collective library's ring inside a node
+            (s): an all-reduce of ``n`` ranks takes ``2(n - 1)`` steps, an all-gather or
+            reduce-scatter ``n - 1``, a send one.
         comm_hbm_factor: HBM bytes a collective moves per bus byte (reads, writes, reductions).
         tuned_bw_per_sm_mhz: Throughput of one SM of a tuned side-stream collective (the
             MSCCL++ kernels Kareus schedules, ``comm_block_default`` threads per block) per MHz of
@@ -173,6 +176,7 @@ class GPUPreset:
     comm_bw_per_sm_mhz: float
     comm_default_sms: int
     comm_latency_s: float
+    comm_step_latency_s: float
     comm_hbm_factor: float
     tuned_bw_per_sm_mhz: float
     tuned_block_exponent: float
@@ -286,8 +290,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "memory": ("memory_bytes", "hbm_bw", "hbm_efficiency", "mem_sat_sm_fraction"),
     "links_collectives": ("nvlink_bw", "network_bw", "network_efficiency",
                           "network_hop_latency_s", "link_efficiency", "comm_bw_per_sm_mhz",
-                          "comm_default_sms", "comm_max_sms", "comm_latency_s", "comm_hbm_factor",
-                          "comm_launch_s", "comm_block_default", "tuned_bw_per_sm_mhz",
+                          "comm_default_sms", "comm_max_sms", "comm_latency_s",
+                          "comm_step_latency_s", "comm_hbm_factor", "comm_launch_s",
+                          "comm_block_default", "tuned_bw_per_sm_mhz",
                           "tuned_block_exponent", "tuned_link_fraction",
                           "tuned_link_fraction_beside_compute", "tuned_pipelining",
                           "library_rate_beside"),

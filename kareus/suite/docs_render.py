@@ -193,6 +193,13 @@ def render_fidelity(root: Path) -> str:
             f"hold-out {p['holdout_time_mape_pct']:.2f} % / {p['holdout_energy_mape_pct']:.2f} %; "
             f"measured best ranks {p['measured_best_predicted_rank']}; the collective alone, "
             f"1–10 SMs → 11–20: {alone_txt} | {when(p)} |")
+    if "nccl" in f:
+        v = f["nccl"]
+        rows.append(
+            f"| NCCL all-reduce inside vTrain's A100 node, 2–8 GPUs, 1–256 MiB (fitted on 2, 4 "
+            f"and 8 GPUs) | {v['rows']} collective times | {v['mape_pct']:.2f} % MAPE, max "
+            f"{v['max_pct']:.2f} %, signed {v['signed_mean_pct']:+.2f} %; hold-out 3 and 6 GPUs "
+            f"{v['holdout_mape_pct']:.2f} % | {when(v)} |")
     if "artifact" in f:
         a = f["artifact"]
         ratios = "; ".join(f"{k}: {v['simulated']:.3f} simulated, {v['measured']:.3f} measured"
