@@ -153,7 +153,7 @@ def fit_megatron(runs, preset, start: dict[str, float] | None = None) -> dict[st
 
 #: What vTrain's 64-GPU runs pin down about their cluster: the share of its NICs' bandwidth
 #: NCCL reaches (TP16's all-reduces across two nodes pin it; the other layouts' gradient
-#: all-reduces and transfers move by 1.3 to 3.9 points between 0.46 and 0.8).
+#: all-reduces and transfers move by 1.2 to 3.7 points between 0.46 and 0.8).
 NETWORK_PARAMETERS = {"network_efficiency": (0.2, 1.0)}
 
 
@@ -212,27 +212,34 @@ NCCL_FIT_SOURCE = ("fitted: benchmarks/fidelity.py --fit-nccl on NCCL all-reduce
 NCCL_FIT_GROUPS = (2, 4, 8)
 
 
-def _nccl(do_fit: bool, write_preset: bool) -> None:
+def _nccl(do_fit: bool, write_preset: bool) -> dict[str, float]:
     """NCCL's all-reduce inside an A100 node: the preset's ring law against vTrain's measured
-    times by group size; ``do_fit``: the law fitted on :data:`NCCL_FIT_GROUPS`, its hold-out on
-    the other groups, and the preset diff it makes."""
+    times by group size, and its hold-out (refitted on :data:`NCCL_FIT_GROUPS`, the other
+    groups predicted); ``do_fit``: the law fitted on those groups and the preset diff it makes.
+    Returns a fitted law that was not written (for the Megatron-LM fit of the same run), else
+    nothing."""
     from kareus.suite.megatron_runs import VTRAIN_GPU
     from kareus.suite.nccl_allreduce import fit_ring_law, ring_law_errors
 
     preset = get_preset(VTRAIN_GPU)
 
-    def summary(errors: pd.DataFrame) -> str:
+    def stats(errors: pd.DataFrame) -> dict[str, float]:
         e = errors.error_pct
-        return (f"MAPE {e.abs().mean():.2f} %, max {e.abs().max():.2f} %, signed "
-                f"{e.mean():+.2f} %")
+        return {"mape_pct": round(float(e.abs().mean()), 2),
+                "max_pct": round(float(e.abs().max()), 2),
+                "signed_mean_pct": round(float(e.mean()), 2)}
+
+    def summary(errors: pd.DataFrame) -> str:
+        a = stats(errors)
+        return (f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed "
+                f"{a['signed_mean_pct']:+.2f} %")
 
     if do_fit:
         fitted = fit_ring_law(preset, NCCL_FIT_GROUPS)
         click.echo(f"\n== NCCL ring law fitted on {NCCL_FIT_GROUPS} GPUs: "
                    + ", ".join(f"{k}={v:.4g}" for k, v in fitted.values.items()))
         _preset_diff(VTRAIN_GPU, fitted.values, NCCL_FIT_SOURCE, write_preset)
-        preset = get_preset(VTRAIN_GPU) if write_preset else preset.with_overrides(
-            **fitted.values)
+        preset = get_preset(VTRAIN_GPU)
     errors = ring_law_errors(preset)
     click.echo(f"\n== NCCL all-reduce inside one A100 node ({preset.name}'s ring law against "
                f"vTrain's measured times, 1-256 MiB): {summary(errors)}")
@@ -245,14 +252,16 @@ def _nccl(do_fit: bool, write_preset: bool) -> None:
                                                     .values), held)
     click.echo(f"hold-out: fitted on {NCCL_FIT_GROUPS} GPUs, {held} GPUs predicted: "
                f"{summary(holdout)}")
-    RECORD["nccl"] = {"gpu": preset.name, "rows": len(errors),
-                      "mape_pct": round(float(errors.error_pct.abs().mean()), 2),
-                      "max_pct": round(float(errors.error_pct.abs().max()), 2),
-                      "signed_mean_pct": round(float(errors.error_pct.mean()), 2),
-                      "holdout_mape_pct": round(float(holdout.error_pct.abs().mean()), 2)}
+    RECORD["nccl"] = {"gpu": preset.name, "rows": len(errors), **stats(errors),
+                      "fit_groups": list(NCCL_FIT_GROUPS), "holdout_groups": list(held),
+                      "holdout_mape_pct": stats(holdout)["mape_pct"]}
+    return fitted.values if do_fit and not write_preset else {}
 
 
-def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> None:
+def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False,
+              preset_overrides: dict[str, float] | None = None) -> None:
+    """The vTrain sections and ``--fit-megatron`` (see the module docstring), on vTrain's GPU
+    with ``preset_overrides`` (an NCCL law fitted in the same run and not written)."""
     from kareus.suite.datasets import vtrain_runs
     from kareus.suite.megatron_runs import (
         VTRAIN_GPU,
@@ -270,7 +279,8 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
     if single is None or multi is None:
         click.echo("\n(shared/vtrain_megatron not found; vTrain sections skipped)")
         return
-    preset = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK)
+    preset_overrides = preset_overrides or {}
+    preset = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK, **preset_overrides)
     sn, mn = RunSet.build(load_runs(single)), RunSet.build(load_runs(multi))
     if do_fit:
         t0 = time.perf_counter()
@@ -279,13 +289,15 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
                    + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
         _preset_diff(VTRAIN_GPU, fitted, MEGATRON_FIT_SOURCE, write_preset)
         prior_fit = fit_megatron(sn, preset)
+        fitted_preset = preset.with_overrides(**fitted)
         for label, rs, p in (("one node -> 64 GPUs (3.6B; the network share of VTRAIN_NETWORK)",
                               mn, prior_fit),):
             a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**p))))
             click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %")
-        default = preset.with_overrides(network_efficiency=get_preset(VTRAIN_GPU)
-                                        .network_efficiency)
-        a = accuracy(run_errors(mn, simulate_runs(mn, default.with_overrides(**prior_fit))))
+        default = fitted_preset.with_overrides(network_efficiency=get_preset(VTRAIN_GPU)
+                                               .network_efficiency)
+        a = accuracy(run_errors(mn, simulate_runs(mn, preset.with_overrides(
+            **prior_fit, network_efficiency=default.network_efficiency))))
         click.echo("hold-out one node -> 64 GPUs, the network at the preset's share "
                    f"({default.network_efficiency:g}): MAPE {a['mape_pct']:.2f} %, "
                    f"max {a['max_pct']:.2f} %")
@@ -297,6 +309,8 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False) -> N
             a = accuracy(run_errors(rs, simulate_runs(rs, preset.with_overrides(**small))))
             click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} % "
                        "(fitted " + ", ".join(f"{k}={v:.4g}" for k, v in small.items()) + ")")
+        if write_preset:
+            preset = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK, **preset_overrides)
     if "vtrain-single" in sections:
         _megatron_section("vtrain-single", "vTrain: Megatron-LM on one node of A100s", sn, preset)
     if "vtrain-multi" in sections:
@@ -689,9 +703,8 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
                                  f"{', '.join(SECTIONS)}", param_hint="--only")
     if skip_partition:
         sections.discard("partition")
-    if "nccl" in sections or do_fit_nccl:
-        _nccl(do_fit_nccl, write_preset)
-    _megatron(sections, do_fit_megatron, write_preset)
+    nccl_law = _nccl(do_fit_nccl, write_preset) if "nccl" in sections or do_fit_nccl else {}
+    _megatron(sections, do_fit_megatron, write_preset, nccl_law)
     if "megatron-sc21" in sections:
         _megatron_scaling()
     if "perseus-measured" in sections:

@@ -25,9 +25,28 @@ def test_each_ring_step_inside_a_node_adds_its_latency() -> None:
     for n in (2, 4, 8):
         ar = CommOp("ar", "all_reduce", 1e6, n)
         assert sim.comm_latency(ar) == pytest.approx(20e-6 + 2 * (n - 1) * 3e-6)
-    # across nodes the network's steps count instead; the NVLink step latency does not apply
+    # across two nodes of 8, NCCL's ring takes 30 steps, 2 over the network; its tree 2 x 7
+    # inside the nodes and 2 x 1 across: the faster counts (NCCL's tuning model)
     cross = CommOp("ar", "all_reduce", 1e6, 16, intra_node=False, nodes=2, ranks_per_node=8)
-    assert sim.comm_latency(cross) == pytest.approx(20e-6 + 2 * g.network_hop_latency_s)
+    hop = g.network_hop_latency_s
+    ring, tree = 28 * 3e-6 + 2 * hop, 14 * 3e-6 + 2 * hop
+    assert sim.comm_latency(cross) == pytest.approx(20e-6 + min(ring, tree))
+    gather = CommOp("ag", "all_gather", 1e6, 16, intra_node=False, nodes=2, ranks_per_node=8)
+    assert sim.comm_latency(gather) == pytest.approx(20e-6 + 14 * 3e-6 + 1 * hop)
+
+
+def test_a_transfer_between_stages_in_a_node_is_one_ring_step() -> None:
+    from workloads.catalog import get_model
+    from workloads.graph_builder import build_iteration_graph
+    from workloads.parallel import ParallelConfig, Workload
+
+    g = build_iteration_graph(Workload(get_model("llama3.2-3b"), ParallelConfig(
+        tp=1, pp=2, mbs=1, seq=1024, microbatches=2)))
+    assert g.p2p is not None and g.p2p.intra_node
+    base = get_preset("a100-sxm4-40gb")
+    slower = base.with_overrides(comm_step_latency_s=7e-6)
+    dt = SimulatorBackend(slower).p2p_time(g) - SimulatorBackend(base).p2p_time(g)
+    assert dt == pytest.approx(7e-6)
 
 
 def test_the_transcribed_times_grow_with_the_message() -> None:
@@ -59,3 +78,37 @@ def test_the_fitted_law_predicts_the_groups_it_never_saw() -> None:
     old = nccl.ring_law_errors(assumed, (3, 6))
     assert old.error_pct.mean() < -20.0
     assert np.all(np.isfinite(held.simulated_s))
+
+
+def test_a_tuned_collective_pays_its_own_fixed_cost_and_no_ring() -> None:
+    """NCCL's ring steps are the library kernel's; the tuned kernel (MSCCL++) reads its peers
+    directly and keeps the fixed cost the partition fits were made with."""
+    g = get_preset(VTRAIN_GPU)
+    sim = SimulatorBackend(g)
+    ar = CommOp("ar", "all_reduce", 32 * 2**20, 8)
+    assert sim.comm_latency(ar, library=False) == g.tuned_latency_s
+    assert sim.comm_latency(ar) == pytest.approx(g.comm_latency_s + 14 * g.comm_step_latency_s)
+    rate_library = ar.bus_bytes / (sim.collective_time(ar, g.clock_max_mhz, None)
+                                   - sim.comm_latency(ar))
+    assert rate_library == pytest.approx(g.nvlink_bw * g.link_efficiency)
+
+
+def test_in_a_partition_only_the_library_kernel_pays_the_ring() -> None:
+    """A longer ring step slows a TP8 partition's NCCL configurations and leaves its tuned ones
+    (20 SMs) exactly as they were."""
+    from workloads.catalog import get_model
+    from workloads.graph_builder import build_iteration_graph
+    from workloads.parallel import ParallelConfig, Workload
+
+    w = Workload(get_model("llama3.2-3b"), ParallelConfig(tp=8, pp=1, mbs=2, seq=1024,
+                                                          microbatches=1, nanobatches=2))
+    g = build_iteration_graph(w)
+    part = next(p for ig in g.instruction_graphs.values() for p in ig.partitions
+                if p.comm is not None)
+    base = get_preset("a100-sxm4-40gb")
+    args = (np.array([base.clock_max_mhz]), np.array([0, 20]), np.array([[-1, -1], [0, 1]]))
+    before = SimulatorBackend(base).evaluate_partition(part, *args).time_s
+    after = SimulatorBackend(base.with_overrides(comm_step_latency_s=50e-6)
+                             ).evaluate_partition(part, *args).time_s
+    assert np.all(after[0, 0] > before[0, 0])  # NCCL: 14 steps of 50 µs more
+    np.testing.assert_array_equal(after[0, 1], before[0, 1])

@@ -195,7 +195,8 @@ def test_calibrate_profile_above_the_knee_leaves_the_voltage_curve_in_the_preset
 
 # --- The shared file: the host's and the framework's values, once ------------------------------
 
-SHARED_FIELDS = ("host_eager_op_s", "host_issue_call_s", "iteration_host_fraction")
+SHARED_FIELDS = ("host_eager_op_s", "host_issue_call_s", "iteration_host_fraction",
+                 "comm_step_latency_s", "tuned_latency_s")
 
 
 def test_shared_values_live_in_one_file_and_every_gpu_takes_them():
@@ -205,11 +206,16 @@ def test_shared_values_live_in_one_file_and_every_gpu_takes_them():
     assert set(shared) == set(SHARED_FIELDS)
     for path in P.preset_files():
         raw = json.loads(path.read_text())
-        assert not set(SHARED_FIELDS) & set(raw["host"]), path  # no copies left
         preset, _ = P.load_preset_file(path)
         for n in SHARED_FIELDS:
-            assert (getattr(preset, n), preset.sources[n]) == \
-                (shared[n]["value"], shared[n]["source"])
+            group = P._GROUP_OF[n]
+            own = raw.get(group, {}).get(n)
+            assert own != shared[n], (path, n)  # a GPU's own value, never a copy
+            if own is None:
+                assert (getattr(preset, n), preset.sources[n]) == \
+                    (shared[n]["value"], shared[n]["source"])
+            else:
+                assert (getattr(preset, n), preset.sources[n]) == (own["value"], own["source"])
 
 
 def test_a_new_gpu_file_takes_the_shared_values_or_sets_its_own(user_dir):
@@ -364,3 +370,18 @@ def test_a_refit_carries_over_to_the_copies_beside_it(tmp_path):
         [str(tmp_path / "a100-pcie-80gb.json")]
     sxm, _ = P.load_preset_file(tmp_path / "a100-sxm4-80gb.json", P.load_shared(shared))
     assert sxm.gemm_depth_half == 500.0
+
+
+def test_a_gpu_file_from_before_the_ring_law_still_loads(user_dir):
+    """A user's GPU file written before ``comm_step_latency_s`` and ``tuned_latency_s`` existed
+    takes their shared defaults (no step latency, the 25 µs fixed cost of a tuned collective)."""
+    def old(raw):
+        raw["links_collectives"].pop("comm_step_latency_s", None)
+        raw["links_collectives"].pop("tuned_latency_s", None)
+    _copy("a100-sxm4-80gb", "older-gpu", user_dir, old)
+    P.reload_presets()
+    g = P.get_preset("older-gpu")
+    shared = P.load_shared()
+    assert g.comm_step_latency_s == shared["comm_step_latency_s"]["value"] == 0.0
+    assert g.tuned_latency_s == shared["tuned_latency_s"]["value"]
+    assert P.get_preset("a100-sxm4-80gb").comm_step_latency_s > 0  # its own, measured

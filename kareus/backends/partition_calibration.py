@@ -9,7 +9,7 @@ laws of :class:`~kareus.backends.sim.SimulatorBackend`); the fit chooses its par
   saturates on (``tuned_link_fraction`` of the link), how sharply the two combine
   (``tuned_pipelining``, the soft minimum's exponent; identified, with the three before it, on
   the sequential window, where the collective runs alone) and its launch cost (``comm_launch_s``);
-  its fixed latency (``comm_latency_s``) stays the preset's, since one message size cannot tell
+  its fixed latency (``tuned_latency_s``) stays the preset's, since one message size cannot tell
   it from the link path;
 - **contention**: the collective's throughput beside a GEMM or attention kernel and its SM
   path beside a memory-bound one (``comm_rate_beside_*``), the most it moves beside a GEMM or

@@ -92,7 +92,7 @@ class TimelineCollective:
 
 def partition_timeline(ops: Sequence[TimelineOp], comm: TimelineCollective | None,
                        start: NDArray[np.int64], end: NDArray[np.int64], *, launch_s: float,
-                       latency_s: float, partial_wave_loss: float = 0.0
+                       latency_s: float | NDArray[np.float64], partial_wave_loss: float = 0.0
                        ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Time (s) and dynamic energy (J) of one partition per configuration.
 
@@ -103,7 +103,8 @@ def partition_timeline(ops: Sequence[TimelineOp], comm: TimelineCollective | Non
             ignored).
         start, end: The window ``(s, e)`` of every configuration; (-1, -1) is sequential.
         launch_s: Host time to launch the collective (s).
-        latency_s: Fixed cost of the collective (s), charged as ``latency · rate`` extra bytes.
+        latency_s: Fixed cost of the collective (s), charged as ``latency · rate`` extra bytes;
+            an array broadcasts against the configurations (one per SM count, say).
         partial_wave_loss: Fraction of a wave a tiled kernel loses when the collective ends
             inside it.
     """

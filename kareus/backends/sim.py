@@ -342,21 +342,37 @@ class SimulatorBackend:
         tree = min(network, nvlink / 2.0) * comm.bus_bytes / comm.bytes
         return max(ring, tree)
 
-    def comm_latency(self, comm: CommOp) -> float:
-        """Fixed time of one collective (s): the launch and synchronisation (``comm_latency_s``);
-        inside a node, plus the steps of NCCL's ring (:func:`ring_steps` of the group, at
-        ``comm_step_latency_s`` each); across ``n`` nodes, plus the network steps of the faster
-        of NCCL's algorithms: a ring (:func:`ring_steps` of the nodes) or, for an all-reduce, a
-        tree (``2·ceil(log2 n)``)."""
+    def comm_latency(self, comm: CommOp, library: bool = True) -> float:
+        """Fixed time of one collective (s), as NCCL's tuning model prices it: the launch and
+        synchronisation (``comm_latency_s`` for the library's kernel, ``library``;
+        ``tuned_latency_s`` for a tuned one), plus each step of the algorithm, at
+        ``comm_step_latency_s`` inside a node and ``network_hop_latency_s`` across nodes.
+
+        NCCL's ring over the group's ``n`` ranks on ``N`` nodes takes :func:`ring_steps` of
+        ``n`` steps, :func:`ring_steps` of ``N`` of them across the network; its tree, for an
+        all-reduce across nodes, ``2(r - 1)`` steps inside the nodes (``r`` ranks each) and
+        ``2·ceil(log2 N)`` across; the faster of the two counts. A tuned kernel reads its peers
+        directly and pays no steps inside a node."""
         g = self.gpu
+        fixed = g.comm_latency_s if library else g.tuned_latency_s
+        intra = g.comm_step_latency_s if library else 0.0
         if comm.intra_node or comm.nodes <= 1:
-            steps = ring_steps(comm.collective, comm.group)
-            return g.comm_latency_s + steps * g.comm_step_latency_s
-        n = comm.nodes
-        steps = ring_steps(comm.collective, n)
-        if comm.collective == "all_reduce":
-            steps = min(steps, 2 * math.ceil(math.log2(n)))
-        return g.comm_latency_s + steps * g.network_hop_latency_s
+            return fixed + ring_steps(comm.collective, comm.group) * intra
+        n, nodes = comm.group, comm.nodes
+        across = ring_steps(comm.collective, nodes)
+        ring = (ring_steps(comm.collective, n) - across) * intra + across * g.network_hop_latency_s
+        if comm.collective != "all_reduce":
+            return fixed + ring
+        tree = (2 * (comm.ranks_per_node - 1) * intra
+                + 2 * math.ceil(math.log2(nodes)) * g.network_hop_latency_s)
+        return fixed + min(ring, tree)
+
+    def _comm_latencies(self, comm: CommOp, ks: tuple[int, ...]) -> NDArray[np.float64]:
+        """:meth:`comm_latency` of ``comm`` on each of ``ks`` (tuned kernels' block counts, or
+        :data:`LIBRARY_DEFAULT` for the library's kernel), (K, 1)."""
+        k = np.asarray(ks, dtype=np.float64)[:, None]
+        return np.where(k == LIBRARY_DEFAULT, self.comm_latency(comm),
+                        self.comm_latency(comm, library=False))
 
     def _comm_sms(self, ks: tuple[int, ...]) -> NDArray[np.float64]:
         """SMs the collectives of ``ks`` (tuned kernels' block counts; the library's: its
@@ -417,7 +433,8 @@ class SimulatorBackend:
         k = LIBRARY_DEFAULT if sms is None else sms
         rate, _ = self._comm_raw(comm, np.array([[float(k)]]),
                                  threads or self.gpu.comm_block_default)
-        return self.comm_latency(comm) + comm.bus_bytes / float(rate[0, j])
+        latency = self.comm_latency(comm, library=k == LIBRARY_DEFAULT)
+        return latency + comm.bus_bytes / float(rate[0, j])
 
     def kernel_power(self, op: ComputeOp, clock_mhz: float) -> tuple[float, float]:
         """(effective clock MHz, total board power W) of ``op`` running alone, back to back, on
@@ -459,7 +476,7 @@ class SimulatorBackend:
         table, key = self._tables.comm, (comm, ks, threads)
         if key not in table:
             rate, power = self._comm_uncapped(comm, ks, threads)
-            t = self.comm_latency(comm) + comm.bus_bytes / rate
+            t = self._comm_latencies(comm, ks) + comm.bus_bytes / rate
             t, power, rate = self._throttled(t, power, rate)
             table[key] = (_Phase(t, power), rate)
         return table[key]
@@ -584,7 +601,8 @@ class SimulatorBackend:
         t, e = partition_timeline(
             ops, comm, np.broadcast_to(win[:, 0], shape), np.broadcast_to(win[:, 1], shape),
             launch_s=g.comm_launch_s,
-            latency_s=g.comm_latency_s if partition.comm is None else self.comm_latency(partition.comm),
+            latency_s=(g.comm_latency_s if partition.comm is None
+                       else self._comm_latencies(partition.comm, ks)[None]),
             partial_wave_loss=g.partial_wave_loss)
         t, e = np.broadcast_to(t, shape), np.broadcast_to(e, shape)
         if harness:
@@ -762,11 +780,9 @@ class SimulatorBackend:
         if graph.p2p is None:
             return 0.0
         g = self.gpu
-        if graph.p2p.intra_node:
-            return self.comm_latency(graph.p2p) + graph.p2p.bytes / (g.nvlink_bw
-                                                                     * g.link_efficiency)
-        return self.comm_latency(graph.p2p) + graph.p2p.bytes / (g.network_bw
-                                                                 * g.network_efficiency)
+        rate = (self.link_rate(graph.p2p) if graph.p2p.intra_node
+                else g.network_bw * g.network_efficiency)  # one NIC per GPU: a send uses one
+        return self.comm_latency(graph.p2p) + graph.p2p.bytes / rate
 
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""

@@ -97,6 +97,8 @@ class GPUPreset:
         comm_block_default: Threads per block of a tuned collective unless a plan says otherwise.
         comm_max_sms: Most SMs (thread blocks) the collective library accepts for one kernel.
         comm_launch_s: Host time to launch a side-stream collective (s).
+        tuned_latency_s: Fixed cost of one tuned collective (launch, its grid barriers), s: it
+            reads its peers directly and pays no ring steps.
         comm_rate_beside_memory: A tuned collective's SM path (its per-SM rate) while a
             memory-bound kernel runs beside it, relative to alone (its loads queue behind the
             kernel's); its link path is unchanged.
@@ -186,6 +188,7 @@ class GPUPreset:
     comm_block_default: int
     comm_max_sms: int
     comm_launch_s: float
+    tuned_latency_s: float
     comm_rate_beside_memory: float
     comm_rate_beside_gemm: float
     comm_rate_beside_attention: float
@@ -292,7 +295,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                           "network_hop_latency_s", "link_efficiency", "comm_bw_per_sm_mhz",
                           "comm_default_sms", "comm_max_sms", "comm_latency_s",
                           "comm_step_latency_s", "comm_hbm_factor", "comm_launch_s",
-                          "comm_block_default", "tuned_bw_per_sm_mhz",
+                          "tuned_latency_s", "comm_block_default", "tuned_bw_per_sm_mhz",
                           "tuned_block_exponent", "tuned_link_fraction",
                           "tuned_link_fraction_beside_compute", "tuned_pipelining",
                           "library_rate_beside"),

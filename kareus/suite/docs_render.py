@@ -195,11 +195,14 @@ def render_fidelity(root: Path) -> str:
             f"1–10 SMs → 11–20: {alone_txt} | {when(p)} |")
     if "nccl" in f:
         v = f["nccl"]
+
+        def gpus(groups: list[int]) -> str:
+            return ", ".join(map(str, groups[:-1])) + f" and {groups[-1]} GPUs"
         rows.append(
-            f"| NCCL all-reduce inside vTrain's A100 node, 2–8 GPUs, 1–256 MiB (fitted on 2, 4 "
-            f"and 8 GPUs) | {v['rows']} collective times | {v['mape_pct']:.2f} % MAPE, max "
-            f"{v['max_pct']:.2f} %, signed {v['signed_mean_pct']:+.2f} %; hold-out 3 and 6 GPUs "
-            f"{v['holdout_mape_pct']:.2f} % | {when(v)} |")
+            f"| NCCL all-reduce inside vTrain's A100 node, 1–256 MiB (fitted on "
+            f"{gpus(v['fit_groups'])}) | {v['rows']} collective times | {v['mape_pct']:.2f} % "
+            f"MAPE, max {v['max_pct']:.2f} %, signed {v['signed_mean_pct']:+.2f} %; hold-out "
+            f"{gpus(v['holdout_groups'])} {v['holdout_mape_pct']:.2f} % | {when(v)} |")
     if "artifact" in f:
         a = f["artifact"]
         ratios = "; ".join(f"{k}: {v['simulated']:.3f} simulated, {v['measured']:.3f} measured"

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 #: 64-GPU runs, where TP16's all-reduces across two nodes pin it: 0.47, against the 0.8 of
 #: a DGX A100's 200 Gb/s NICs. Two DGX A100 with the same 8 x 100 Gb/s reached 60 GB/s of ring
 #: bus bandwidth in a public nccl-tests run (NVIDIA/nccl#812), 0.6 of the line rate.
-VTRAIN_NETWORK = {"network_bw": 800e9 / 8 / 8, "network_efficiency": 0.4669}
+VTRAIN_NETWORK = {"network_bw": 800e9 / 8 / 8, "network_efficiency": 0.4663}
 #: The preset vTrain's runs are simulated on (assumed: A100 SXM, 80 GB).
 VTRAIN_GPU = "a100-sxm4-80gb"
 #: Columns of vTrain's ground-truth files.

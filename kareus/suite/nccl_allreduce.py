@@ -5,7 +5,7 @@ vTrain's authors measured NCCL's all-reduce on the A100 node behind their valida
 tables as their simulator's lookup tables (the public repository ``VIA-Research/vTrain``, MIT
 licence, commit f8dda847, ``trace/a100/AR_GPU<n>_1M_1024M_LUT``). :data:`VTRAIN_ALLREDUCE_US`
 quotes the powers of two from 1 to 256 MiB of the groups of 2, 3, 4, 6 and 8 GPUs, each the mean
-of the table's out-of-place and in-place times (they agree within 3 %). Nothing of vTrain's
+of the table's out-of-place and in-place times (they agree within 5 %). Nothing of vTrain's
 iteration times is here; these are the collective alone.
 
 The simulator prices a library collective inside a node as NCCL's ring does
@@ -94,20 +94,36 @@ def ring_law_errors(preset: "GPUPreset", groups: tuple[int, ...] | None = None) 
 def fit_ring_law(preset: "GPUPreset", groups: tuple[int, ...]) -> RingLawFit:
     """The ring law's three fields fitted on ``groups``' measured all-reduces: least squares of
     the log time ratios, through the simulator on ``preset`` (its NVLink bandwidth and NCCL
-    channels)."""
+    channels).
+
+    The link efficiency is bounded by the channels' own path at the top clock
+    (``comm_default_sms · comm_bw_per_sm_mhz · clock_max_mhz`` of NVLink): above it the channels
+    bind and the time has no gradient in it. Raises :class:`ValueError` for fewer than two
+    groups (one cannot tell the fixed cost from the steps), a group without measurements, or a
+    fit that does not converge."""
     from scipy.optimize import least_squares
 
+    unknown = sorted(set(groups) - set(VTRAIN_ALLREDUCE_US))
+    if unknown or len(set(groups)) < 2:
+        raise ValueError(f"the ring law needs two or more of the measured groups "
+                         f"{sorted(VTRAIN_ALLREDUCE_US)}; got {sorted(set(groups))}")
     rows = measured(groups)
     names = list(RING_LAW_BOUNDS)
-    lo = np.array([RING_LAW_BOUNDS[n][0] for n in names])
-    hi = np.array([RING_LAW_BOUNDS[n][1] for n in names])
-    # from the middle of the bounds' plausible part: at the preset's own link efficiency the
-    # channels' path may bind, where the time has no gradient in it
-    x0 = np.array([RING_LAW_START[n] for n in names])
+    channels = (preset.comm_default_sms * preset.comm_bw_per_sm_mhz * preset.clock_max_mhz
+                / preset.nvlink_bw)
+    bounds = {**RING_LAW_BOUNDS, "link_efficiency": (RING_LAW_BOUNDS["link_efficiency"][0],
+                                                     min(RING_LAW_BOUNDS["link_efficiency"][1],
+                                                         channels))}
+    lo = np.array([bounds[n][0] for n in names])
+    hi = np.array([bounds[n][1] for n in names])
+    x0 = np.clip([RING_LAW_START[n] for n in names], lo, hi)
 
     def resid(x: np.ndarray) -> np.ndarray:
         p = preset.with_overrides(**dict(zip(names, map(float, x))))
         return np.log(simulated_s(p, rows) / rows.measured_s.to_numpy())
 
     res = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac")
+    if not res.success:
+        raise ValueError(f"the ring law's fit on {sorted(set(groups))} did not converge: "
+                         f"{res.message}")
     return RingLawFit(dict(zip(names, map(float, res.x))), tuple(groups))
