@@ -260,8 +260,9 @@ def _nccl(do_fit: bool, write_preset: bool) -> dict[str, float]:
 
 def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False,
               preset_overrides: dict[str, float] | None = None) -> None:
-    """The vTrain sections and ``--fit-megatron`` (see the module docstring), on vTrain's GPU
-    with ``preset_overrides`` (an NCCL law fitted in the same run and not written)."""
+    """The vTrain sections and ``--fit-megatron`` (see the module docstring) on vTrain's GPU.
+    The fit runs on top of ``preset_overrides`` (an NCCL law fitted in the same run and not
+    written); the sections report the preset as its files hold it."""
     from kareus.suite.datasets import vtrain_runs
     from kareus.suite.megatron_runs import (
         VTRAIN_GPU,
@@ -279,10 +280,10 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False,
     if single is None or multi is None:
         click.echo("\n(shared/vtrain_megatron not found; vTrain sections skipped)")
         return
-    preset_overrides = preset_overrides or {}
-    preset = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK, **preset_overrides)
+    on_file = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK)
     sn, mn = RunSet.build(load_runs(single)), RunSet.build(load_runs(multi))
     if do_fit:
+        preset = on_file.with_overrides(**(preset_overrides or {}))
         t0 = time.perf_counter()
         fitted = fit_megatron(sn, preset, {n: getattr(preset, n) for n in MEGATRON_PARAMETERS})
         click.echo(f"\n== vTrain fit on the single-node runs ({time.perf_counter() - t0:.0f} s): "
@@ -310,11 +311,13 @@ def _megatron(sections: set[str], do_fit: bool, write_preset: bool = False,
             click.echo(f"hold-out {label}: MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} % "
                        "(fitted " + ", ".join(f"{k}={v:.4g}" for k, v in small.items()) + ")")
         if write_preset:
-            preset = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK, **preset_overrides)
+            on_file = get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK)
     if "vtrain-single" in sections:
-        _megatron_section("vtrain-single", "vTrain: Megatron-LM on one node of A100s", sn, preset)
+        _megatron_section("vtrain-single", "vTrain: Megatron-LM on one node of A100s", sn,
+                          on_file)
     if "vtrain-multi" in sections:
-        _megatron_section("vtrain-multi", "vTrain: the 3.6B model on 64 A100s (8 nodes)", mn, preset)
+        _megatron_section("vtrain-multi", "vTrain: the 3.6B model on 64 A100s (8 nodes)", mn,
+                          on_file)
 
 
 def _network_fit(mn, preset) -> None:

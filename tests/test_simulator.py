@@ -48,12 +48,12 @@ def test_collective_speed_grows_with_sms_and_clock_until_the_link_saturates(unca
     sm_rate = 32 * a100.tuned_bw_per_sm_mhz * 1410
     p = a100.tuned_pipelining
     rate = (sm_rate ** -p + link_rate ** -p) ** (-1 / p)
-    assert few[-1] == pytest.approx(a100.comm_latency_s + AR.bus_bytes / rate)
+    assert few[-1] == pytest.approx(a100.tuned_latency_s + AR.bus_bytes / rate)
     assert rate < min(sm_rate, link_rate)
     # p = 1 is store and forward: the two paths' times add
     sf = SimulatorBackend(a100.with_overrides(tuned_pipelining=1.0), power_limit_w=1e9)
     assert sf.collective_time(AR, 1410, 32) == pytest.approx(
-        a100.comm_latency_s + AR.bus_bytes / sm_rate + AR.bus_bytes / link_rate)
+        a100.tuned_latency_s + AR.bus_bytes / sm_rate + AR.bus_bytes / link_rate)
     # fewer threads per block move less per SM
     assert uncapped.collective_time(AR, 1410, 6, 512) > uncapped.collective_time(AR, 1410, 6)
     # The library's kernel (NCCL) reaches the link's bandwidth with its default channels.

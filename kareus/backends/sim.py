@@ -343,7 +343,7 @@ class SimulatorBackend:
         return max(ring, tree)
 
     def comm_latency(self, comm: CommOp, library: bool = True) -> float:
-        """Fixed time of one collective (s), as NCCL's tuning model prices it: the launch and
+        """Fixed time of one collective (s), after NCCL's tuning model: the launch and
         synchronisation (``comm_latency_s`` for the library's kernel, ``library``;
         ``tuned_latency_s`` for a tuned one), plus each step of the algorithm, at
         ``comm_step_latency_s`` inside a node and ``network_hop_latency_s`` across nodes.
@@ -351,7 +351,8 @@ class SimulatorBackend:
         NCCL's ring over the group's ``n`` ranks on ``N`` nodes takes :func:`ring_steps` of
         ``n`` steps, :func:`ring_steps` of ``N`` of them across the network; its tree, for an
         all-reduce across nodes, ``2(r - 1)`` steps inside the nodes (``r`` ranks each) and
-        ``2·ceil(log2 N)`` across; the faster of the two counts. A tuned kernel reads its peers
+        ``2·ceil(log2 N)`` across; the fewer count (:meth:`link_rate` picks the bandwidth on its
+        own: the ring's, or the two-node tree's where faster). A tuned kernel reads its peers
         directly and pays no steps inside a node."""
         g = self.gpu
         fixed = g.comm_latency_s if library else g.tuned_latency_s

@@ -7,8 +7,9 @@ links and collectives, overlap per kernel class, host, power), every value with 
 command and the measurement it was fitted on), ``derived`` (computed from other entries, the rule
 stated), ``definition`` or ``assumed`` (a modelling prior with its reasoning). What belongs to
 the host and the framework rather than the GPU, and so is the same for every GPU, lives once in
-``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form); every GPU file takes those values
-unless it sets its own. Refits write the files (:func:`update_preset_file`: ``kareus calibrate
+``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form), as do the collective libraries'
+defaults that a GPU with its own measurement overrides (NCCL's latency per ring step, a tuned
+collective's fixed cost); every GPU file takes those values unless it sets its own. Refits write the files (:func:`update_preset_file`: ``kareus calibrate
 --partition-sweep ... --write-preset``, ``benchmarks/fidelity.py --fit/--fit-megatron
 --write-preset``), a built-in preset's shared value to the shared file only, so a refit is a
 one-file diff; a user's GPU file (``$KAREUS_GPU_DIR``) gets its refit shared value itself. In
@@ -319,7 +320,8 @@ assert set(_GROUP_OF) == {f.name for f in fields(GPUPreset)} - {"name", "sources
 #: The built-in presets' folder (package data).
 BUILTIN_DIR = Path(__file__).with_name("gpus")
 #: The values every GPU shares, because they are the host's and the framework's (eager PyTorch,
-#: Megatron-LM), not the GPU's: ``{"description", GROUP: {field: {"value", "source"}}}``.
+#: Megatron-LM, the collective libraries), not the GPU's, unless a GPU file sets its own:
+#: ``{"description", GROUP: {field: {"value", "source"}}}``.
 SHARED_FILE = Path(__file__).with_name("host.json")
 #: Environment variable naming a folder of the user's own GPU files.
 USER_DIR_ENV = "KAREUS_GPU_DIR"

@@ -196,13 +196,15 @@ def render_fidelity(root: Path) -> str:
     if "nccl" in f:
         v = f["nccl"]
 
-        def gpus(groups: list[int]) -> str:
+        def gpus(groups: list[int] | None) -> str:
+            if not groups:
+                return "some GPU counts"
             return ", ".join(map(str, groups[:-1])) + f" and {groups[-1]} GPUs"
         rows.append(
             f"| NCCL all-reduce inside vTrain's A100 node, 1–256 MiB (fitted on "
-            f"{gpus(v['fit_groups'])}) | {v['rows']} collective times | {v['mape_pct']:.2f} % "
+            f"{gpus(v.get('fit_groups'))}) | {v['rows']} collective times | {v['mape_pct']:.2f} % "
             f"MAPE, max {v['max_pct']:.2f} %, signed {v['signed_mean_pct']:+.2f} %; hold-out "
-            f"{gpus(v['holdout_groups'])} {v['holdout_mape_pct']:.2f} % | {when(v)} |")
+            f"{gpus(v.get('holdout_groups'))} {v['holdout_mape_pct']:.2f} % | {when(v)} |")
     if "artifact" in f:
         a = f["artifact"]
         ratios = "; ".join(f"{k}: {v['simulated']:.3f} simulated, {v['measured']:.3f} measured"
