@@ -112,3 +112,12 @@ def test_in_a_partition_only_the_library_kernel_pays_the_ring() -> None:
                              ).evaluate_partition(part, *args).time_s
     assert np.all(after[0, 0] > before[0, 0])  # NCCL: 14 steps of 50 µs more
     np.testing.assert_array_equal(after[0, 1], before[0, 1])
+
+
+def test_the_fit_refuses_what_it_cannot_pin_down() -> None:
+    preset = get_preset(VTRAIN_GPU)
+    for groups in ((8,), (2, 5)):
+        with pytest.raises(ValueError, match="two or more"):
+            nccl.fit_ring_law(preset, groups)
+    with pytest.raises(ValueError, match="channels reach only"):
+        nccl.fit_ring_law(preset.with_overrides(comm_default_sms=1), (2, 4, 8))

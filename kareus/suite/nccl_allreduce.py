@@ -116,6 +116,9 @@ def fit_ring_law(preset: "GPUPreset", groups: tuple[int, ...]) -> RingLawFit:
                                                          channels))}
     lo = np.array([bounds[n][0] for n in names])
     hi = np.array([bounds[n][1] for n in names])
+    if np.any(hi <= lo):
+        raise ValueError(f"{preset.name}'s NCCL channels reach only {channels:.2f} of its link: "
+                         "below the least link efficiency the fit allows")
     x0 = np.clip([RING_LAW_START[n] for n in names], lo, hi)
 
     def resid(x: np.ndarray) -> np.ndarray:
