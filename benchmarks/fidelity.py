@@ -234,8 +234,9 @@ def _nccl(do_fit: bool, write_preset: bool) -> dict[str, float]:
         return (f"MAPE {a['mape_pct']:.2f} %, max {a['max_pct']:.2f} %, signed "
                 f"{a['signed_mean_pct']:+.2f} %")
 
+    # the fit on NCCL_FIT_GROUPS: written with --fit-nccl, and the hold-out's in any case
+    fitted = fit_ring_law(preset, NCCL_FIT_GROUPS)
     if do_fit:
-        fitted = fit_ring_law(preset, NCCL_FIT_GROUPS)
         click.echo(f"\n== NCCL ring law fitted on {NCCL_FIT_GROUPS} GPUs: "
                    + ", ".join(f"{k}={v:.4g}" for k, v in fitted.values.items()))
         _preset_diff(VTRAIN_GPU, fitted.values, NCCL_FIT_SOURCE, write_preset)
@@ -248,8 +249,7 @@ def _nccl(do_fit: bool, write_preset: bool) -> dict[str, float]:
                .to_string(float_format=lambda x: f"{x:.1f}"))
     # the hold-out: the law refitted on NCCL_FIT_GROUPS alone, held against the other groups
     held = tuple(sorted(set(errors.group) - set(NCCL_FIT_GROUPS)))
-    holdout = ring_law_errors(preset.with_overrides(**fit_ring_law(preset, NCCL_FIT_GROUPS)
-                                                    .values), held)
+    holdout = ring_law_errors(preset.with_overrides(**fitted.values), held)
     click.echo(f"hold-out: fitted on {NCCL_FIT_GROUPS} GPUs, {held} GPUs predicted: "
                f"{summary(holdout)}")
     RECORD["nccl"] = {"gpu": preset.name, "rows": len(errors), **stats(errors),
