@@ -36,7 +36,7 @@ STRICT_OPTION = click.option(
 
 
 def warn(messages: list[str]) -> None:
-    """Print each memory warning on stderr (one line each)."""
+    """Print each of a job's warnings on stderr (one line each)."""
     for m in messages:
         click.echo(f"warning: {m}", err=True)
 
@@ -219,6 +219,7 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
     w = build_workload(workload, **overrides)
     check_precision(w, preset)
     fits = w.memory_warnings(preset.memory_bytes, strict)
+    fill = w.pipeline_fill_warnings()
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
     result = sim.evaluate_plan(graph, IterationPlan.uniform(graph, preset.clock_max_mhz,
@@ -229,7 +230,7 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
         num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,
         points=[Point.from_result(result)], details=details,
         parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
-        stage_layers=list(w.stage_layers()), memory_warnings=fits,
+        stage_layers=list(w.stage_layers()), memory_warnings=fits, pipeline_warnings=fill,
     )
 
     def text() -> str:
@@ -243,7 +244,7 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
             f"  avg power / GPU  {details['avg_power_per_gpu_w']:.0f} W",
             f"  MFU              {details['mfu']:.1%}",
         ]
-        lines += [f"  warning: {m}" for m in fits]
+        lines += [f"  warning: {m}" for m in fits + fill]
         return "\n".join(lines)
 
     _emit(obj, as_json, text)
@@ -316,7 +317,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                                backend_options={"allow_clock_control": True}
                                if allow_clock_control else None,
                                **{k: v for k, v in overrides.items() if v is not None})
-        warn(problem.workload.memory_warnings(problem.gpu.memory_bytes, strict))
+        warn(problem.workload.warnings(problem.gpu.memory_bytes, strict))
         run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
         from kareus.errors import AllOptimizersFailed, JobRefused
@@ -816,7 +817,7 @@ def _gpu_measure(preset: GPUPreset, workload: str, layers: int | None, clocks: s
     layout = layout or {}
     w = reduced_workload(workload, layers, **layout) if layers else \
         build_workload(workload, **layout)
-    warn(w.memory_warnings(preset.memory_bytes, strict))
+    warn(w.warnings(preset.memory_bytes, strict))
     backend = GPUBackend.create(preset, allow_clock_control=allow, static_power_w=static_power,
                                 measure=MeasureConfig(window_s=5, cooldown_s=5),
                                 hint="or fit a profile measured on a GPU machine with "

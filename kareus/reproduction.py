@@ -230,11 +230,12 @@ def _refuse_if_none_can_plan(w: "Workload", names: list[str]) -> None:
 
 def _check_job(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:
     """Before any work: refuse a precision ``gpu`` cannot run (one line, exit 2); warn on stderr
-    when ``w`` does not fit ``gpu``'s memory, and refuse it with ``strict``."""
+    when ``w`` does not fit ``gpu``'s memory (refuse it with ``strict``) or has fewer
+    microbatches than pipeline stages."""
     from kareus.suite.problem import check_precision
 
     check_precision(w, gpu)
-    for message in w.memory_warnings(gpu.memory_bytes, strict):
+    for message in w.warnings(gpu.memory_bytes, strict):
         click.echo(f"warning: {w.name}: {message}", err=True)
 
 

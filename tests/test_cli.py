@@ -97,17 +97,44 @@ def test_frontier_exports_a_deployable_plan(capsys, tmp_path):
     assert plan.to_json() == obj["choice"]["plan"] and len(plan.instructions) == 16
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--pp", "4", "--microbatches", "2"], "--microbatches 2 is fewer than the 4 pipeline stages"),
-    (["--microbatches", "2000000"], "would need about 5.6 GiB of memory; at most 1,048,576"),
-])
-def test_simulate_refuses_impossible_microbatch_counts(capsys, args, fragment):
-    """Fewer microbatches than stages is not a 1F1B pipeline; two million would build the
-    graph for minutes past 3 GB: both are refused at once, the second with its estimate."""
-    code = main(["simulate", "-w", "llama3.2-3b", *args, "--json"])
+def test_simulate_refuses_impossible_microbatch_counts(capsys):
+    """Two million microbatches would build the graph for minutes past 3 GB: refused at once,
+    with its estimate."""
+    code = main(["simulate", "-w", "llama3.2-3b", "--microbatches", "2000000", "--json"])
     out = capsys.readouterr()
     assert code == 2 and out.out == "" and len(out.err.strip().splitlines()) == 1
-    assert fragment in out.err
+    assert "would need about 5.6 GiB of memory; at most 1,048,576" in out.err
+
+
+def test_fewer_microbatches_than_stages_runs_with_a_warning(capsys):
+    """Megatron-LM runs a pipeline that never fills (vTrain measured 96 such runs): the commands
+    simulate it and say so, and its 1F1B takes (M + S - 1) stage slots, as a filled one does:
+    each microbatch adds one stage's forward and backward, below S microbatches as above."""
+    code = main(["simulate", "-w", "llama3.2-3b", "--pp", "4", "--microbatches", "2", "--json"])
+    out = capsys.readouterr()
+    obj = json.loads(out.out)
+    assert code == 0 and obj["memory_warnings"] == []
+    assert obj["pipeline_warnings"] == [
+        "2 microbatches over 4 pipeline stages: the pipeline never fills, so each stage idles "
+        "for 2 microbatches' time each way (--microbatches >= 4 fills it)"]
+    code = main(["simulate", "-w", "llama3.2-3b", "--pp", "4", "--microbatches", "2"])
+    text = capsys.readouterr().out
+    assert code == 0 and "warning: 2 microbatches over 4 pipeline stages" in text
+    code = main(["frontier", "-w", "llama3.2-3b", "--pp", "4", "--microbatches", "2",
+                 "-o", "perseus", "--json"])
+    out = capsys.readouterr()
+    assert code == 0 and json.loads(out.out)["points"]
+    assert out.err.count("warning: 2 microbatches over 4 pipeline stages") == 1
+    times = {}
+    for m in (1, 2, 4, 8):
+        code = main(["simulate", "-w", "llama3.2-3b", "--pp", "4", "--stage-layers", "7,7,7,7",
+                     "--microbatches", str(m), "--json"])
+        obj = json.loads(capsys.readouterr().out)
+        assert code == 0 and (obj["pipeline_warnings"] == []) == (m >= 4)
+        times[m] = obj["max_throughput"]["time_s"]
+    slot = (times[8] - times[4]) / 4
+    assert times[2] - times[1] == pytest.approx(slot, rel=0.1)
+    assert times[1] == pytest.approx(4 * slot, rel=0.1)  # S slots and the stage tail
 
 
 def test_shell_completion_parses_an_unknown_command_quietly():

@@ -196,8 +196,10 @@ class Workload:
     def stage_layers(self) -> tuple[int, ...]:
         """Transformer layers per pipeline stage.
 
-        Megatron-style uneven split: the last stage also runs the output layer and the loss, so
-        layers move to earlier stages until the most expensive stage is as cheap as possible. The
+        Without ``layer_split``, the suite's uneven split: the last stage also runs the output
+        layer and the loss, so layers move to earlier stages until the most expensive stage is
+        as cheap as possible. (Megatron-LM's own default is an even split, ``layers / pp``
+        each; ``--stage-layers`` asks for it.) The
         cost of a stage is its FLOPs per token over one iteration (forward, backward = 2x forward,
         plus one more forward with recomputation for transformer layers; the output layer is not
         recomputed). For Llama 3.2 3B on 2 stages this gives 15 + 13, the Kareus artifact's split.
@@ -283,6 +285,24 @@ class Workload:
             raise WorkloadError(f"{self.name} does not fit in GPU memory (--strict): "
                                 f"{'; '.join(fits)}; raise TP/PP or lower the micro-batch size")
         return fits
+
+    def pipeline_fill_warnings(self) -> list[str]:
+        """A message when the job has fewer microbatches than pipeline stages (empty: it has
+        enough). Megatron-LM runs such a job (stage ``s`` warms up with ``min(S - s - 1, M)``
+        forwards, :func:`kareus.graph.one_f_one_b`), but its pipeline never fills: every stage
+        idles for ``S - M`` microbatches' time in each direction, which no plan can recover."""
+        p = self.parallel
+        if p.microbatches >= p.pp:
+            return []
+        return [f"{p.microbatches} microbatch{'es' if p.microbatches > 1 else ''} over "
+                f"{p.pp} pipeline stages: the pipeline never fills, so each stage idles for "
+                f"{p.pp - p.microbatches} microbatches' time each way (--microbatches >= {p.pp} "
+                f"fills it)"]
+
+    def warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
+        """Every warning a command prints before it runs the job: :meth:`memory_warnings`
+        (raising with ``strict``), then :meth:`pipeline_fill_warnings`."""
+        return self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
 
 
 
@@ -429,18 +449,4 @@ def make_workload(
                          elementwise=elementwise, cross_entropy=cross_entropy).items()
         if v is not None
     }
-    w = Workload(model=model, parallel=replace(parallel, **overrides))
-    check_pipeline_fill(w.parallel)
-    return w
-
-
-def check_pipeline_fill(p: ParallelConfig) -> None:
-    """Refuse (one line) a job asked for with fewer microbatches than pipeline stages: its 1F1B
-    never reaches a steady state, so no stage is ever busy with both directions. Megatron-LM runs
-    such a job (vTrain measured some), and :class:`Workload` itself describes it; the commands,
-    built on :func:`make_workload`, refuse it as a mistake."""
-    if p.microbatches < p.pp:
-        raise WorkloadError(
-            f"--microbatches {p.microbatches} is fewer than the {p.pp} pipeline stages; 1F1B "
-            f"needs at least one microbatch per stage (use --microbatches >= {p.pp})"
-        )
+    return Workload(model=model, parallel=replace(parallel, **overrides))

@@ -54,7 +54,10 @@ JOB_SHAPE_OPTIONS = [
                                     "TF32 tensor-core matmuls; fp32: no tensor cores."),
     click.option("--stage-layers", "layer_split", default=None, callback=_stage_layers,
                  metavar="N,N,...", help="Transformer blocks per pipeline stage (embedding on the "
-                                         "first, head on the last) [chosen by the suite]."),
+                                         "first, head on the last) [chosen by the suite: fewer on "
+                                         "the head's stage, balancing FLOPs (Llama 3.2 3B over 2: "
+                                         "15,13, as the Kareus artifact ran); Megatron-LM's own "
+                                         "default is even]."),
     click.option("--gpus-per-node", type=int, default=None,
                  help="GPUs per node [8]; groups spanning nodes use the network."),
     click.option("--distributed-optimizer", is_flag=True, callback=_flag_or_none,
