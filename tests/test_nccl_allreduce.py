@@ -35,6 +35,19 @@ def test_each_ring_step_inside_a_node_adds_its_latency() -> None:
     assert sim.comm_latency(gather) == pytest.approx(20e-6 + 14 * 3e-6 + 1 * hop)
 
 
+@pytest.mark.parametrize("nodes,depth", [(2, 1), (3, 1), (4, 2), (6, 2), (7, 2), (8, 3), (24, 4)])
+def test_the_tree_across_nodes_is_as_deep_as_a_binary_tree(nodes, depth) -> None:
+    """NCCL's tuning model charges its tree ``2·log2i(N)`` network hops, log2i rounding down:
+    a binary tree of N nodes is floor(log2 N) deep (3 nodes: a root and two leaves)."""
+    g = get_preset("a100-sxm4-40gb").with_overrides(comm_latency_s=20e-6,
+                                                    comm_step_latency_s=3e-6,
+                                                    network_hop_latency_s=50e-6)
+    ar = CommOp("ar", "all_reduce", 1e6, 8 * nodes, intra_node=False, nodes=nodes,
+                ranks_per_node=8)
+    tree = 2 * 7 * 3e-6 + 2 * depth * 50e-6
+    assert SimulatorBackend(g).comm_latency(ar) == pytest.approx(20e-6 + tree)
+
+
 def test_a_transfer_between_stages_in_a_node_is_one_ring_step() -> None:
     from workloads.catalog import get_model
     from workloads.graph_builder import build_iteration_graph

@@ -351,9 +351,10 @@ class SimulatorBackend:
         NCCL's ring over the group's ``n`` ranks on ``N`` nodes takes :func:`ring_steps` of
         ``n`` steps, :func:`ring_steps` of ``N`` of them across the network; its tree, for an
         all-reduce across nodes, ``2(r - 1)`` steps inside the nodes (``r`` ranks each) and
-        ``2·ceil(log2 N)`` across; the fewer count (:meth:`link_rate` picks the bandwidth on its
-        own: the ring's, or the two-node tree's where faster). A tuned kernel reads its peers
-        directly and pays no steps inside a node."""
+        ``2·floor(log2 N)`` across (NCCL's ``log2i``: a binary tree of ``N`` nodes is that
+        deep); the fewer count (:meth:`link_rate` picks the bandwidth on its own: the ring's, or
+        the two-node tree's where faster). A tuned kernel reads its peers directly and pays no
+        steps inside a node."""
         g = self.gpu
         fixed = g.comm_latency_s if library else g.tuned_latency_s
         intra = g.comm_step_latency_s if library else 0.0
@@ -364,8 +365,9 @@ class SimulatorBackend:
         ring = (ring_steps(comm.collective, n) - across) * intra + across * g.network_hop_latency_s
         if comm.collective != "all_reduce":
             return fixed + ring
+        depth = int(nodes).bit_length() - 1
         tree = (2 * (comm.ranks_per_node - 1) * intra
-                + 2 * math.ceil(math.log2(nodes)) * g.network_hop_latency_s)
+                + 2 * depth * g.network_hop_latency_s)
         return fixed + min(ring, tree)
 
     def _comm_latencies(self, comm: CommOp, ks: tuple[int, ...]) -> NDArray[np.float64]:
