@@ -317,7 +317,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                                backend_options={"allow_clock_control": True}
                                if allow_clock_control else None,
                                **{k: v for k, v in overrides.items() if v is not None})
-        warn(problem.workload.warnings(problem.gpu.memory_bytes, strict))
+        warn(problem.workload.job_warnings(problem.gpu.memory_bytes, strict))
         run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
         from kareus.errors import AllOptimizersFailed, JobRefused
@@ -817,7 +817,7 @@ def _gpu_measure(preset: GPUPreset, workload: str, layers: int | None, clocks: s
     layout = layout or {}
     w = reduced_workload(workload, layers, **layout) if layers else \
         build_workload(workload, **layout)
-    warn(w.warnings(preset.memory_bytes, strict))
+    warn(w.job_warnings(preset.memory_bytes, strict))
     backend = GPUBackend.create(preset, allow_clock_control=allow, static_power_w=static_power,
                                 measure=MeasureConfig(window_s=5, cooldown_s=5),
                                 hint="or fit a profile measured on a GPU machine with "

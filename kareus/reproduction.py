@@ -235,7 +235,7 @@ def _check_job(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:
     from kareus.suite.problem import check_precision
 
     check_precision(w, gpu)
-    for message in w.warnings(gpu.memory_bytes, strict):
+    for message in w.job_warnings(gpu.memory_bytes, strict):
         click.echo(f"warning: {w.name}: {message}", err=True)
 
 

@@ -115,8 +115,8 @@ def test_fewer_microbatches_than_stages_runs_with_a_warning(capsys):
     obj = json.loads(out.out)
     assert code == 0 and obj["memory_warnings"] == []
     assert obj["pipeline_warnings"] == [
-        "2 microbatches over 4 pipeline stages: the pipeline never fills, so each stage idles "
-        "for 2 microbatches' time each way (--microbatches >= 4 fills it)"]
+        "2 microbatches over 4 pipeline stages: the pipeline never fills, and each stage idles "
+        "for 3 of its 5 microbatch slots (--microbatches >= 4 fills it)"]
     code = main(["simulate", "-w", "llama3.2-3b", "--pp", "4", "--microbatches", "2"])
     text = capsys.readouterr().out
     assert code == 0 and "warning: 2 microbatches over 4 pipeline stages" in text

@@ -199,10 +199,10 @@ class Workload:
         Without ``layer_split``, the suite's uneven split: the last stage also runs the output
         layer and the loss, so layers move to earlier stages until the most expensive stage is
         as cheap as possible. (Megatron-LM's own default is an even split, ``layers / pp``
-        each; ``--stage-layers`` asks for it.) The
-        cost of a stage is its FLOPs per token over one iteration (forward, backward = 2x forward,
-        plus one more forward with recomputation for transformer layers; the output layer is not
-        recomputed). For Llama 3.2 3B on 2 stages this gives 15 + 13, the Kareus artifact's split.
+        each; ``--stage-layers`` asks for it.) The cost of a stage is its FLOPs per token over
+        one iteration (forward, backward = 2x forward, plus one more forward with recomputation
+        for transformer layers; the output layer is not recomputed). For Llama 3.2 3B on 2
+        stages this gives 15 + 13, the Kareus artifact's split.
         """
         if self.parallel.layer_split is not None:
             return self.parallel.layer_split
@@ -289,17 +289,18 @@ class Workload:
     def pipeline_fill_warnings(self) -> list[str]:
         """A message when the job has fewer microbatches than pipeline stages (empty: it has
         enough). Megatron-LM runs such a job (stage ``s`` warms up with ``min(S - s - 1, M)``
-        forwards, :func:`kareus.graph.one_f_one_b`), but its pipeline never fills: every stage
-        idles for ``S - M`` microbatches' time in each direction, which no plan can recover."""
+        forwards, :func:`kareus.graph.one_f_one_b`), but its pipeline never fills: the 1F1B
+        bubble, ``S - 1`` of the ``M + S - 1`` microbatch slots of every stage, is over half of
+        the iteration."""
         p = self.parallel
         if p.microbatches >= p.pp:
             return []
+        slots = p.microbatches + p.pp - 1
         return [f"{p.microbatches} microbatch{'es' if p.microbatches > 1 else ''} over "
-                f"{p.pp} pipeline stages: the pipeline never fills, so each stage idles for "
-                f"{p.pp - p.microbatches} microbatches' time each way (--microbatches >= {p.pp} "
-                f"fills it)"]
+                f"{p.pp} pipeline stages: the pipeline never fills, and each stage idles for "
+                f"{p.pp - 1} of its {slots} microbatch slots (--microbatches >= {p.pp} fills it)"]
 
-    def warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
+    def job_warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
         """Every warning a command prints before it runs the job: :meth:`memory_warnings`
         (raising with ``strict``), then :meth:`pipeline_fill_warnings`."""
         return self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
