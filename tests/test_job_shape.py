@@ -492,3 +492,43 @@ def test_mfu_is_against_the_peak_of_the_job_s_precision(capsys):
     e = res.energy
     assert details["mfu"] == pytest.approx(
         res.model_flops / (e.time_s * res.num_gpus * a100.peak_flops_in("tf32")))
+
+
+@pytest.mark.parametrize("tp,dp,pp,mbs,microbatches", [(8, 8, 1, 8, 8), (16, 4, 1, 2, 64),
+                                                       (1, 32, 2, 4, 4)])
+def test_the_command_line_simulates_a_measured_run_as_the_fidelity_check_does(
+        tmp_path, monkeypatch, capsys, tp, dp, pp, mbs, microbatches):
+    """A user's own Megatron-LM job through the front door (a GPT-2 style config.json, the job's
+    flags, a GPU file with the cluster's network; docs/getting-started.md, "Your own cluster")
+    gets the very iteration time that benchmarks/fidelity.py gives the same vTrain run."""
+    from kareus.hardware.presets import BUILTIN_DIR
+    from kareus.suite.megatron_runs import VTRAIN_GPU, VTRAIN_NETWORK, run_workload
+
+    pytest.importorskip("transformers")
+    padded_vocab = (50257 + 128 * tp - 1) // (128 * tp) * (128 * tp)  # Megatron-LM's padding
+    model = tmp_path / "gpt-3.6b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_embd": 3072, "n_head": 32, "n_layer": 30,
+        "n_positions": 2048, "vocab_size": padded_vocab}))
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    raw = json.loads((BUILTIN_DIR / f"{VTRAIN_GPU}.json").read_text())
+    raw["name"] = "my-cluster"
+    raw["links_collectives"]["network_bw"]["value"] = VTRAIN_NETWORK["network_bw"]
+    raw["links_collectives"]["network_efficiency"]["value"] = VTRAIN_NETWORK["network_efficiency"]
+    (gpus / "my-cluster.json").write_text(json.dumps(raw))
+    monkeypatch.setenv("KAREUS_GPU_DIR", str(gpus))
+    layers = ",".join([str(30 // pp)] * pp)
+    assert main(["simulate", "-w", str(model), "--tp", str(tp), "--dp", str(dp), "--pp", str(pp),
+                 "--mbs", str(mbs), "--microbatches", str(microbatches), "--seq", "2048",
+                 "--stage-layers", layers, "--precision", "fp16", "--recompute", "full",
+                 "--attention", "unfused", "--cross-entropy", "unfused",
+                 "--gpu", "my-cluster", "--json"]) == 0
+    cli_s = json.loads(capsys.readouterr().out)["max_throughput"]["time_s"]
+    row = {"hidden": 3072, "heads": 32, "layers": 30, "seq": 2048, "tp": tp, "dp": dp, "pp": pp,
+           "mbs": mbs, "microbatches": microbatches}
+    g = build_iteration_graph(run_workload(row))
+    sim = SimulatorBackend(get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK))
+    fidelity_s = sim.evaluate_plan(g, IterationPlan.uniform(g, sim.gpu.clock_max_mhz)).energy.time_s
+    assert cli_s == pytest.approx(fidelity_s, rel=1e-9)
