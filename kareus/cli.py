@@ -41,6 +41,24 @@ def warn(messages: list[str]) -> None:
         click.echo(f"warning: {m}", err=True)
 
 
+def _with_setting(name: str) -> list[str]:
+    """The registered optimizers whose settings declare ``name`` (plugins that cannot be loaded
+    declare nothing)."""
+    import dataclasses
+
+    from kareus.plugins import optimizer_names, optimizer_settings
+
+    out = []
+    for opt in optimizer_names():
+        try:
+            cls = optimizer_settings(opt)
+        except Exception:  # a broken plugin: it fails alone when it runs
+            continue
+        if cls is not None and name in {f.name for f in dataclasses.fields(cls)}:
+            out.append(opt)
+    return out
+
+
 def workload_options(f: F) -> F:
     """``--workload``, the parallelism overrides, the job's shape and ``--strict``, shared by
     every command taking a workload (``strict`` is passed as its own argument, the overrides as
@@ -161,7 +179,8 @@ def _show_workload(name: str, as_json: bool) -> None:
 
     def text() -> str:
         rows = [["source", obj["source"] or "built-in"]]
-        rows += [[k, v] for k, v in obj["model"].items()]
+        rows += [[k, v] for k, v in obj["model"].items()
+                 if not (k == "gelu" and m.mlp != "gelu")]  # which GELU: only a GELU MLP has one
         rows += [["params", f"{m.total_params() / 1e9:.3f}B ({m.total_params():,})"],
                  ["default shape",
                   f"TP{p.tp} PP{p.pp} CP{p.cp} DP{p.dp} MBS{p.mbs} x{p.microbatches}, "
@@ -190,13 +209,15 @@ def gpus(as_json: bool) -> None:
 
     def text() -> str:
         return render(
-            ["gpu", "SMs", "bf16 TF", "clock MHz", "HBM TB/s", "limit W", "static W", "knee",
+            ["gpu", "SMs", "peak bf16 TF", "clock MHz", "HBM TB/s", "limit W", "static W", "knee",
              "default"],
             ([name, p.sms, f"{p.peak_flops / 1e12:.0f}",
               f"{p.clock_min_mhz:.0f}-{p.clock_max_mhz:.0f}", f"{p.hbm_bw / 1e12:.2f}",
               f"{p.power_limit_w:.0f}", f"{p.static_power_w:.2f}", f"{p.knee_mhz:.0f}",
               "*" if name == DEFAULT_GPU else ""] for name, p in PRESETS.items()),
-            left=("gpu",), caption="Sources of every number: `kareus gpus --json`.")
+            left=("gpu",), caption="peak: dense bf16 tensor FLOP/s at the top clock (datasheets "
+                                   "may quote a lower sustained clock). Sources of every number: "
+                                   "`kareus gpus --json`.")
 
     _emit(out, as_json, text)
 
@@ -302,6 +323,12 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                          "give one")
     options: dict[str, object] = {"solver": solver or "fast", **given}
     opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
+    if solver is not None and "solver" not in given:
+        try:  # as --set solver=... would be: refused by an optimizer that has no solver
+            parse_settings((f"solver={solver}",), [optimizer_name])
+        except InputError:
+            raise InputError(f"--solver: {optimizer_name} has no time-cost solver to choose "
+                             f"({', '.join(_with_setting('solver'))} have one)") from None
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
@@ -345,10 +372,13 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     describe = getattr(problem.backend, "describe", None)
     if callable(describe):  # the GPU backend says which clocks the plans really ran at
         extra["backend_info"] = describe()
-    obj = frontier_object(workload=problem.workload.name, optimizer=optimizer_name,
+    w = problem.workload
+    obj = frontier_object(workload=w.name, optimizer=optimizer_name,
                           backend=problem.backend.name, gpu=problem.gpu.name,
                           num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage,
-                          points=run.frontier, evaluated_plans=len(run.points), **extra)
+                          points=run.frontier, evaluated_plans=len(run.points),
+                          parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
+                          stage_layers=list(w.stage_layers()), **extra)
 
     def text() -> str:
         return render(
@@ -359,7 +389,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
              for p in run.frontier),
             title=f"{optimizer_name} on {problem.workload.name} ({g.num_gpus} x "
                   f"{problem.gpu.name}, {problem.backend.name}): {len(run.points)} plans, "
-                  f"{len(run.frontier)} on the frontier", left=("",))
+                  f"{len(run.frontier)} on the frontier", left=("",)) + (
+            f"\nexported plan {extra['exported']['plan_id']} to {export_dir}: freqs_pipeline.py "
+            "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
+            if export_dir is not None else "")
 
     _emit(obj, as_json, text)
 
@@ -669,7 +702,8 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
 
         check_figure_path(figure_path, "--figure")
     part = spec.partition()
-    sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms)
+    sweep = load_sweep(sweep_path, len(part.compute), preset.comm_max_sms,
+                       op_names=[op.name for op in part.compute])
     from kareus.suite.progress import terminal_progress
 
     with terminal_progress(not as_json) as progress:
@@ -736,7 +770,9 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
 @click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False),
               help="The partition's spec.json.")
 @click.option("--configs", "configs_path", required=True, type=click.Path(dir_okay=False),
-              help="CSV with overlap_start, overlap_end, comm_sm_number, comm_block_size.")
+              help="CSV with overlap_start, overlap_end, comm_sm_number, comm_block_size; "
+                   "the window counts ops from 0 as the fuser runs them (a linear's bias is an "
+                   "op of its own).")
 @click.option("--clock", type=float, default=None,
               help="Locked SM clock, MHz [the default, unlocked clock].")
 @click.option("--calibration", "calibration_path", default=None,
@@ -773,7 +809,8 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
         source = f"preset (its law and the per-op factors of the fit it came from: {own.source})"
     else:
         source = "preset (its law; counted per-op work, no partition fit for this spec)"
-    configs = load_configs(configs_path, n, preset.comm_max_sms)
+    configs = load_configs(configs_path, n, preset.comm_max_sms,
+                           op_names=[op.name for op in part.compute])
     t, e = predict(part, configs, preset, clock, work, host)
     points = [{CONFIG_COLUMNS[0]: int(s), CONFIG_COLUMNS[1]: int(e_), CONFIG_COLUMNS[2]: int(k),
                CONFIG_COLUMNS[3]: int(b), "time_s": float(ti), "energy_j": float(ei)}

@@ -310,3 +310,16 @@ def test_a_precision_the_gpu_lacks_is_refused_before_any_cell(capsys, tmp_path, 
     assert not (tmp_path / "out").exists()
     code, out, _ = run(capsys, "gpus")  # the listing shows it all the same
     assert code == 0 and "fp16-only" in out
+
+
+def test_solver_for_an_optimizer_without_one_is_refused_as_set_solver_is(capsys):
+    """``--solver`` is ``--set solver=``: an optimizer that solves no time-cost tradeoff refuses
+    both (one line, exit 2, before any work), naming the optimizers that have one."""
+    code, out, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "megatron", "--solver",
+                         "exact", "--json")
+    one_line_2(code, err, "--solver: megatron has no time-cost solver to choose (perseus, "
+                          "nanobatch-perseus, kareus have one)")
+    assert out == ""
+    code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "megatron", "--set",
+                       "solver=exact", "--json")
+    one_line_2(code, err, "--set solver: no optimizer of this run (megatron) has that setting")

@@ -122,3 +122,14 @@ def test_the_summary_says_where_nanobatching_is_slower_and_where_not() -> None:
     both = _nanobatch_clause([0.9, 2.0, 9.0], [0.07])
     assert "slower on 3 of them" in both and both.endswith("faster on the other")
     assert _nanobatch_clause([1.0], [0.1, 0.2]).endswith("faster on the other 2")
+
+
+def test_the_renderer_s_command_line_asks_before_it_writes(capsys, monkeypatch):
+    """``--help`` shows the help and an unknown option is refused (exit 2, one line): neither
+    rewrites the docs."""
+    monkeypatch.setattr(docs_render, "run", lambda *a, **k: pytest.fail("rendered the docs"))
+    assert docs_render.main(["--help"]) == 0
+    assert "--check" in capsys.readouterr().out
+    assert docs_render.main(["--chek"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--chek" in err

@@ -644,7 +644,8 @@ def floor_slope_text(slope: dict[str, Any]) -> str:
     against predicted (or why there is none)."""
     if not slope.get("windows"):
         return "floor past the fastest SM count: no window has enough rows past it"
-    return (f"floor past each window's fastest SM count ({slope['windows']} windows): measured "
+    return (f"floor past each window's fastest SM count ({slope['windows']} pairs of window and "
+            f"block size): measured "
             f"{slope['measured_us_per_sm']:+.1f} us and {slope['measured_mj_per_sm']:+.2f} mJ "
             f"per SM, predicted {slope['predicted_us_per_sm']:+.1f} us and "
             f"{slope['predicted_mj_per_sm']:+.2f} mJ"

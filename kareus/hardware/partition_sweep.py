@@ -11,6 +11,7 @@ CSV needs only the four configuration columns.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,8 +95,8 @@ def _shown(value: object) -> str:
     return repr(item() if callable(item) else value)
 
 
-def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads: int
-             ) -> PartitionConfigs:
+def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads: int,
+             op_names: Sequence[str] = ()) -> PartitionConfigs:
     missing = [c for c in CONFIG_COLUMNS if c not in df.columns]
     if missing:
         raise SweepError(f"{path}: missing column(s) {', '.join(missing)}; need "
@@ -119,8 +120,11 @@ def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads:
             raise SweepError(f"{path}: row {row}: window ({s[i]}, {e[i]}) must be (-1, -1) "
                              "(sequential) or have both ends >= 0")
         if s[i] >= 0 and not s[i] <= e[i] < n_ops:
-            raise SweepError(f"{path}: row {row}: window ({s[i]}, {e[i]}) outside the spec's "
-                             f"{n_ops} ops: need 0 <= start <= end <= {n_ops - 1}")
+            named = (" (" + ", ".join(f"{j} {n}" for j, n in enumerate(op_names)) + ")"
+                     if len(op_names) == n_ops else "")
+            raise SweepError(f"{path}: row {row}: window ({s[i]}, {e[i]}) outside the "
+                             f"partition's {n_ops} ops{named}: need 0 <= start <= end <= "
+                             f"{n_ops - 1}")
         if not 1 <= k[i] <= max_sms:
             raise SweepError(f"{path}: row {row}: comm_sm_number {k[i]} outside 1..{max_sms} "
                              "(the collective library's limit)")
@@ -130,20 +134,21 @@ def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads:
     return PartitionConfigs(s, e, k, b)
 
 
-def load_configs(path: str | Path, n_ops: int, max_sms: int, max_threads: int = 1024
-                 ) -> PartitionConfigs:
-    """Configurations to predict: the four configuration columns (others are ignored)."""
-    return _configs(_read(path), str(path), n_ops, max_sms, max_threads)
+def load_configs(path: str | Path, n_ops: int, max_sms: int, max_threads: int = 1024,
+                 op_names: Sequence[str] = ()) -> PartitionConfigs:
+    """Configurations to predict: the four configuration columns (others are ignored). A window
+    counts the partition's ``n_ops`` ops (``op_names``, if given, name them in a refusal)."""
+    return _configs(_read(path), str(path), n_ops, max_sms, max_threads, op_names)
 
 
-def load_sweep(path: str | Path, n_ops: int, max_sms: int, max_threads: int = 1024
-               ) -> PartitionSweep:
+def load_sweep(path: str | Path, n_ops: int, max_sms: int, max_threads: int = 1024,
+               op_names: Sequence[str] = ()) -> PartitionSweep:
     """A measured sweep; raises :class:`SweepError` with one line naming the first problem: a
     missing column, a non-positive time or energy, a duplicate configuration, a window outside
-    the spec's ops or a bad SM count / block size."""
+    the partition's ops (``op_names``, if given, name them) or a bad SM count / block size."""
     df = _read(path)
     p = str(path)
-    configs = _configs(df, p, n_ops, max_sms, max_threads)
+    configs = _configs(df, p, n_ops, max_sms, max_threads, op_names)
     repeats: dict[int, set[str]] = {}
     for c in df.columns:
         m = _REPEAT.match(str(c))

@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import SupportsFloat, SupportsIndex
 
+import click
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -451,15 +451,31 @@ def run(root: Path = REPO, check: bool = False) -> list[str]:
     return stale
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    check = "--check" in args
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 and name the blocks that differ from the outputs.")
+def cli(check: bool) -> None:
+    """Fill the generated blocks of README.md and docs/*.md from the files the project writes."""
     stale = run(REPO, check=check)
     if check and stale:
-        print("generated blocks out of date (run `python -m kareus.suite.docs_render`):\n  "
-              + "\n  ".join(stale))
-        return 1
-    print(("rewrote: " + ", ".join(stale)) if stale and not check else "generated blocks up to date")
+        click.echo("generated blocks out of date (run `python -m kareus.suite.docs_render`):\n  "
+                   + "\n  ".join(stale))
+        raise SystemExit(1)
+    click.echo(("rewrote: " + ", ".join(stale)) if stale and not check
+               else "generated blocks up to date")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run :func:`cli` on ``argv`` (default: the command line); returns the exit status (2 for
+    an unknown option, with click's one-line usage error)."""
+    try:
+        cli.main(args=argv, prog_name="python -m kareus.suite.docs_render",
+                 standalone_mode=False)
+    except click.UsageError as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        return 2
+    except SystemExit as e:
+        return int(e.code or 0)
     return 0
 
 
