@@ -225,7 +225,7 @@ def gpus(as_json: bool) -> None:
 @cli.command()
 @workload_options
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
 def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
              **overrides: int | None) -> None:
     """Simulate one iteration of the default (Megatron-LM) plan: max clock, no overlap."""
@@ -302,7 +302,7 @@ def optimizers(as_json: bool) -> None:
                    "long pipelines' steady state; exact solves the whole 1F1B DAG step for step "
                    "as lowtime does.")
 @SET_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (contract fields).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
              allow_clock_control: bool, export_dir: str | None, solver: str | None,
