@@ -41,24 +41,6 @@ def warn(messages: list[str]) -> None:
         click.echo(f"warning: {m}", err=True)
 
 
-def _with_setting(name: str) -> list[str]:
-    """The registered optimizers whose settings declare ``name`` (plugins that cannot be loaded
-    declare nothing)."""
-    import dataclasses
-
-    from kareus.plugins import optimizer_names, optimizer_settings
-
-    out = []
-    for opt in optimizer_names():
-        try:
-            cls = optimizer_settings(opt)
-        except Exception:  # a broken plugin: it fails alone when it runs
-            continue
-        if cls is not None and name in {f.name for f in dataclasses.fields(cls)}:
-            out.append(opt)
-    return out
-
-
 def workload_options(f: F) -> F:
     """``--workload``, the parallelism overrides, the job's shape and ``--strict``, shared by
     every command taking a workload (``strict`` is passed as its own argument, the overrides as
@@ -327,8 +309,12 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         try:  # as --set solver=... would be: refused by an optimizer that has no solver
             parse_settings((f"solver={solver}",), [optimizer_name])
         except InputError:
+            from kareus.plugins import optimizer_names
+            from kareus.suite.options import declared_settings
+
+            have = declared_settings(optimizer_names())[0].get("solver", [])
             raise InputError(f"--solver: {optimizer_name} has no time-cost solver to choose "
-                             f"({', '.join(_with_setting('solver'))} have one)") from None
+                             f"({', '.join(have)} have one)") from None
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")

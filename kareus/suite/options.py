@@ -97,6 +97,27 @@ SET_OPTION = click.option(
          "optimizer takes the ones it declares (its Settings, docs/architecture.md).")
 
 
+def declared_settings(optimizers: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Which of ``optimizers`` declare each setting (``{NAME: [optimizer, ...]}``), and those
+    that cannot be loaded (a plugin whose import fails or whose ``Settings`` is not a
+    dataclass), which declare nothing. An unknown name raises :class:`InputError`."""
+    from kareus.plugins import optimizer_settings
+
+    declared: dict[str, list[str]] = {}
+    broken: list[str] = []
+    for opt in optimizers:
+        try:
+            cls = optimizer_settings(opt)
+        except InputError:  # an unknown name: the user's
+            raise
+        except Exception:  # a broken plugin: its cell reports it (load_and_run)
+            broken.append(opt)
+            continue
+        for f in dataclasses.fields(cls) if cls is not None else ():
+            declared.setdefault(f.name, []).append(opt)
+    return declared, broken
+
+
 def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str, str]:
     """``--set NAME=VALUE`` pairs as ``{NAME: VALUE}`` (values stay strings: each optimizer's
     settings convert and check them, :func:`kareus.plugins.load_optimizer`). :class:`InputError`
@@ -104,8 +125,6 @@ def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str,
     ``optimizers`` declares (listing those they do). A plugin that cannot be loaded (an import
     that fails, a ``Settings`` that is not a dataclass) declares nothing here: it fails alone
     when its cell runs, and the other optimizers run."""
-    from kareus.plugins import optimizer_settings
-
     out: dict[str, str] = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
@@ -116,18 +135,7 @@ def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str,
             raise InputError(f"--set {name}: given twice")
         out[name] = value.strip()
     if out:
-        declared: dict[str, list[str]] = {}
-        broken: list[str] = []
-        for opt in optimizers:
-            try:
-                cls = optimizer_settings(opt)
-            except InputError:  # an unknown name: the user's
-                raise
-            except Exception:  # a broken plugin: its cell reports it (load_and_run)
-                broken.append(opt)
-                continue
-            for f in dataclasses.fields(cls) if cls is not None else ():
-                declared.setdefault(f.name, []).append(opt)
+        declared, broken = declared_settings(optimizers)
         for name in out:
             if name not in declared:
                 known = ", ".join(sorted(declared)) or "none"
