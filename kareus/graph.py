@@ -220,7 +220,11 @@ class IterationGraph:
         microbatches: Microbatches per iteration.
         gpus_per_stage: GPUs running each stage (TP x CP x DP); they do identical work.
         instruction_graphs: Work of each (stage, direction).
-        p2p: Activation (or gradient) transfer between adjacent stages, one microbatch.
+        p2p: Activation (or gradient) transfer between adjacent stages, one microbatch, over
+            the slowest link a stage boundary uses.
+        p2p_across_nodes: The share of the stage boundaries whose transfer crosses nodes (1
+            when a stage fills a node or more; less when stages are smaller than a node and
+            some neighbours share one).
         stage_tail: Per-stage work after the last backward (DP gradient sync, optimizer step).
         model_flops: Model FLOPs of one iteration over the whole job, without recomputation
             (for model FLOPs utilization).
@@ -243,6 +247,7 @@ class IterationGraph:
     overlap_grad_reduce: bool = False
     grad_buckets: dict[int, int] = field(default_factory=dict)
     nanobatch_refusal: str = ""
+    p2p_across_nodes: float = 1.0
 
     @property
     def num_gpus(self) -> int:

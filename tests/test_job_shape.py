@@ -532,3 +532,33 @@ def test_the_command_line_simulates_a_measured_run_as_the_fidelity_check_does(
     sim = SimulatorBackend(get_preset(VTRAIN_GPU).with_overrides(**VTRAIN_NETWORK))
     fidelity_s = sim.evaluate_plan(g, IterationPlan.uniform(g, sim.gpu.clock_max_mhz)).energy.time_s
     assert cli_s == pytest.approx(fidelity_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp,dp,pp,across", [(4, 1, 8, 3), (2, 2, 8, 3), (2, 1, 8, 1), (8, 1, 4, 3),
+                                             (1, 2, 4, 0), (4, 3, 2, 1), (1, 1, 8, 0)])
+def test_stage_boundaries_cross_nodes_where_megatron_lm_places_them(tp, dp, pp, across):
+    """Each boundary's ranks, enumerated under Megatron-LM's order (TP, DP, then PP; eight GPUs
+    a node): a boundary crosses nodes when any rank and its peer a stage on sit apart."""
+    from workloads.parallel import ParallelConfig
+
+    p = ParallelConfig(tp=tp, dp=dp, pp=pp, gpus_per_node=8)
+    g = p.gpus_per_stage
+    enumerated = sum(any(r // 8 != (r + g) // 8 for r in range(b * g, (b + 1) * g))
+                     for b in range(pp - 1))
+    assert p.stage_boundaries_across_nodes() == enumerated == across
+
+
+def test_a_transfer_between_stages_is_the_mean_over_the_boundaries():
+    """TP4 over eight stages puts two stages on a node: three of the seven boundaries cross
+    nodes, so a transfer takes 3/7 of the network's time and 4/7 of NVLink's; the iteration is
+    faster than with every boundary on the network."""
+    w = make_workload("gpt3-xl", tp=4, pp=8, dp=1, microbatches=16)
+    g = build_iteration_graph(w)
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    assert g.p2p_across_nodes == pytest.approx(3 / 7) and not g.p2p.intra_node
+    all_across, all_inside = (sim.p2p_time(replace(g, p2p_across_nodes=x)) for x in (1.0, 0.0))
+    assert all_inside < all_across
+    assert sim.p2p_time(g) == pytest.approx(3 / 7 * all_across + 4 / 7 * all_inside)
+    faster = sim.evaluate_plan(g, IterationPlan.uniform(g, 1410)).energy.time_s
+    slowest = replace(g, p2p_across_nodes=1.0)
+    assert faster < sim.evaluate_plan(slowest, IterationPlan.uniform(slowest, 1410)).energy.time_s

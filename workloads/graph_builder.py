@@ -727,20 +727,22 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                 sequential=sequential, partitions=partitions,
                 extra=_extra_segments(w, stage, direction),
             )
-    p2p = None
+    p2p, across = None, 1.0
     if p.pp > 1:
         # the stage boundaries' slowest link: a boundary crosses nodes when ranks one stage
-        # apart (TP·CP·DP) sit on different nodes
+        # apart (TP·CP·DP) sit on different nodes; with stages smaller than a node only some do
         place = p.group_placement(p.pp, p.gpus_per_stage)
         p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.tokens_per_gpu
                                                          * m.hidden), 2,
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
+        across = p.stage_boundaries_across_nodes() / (p.pp - 1)
     tails = {s: _stage_tail(w, s, n) for s, n in enumerate(w.stage_layers())}
     buckets = {s: max(1, math.ceil(stage_params(w, s, n) / grad_bucket_params(p.dp)))
                if p.overlap_grad_reduce else 1 for s, n in enumerate(w.stage_layers())}
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,
+        p2p_across_nodes=across,
         stage_tail=tails, model_flops=model_flops(w),
         overlap_grad_reduce=p.overlap_grad_reduce and p.dp > 1, grad_buckets=buckets,
         nanobatch_refusal=p.nanobatch_refusal,

@@ -166,6 +166,15 @@ class ParallelConfig:
         """Whether the micro-batch divides into :attr:`nanobatches` (partitions exist)."""
         return self.nanobatches > 1 and self.mbs % self.nanobatches == 0
 
+    def stage_boundaries_across_nodes(self) -> int:
+        """How many of the ``pp - 1`` boundaries between adjacent pipeline stages cross nodes
+        under Megatron-LM's placement (stage ``b`` holds the ``gpus_per_stage`` consecutive
+        ranks from ``b · gpus_per_stage``; rank ``r`` sends to ``r + gpus_per_stage``). A
+        boundary stays inside a node when both stages fit in one node's run of consecutive
+        ranks: ``(b · G) mod gpus_per_node + 2G <= gpus_per_node``."""
+        g, n = self.gpus_per_stage, self.gpus_per_node
+        return sum(1 for b in range(self.pp - 1) if (b * g) % n + 2 * g > n)
+
     def group_placement(self, size: int, stride: int) -> tuple[int, int]:
         """``(nodes, ranks_per_node)`` of a group of ``size`` ranks ``stride`` apart under
         Megatron-LM's placement (TP innermost, then CP, DP, PP; ``gpus_per_node`` consecutive

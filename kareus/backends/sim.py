@@ -37,7 +37,7 @@ numpy: a short loop over the partition's compute ops, each step on the full grid
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -779,13 +779,22 @@ class SimulatorBackend:
 
     # ------------------------------------------------------------------ iterations
     def p2p_time(self, graph: IterationGraph) -> float:
-        """Time of one activation transfer between adjacent stages (s); GPUs wait at static power."""
-        if graph.p2p is None:
+        """Time of one activation transfer between adjacent stages (s), the mean over the stage
+        boundaries: those across nodes send over one NIC per GPU, those inside a node
+        (``1 - graph.p2p_across_nodes`` of them, with stages smaller than a node) over
+        NVLink. GPUs wait at static power."""
+        comm = graph.p2p
+        if comm is None:
             return 0.0
         g = self.gpu
-        rate = (self.link_rate(graph.p2p) if graph.p2p.intra_node
-                else g.network_bw * g.network_efficiency)  # one NIC per GPU: a send uses one
-        return self.comm_latency(graph.p2p) + graph.p2p.bytes / rate
+        inside = replace(comm, intra_node=True, nodes=1, ranks_per_node=comm.group)
+        t_inside = self.comm_latency(inside) + comm.bytes / self.link_rate(inside)
+        if comm.intra_node:
+            return t_inside
+        t_across = (self.comm_latency(comm)  # one NIC per GPU: a send uses one
+                    + comm.bytes / (g.network_bw * g.network_efficiency))
+        share = graph.p2p_across_nodes
+        return share * t_across + (1.0 - share) * t_inside
 
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
