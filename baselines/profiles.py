@@ -56,9 +56,6 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     check_clock_sweep(profile, source)
     if stages < 1 or microbatches < 1:
         raise InputError("--stages and --microbatches must be positive integers")
-    if microbatches < stages:
-        raise InputError(f"--microbatches {microbatches} is fewer than the {stages} stages; 1F1B "
-                         f"needs at least one microbatch per stage (use >= {stages})")
     slots = stages * microbatches
     if slots > MAX_PROFILE_SLOTS:
         hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600

@@ -408,6 +408,9 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
     from kareus.hardware.profile import load_profile
     from kareus.plugins import ProfileRunner, load_optimizer
 
+    from workloads.parallel import pipeline_fill_warnings
+
+    warn(pipeline_fill_warnings(microbatches, stages))
     runner = load_optimizer(optimizer)
     if not isinstance(runner, ProfileRunner):
         raise InputError(f"optimizer {optimizer!r} cannot run on a measured profile")

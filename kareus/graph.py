@@ -18,7 +18,7 @@ Everything here is plain data; the simulator and the GPU backend give it time an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dataclasses import dataclass, field
 from typing import Literal
@@ -222,9 +222,9 @@ class IterationGraph:
         instruction_graphs: Work of each (stage, direction).
         p2p: Activation (or gradient) transfer between adjacent stages, one microbatch, over
             the slowest link a stage boundary uses.
-        p2p_across_nodes: The share of the stage boundaries whose transfer crosses nodes (1
-            when a stage fills a node or more; less when stages are smaller than a node and
-            some neighbours share one).
+        p2p_across_nodes: For each stage boundary (``b``: between stages ``b`` and ``b + 1``),
+            whether its transfer crosses nodes; empty: every boundary as ``p2p`` says. With
+            stages smaller than a node some neighbours share one.
         stage_tail: Per-stage work after the last backward (DP gradient sync, optimizer step).
         model_flops: Model FLOPs of one iteration over the whole job, without recomputation
             (for model FLOPs utilization).
@@ -247,7 +247,7 @@ class IterationGraph:
     overlap_grad_reduce: bool = False
     grad_buckets: dict[int, int] = field(default_factory=dict)
     nanobatch_refusal: str = ""
-    p2p_across_nodes: float = 1.0
+    p2p_across_nodes: tuple[bool, ...] = ()
 
     @property
     def num_gpus(self) -> int:
@@ -327,16 +327,29 @@ def topological_order(stages: int, microbatches: int) -> list[Instruction]:
     return out
 
 
+def boundary_delays(stages: int, p2p_s: float | Sequence[float]) -> tuple[float, ...]:
+    """The transfer time (s) across each of the ``stages - 1`` stage boundaries (boundary ``b``
+    between stages ``b`` and ``b + 1``): one number for all, or one per boundary."""
+    if isinstance(p2p_s, (int, float)):
+        return (float(p2p_s),) * max(stages - 1, 0)
+    delays = tuple(float(x) for x in p2p_s)
+    if len(delays) != max(stages - 1, 0):
+        raise ValueError(f"{len(delays)} transfer times for {stages - 1} stage boundaries")
+    return delays
+
+
 def schedule_times(stages: int, microbatches: int, durations: Mapping[Instruction, float],
-                   p2p_s: float = 0.0) -> dict[Instruction, tuple[float, float]]:
+                   p2p_s: float | Sequence[float] = 0.0) -> dict[Instruction, tuple[float, float]]:
     """Earliest (start, end) of every instruction of the 1F1B DAG given their durations (s);
-    ``p2p_s`` delays every cross-stage dependency (the activation transfer).
+    ``p2p_s`` delays every cross-stage dependency (the activation transfer): one time for every
+    boundary, or one per boundary (:func:`boundary_delays`).
 
     Each stage runs its program order (:func:`one_f_one_b`) as far as the other stages allow;
     an instruction starts when its stage's previous one and its cross-stage predecessor
     (:func:`dag_dependencies`) have ended. Linear in the instructions.
     """
     order = one_f_one_b(stages, microbatches)
+    delay = boundary_delays(stages, p2p_s)
     forward_end: list[list[float | None]] = [[None] * microbatches for _ in range(stages)]
     backward_end: list[list[float | None]] = [[None] * microbatches for _ in range(stages)]
     position = [0] * stages
@@ -357,9 +370,10 @@ def schedule_times(stages: int, microbatches: int, durations: Mapping[Instructio
                 if ready is None:
                     break
                 start = free[s] if i > 0 else 0.0
-                if (s > 0 and ins.direction == "forward") or (
-                        s < stages - 1 and ins.direction == "backward"):
-                    start = max(start, ready + p2p_s)
+                if s > 0 and ins.direction == "forward":
+                    start = max(start, ready + delay[s - 1])
+                elif s < stages - 1 and ins.direction == "backward":
+                    start = max(start, ready + delay[s])
                 end = start + durations[ins]
                 times[ins] = (start, end)
                 (forward_end if ins.direction == "forward" else backward_end)[s][m] = end
@@ -374,15 +388,18 @@ def schedule_times(stages: int, microbatches: int, durations: Mapping[Instructio
 
 
 def critical_path(stages: int, microbatches: int, times: dict[Instruction, tuple[float, float]],
-                  p2p_s: float = 0.0) -> list[Instruction]:
-    """Instructions on a longest path, from the first to the last-finishing instruction."""
+                  p2p_s: float | Sequence[float] = 0.0) -> list[Instruction]:
+    """Instructions on a longest path, from the first to the last-finishing instruction
+    (``p2p_s`` as :func:`schedule_times` takes it)."""
     deps = dag_dependencies(stages, microbatches)
+    delay = boundary_delays(stages, p2p_s)
     node = max(times, key=lambda i: times[i][1])
     path = [node]
     while deps[node]:
         start = times[node][0]
         prev = [d for d in deps[node]
-                if abs(times[d][1] + (p2p_s if d.stage != node.stage else 0.0) - start) < 1e-12]
+                if abs(times[d][1] + (delay[min(d.stage, node.stage)]
+                                      if d.stage != node.stage else 0.0) - start) < 1e-12]
         if not prev:
             break
         node = max(prev, key=lambda d: times[d][1])

@@ -543,22 +543,36 @@ def test_stage_boundaries_cross_nodes_where_megatron_lm_places_them(tp, dp, pp, 
 
     p = ParallelConfig(tp=tp, dp=dp, pp=pp, gpus_per_node=8)
     g = p.gpus_per_stage
-    enumerated = sum(any(r // 8 != (r + g) // 8 for r in range(b * g, (b + 1) * g))
-                     for b in range(pp - 1))
-    assert p.stage_boundaries_across_nodes() == enumerated == across
+    enumerated = tuple(any(r // 8 != (r + g) // 8 for r in range(b * g, (b + 1) * g))
+                       for b in range(pp - 1))
+    assert p.stage_boundaries_across_nodes() == enumerated and sum(enumerated) == across
 
 
-def test_a_transfer_between_stages_is_the_mean_over_the_boundaries():
-    """TP4 over eight stages puts two stages on a node: three of the seven boundaries cross
-    nodes, so a transfer takes 3/7 of the network's time and 4/7 of NVLink's; the iteration is
-    faster than with every boundary on the network."""
+def test_each_stage_boundary_delays_by_its_own_transfer():
+    """One microbatch through three stages of unit work: the forward wave crosses each boundary
+    once and the backward wave once more, so the iteration takes 6 + 2 (d0 + d1)."""
+    from kareus.graph import Instruction, schedule_times
+
+    durations = {Instruction(s, 0, d): 1.0 for s in range(3) for d in ("forward", "backward")}
+    times = schedule_times(3, 1, durations, (0.1, 0.3))
+    assert max(end for _, end in times.values()) == pytest.approx(6.8)
+    assert times[Instruction(2, 0, "forward")][0] == pytest.approx(2.4)
+    with pytest.raises(ValueError, match="3 transfer times for 2 stage boundaries"):
+        schedule_times(3, 1, durations, (0.1, 0.2, 0.3))
+
+
+def test_stages_sharing_a_node_send_over_nvlink():
+    """TP4 over eight stages puts two stages on a node: boundaries 1, 3 and 5 cross nodes and
+    take the network's time, the others NVLink's; the iteration is faster than with every
+    boundary on the network, and the solvers' one figure is the boundaries' mean."""
     w = make_workload("gpt3-xl", tp=4, pp=8, dp=1, microbatches=16)
     g = build_iteration_graph(w)
     sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
-    assert g.p2p_across_nodes == pytest.approx(3 / 7) and not g.p2p.intra_node
-    all_across, all_inside = (sim.p2p_time(replace(g, p2p_across_nodes=x)) for x in (1.0, 0.0))
-    assert all_inside < all_across
-    assert sim.p2p_time(g) == pytest.approx(3 / 7 * all_across + 4 / 7 * all_inside)
+    times = sim.p2p_times(g)
+    inside, across = times[0], times[1]
+    assert inside < across and times == (inside, across) * 3 + (inside,)
+    assert sim.p2p_time(g) == pytest.approx((3 * across + 4 * inside) / 7)
     faster = sim.evaluate_plan(g, IterationPlan.uniform(g, 1410)).energy.time_s
-    slowest = replace(g, p2p_across_nodes=1.0)
+    slowest = replace(g, p2p_across_nodes=())
+    assert sim.p2p_times(slowest) == (across,) * 7
     assert faster < sim.evaluate_plan(slowest, IterationPlan.uniform(slowest, 1410)).energy.time_s

@@ -727,7 +727,7 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                 sequential=sequential, partitions=partitions,
                 extra=_extra_segments(w, stage, direction),
             )
-    p2p, across = None, 1.0
+    p2p, across = None, ()
     if p.pp > 1:
         # the stage boundaries' slowest link: a boundary crosses nodes when ranks one stage
         # apart (TP·CP·DP) sit on different nodes; with stages smaller than a node only some do
@@ -735,7 +735,7 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
         p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.tokens_per_gpu
                                                          * m.hidden), 2,
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
-        across = p.stage_boundaries_across_nodes() / (p.pp - 1)
+        across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s, n) for s, n in enumerate(w.stage_layers())}
     buckets = {s: max(1, math.ceil(stage_params(w, s, n) / grad_bucket_params(p.dp)))
                if p.overlap_grad_reduce else 1 for s, n in enumerate(w.stage_layers())}

@@ -166,14 +166,14 @@ class ParallelConfig:
         """Whether the micro-batch divides into :attr:`nanobatches` (partitions exist)."""
         return self.nanobatches > 1 and self.mbs % self.nanobatches == 0
 
-    def stage_boundaries_across_nodes(self) -> int:
-        """How many of the ``pp - 1`` boundaries between adjacent pipeline stages cross nodes
-        under Megatron-LM's placement (stage ``b`` holds the ``gpus_per_stage`` consecutive
-        ranks from ``b · gpus_per_stage``; rank ``r`` sends to ``r + gpus_per_stage``). A
-        boundary stays inside a node when both stages fit in one node's run of consecutive
-        ranks: ``(b · G) mod gpus_per_node + 2G <= gpus_per_node``."""
+    def stage_boundaries_across_nodes(self) -> tuple[bool, ...]:
+        """For each of the ``pp - 1`` boundaries between adjacent pipeline stages, whether it
+        crosses nodes under Megatron-LM's placement (stage ``b`` holds the ``gpus_per_stage``
+        consecutive ranks from ``b · gpus_per_stage``; rank ``r`` sends to ``r +
+        gpus_per_stage``). A boundary stays inside a node when both stages fit in one node's run
+        of consecutive ranks: ``(b · G) mod gpus_per_node + 2G <= gpus_per_node``."""
         g, n = self.gpus_per_stage, self.gpus_per_node
-        return sum(1 for b in range(self.pp - 1) if (b * g) % n + 2 * g > n)
+        return tuple((b * g) % n + 2 * g > n for b in range(self.pp - 1))
 
     def group_placement(self, size: int, stride: int) -> tuple[int, int]:
         """``(nodes, ranks_per_node)`` of a group of ``size`` ranks ``stride`` apart under
@@ -296,24 +296,26 @@ class Workload:
         return fits
 
     def pipeline_fill_warnings(self) -> list[str]:
-        """A message when the job has fewer microbatches than pipeline stages (empty: it has
-        enough). Megatron-LM runs such a job (stage ``s`` warms up with ``min(S - s - 1, M)``
-        forwards, :func:`kareus.graph.one_f_one_b`), but its pipeline never fills: the 1F1B
-        bubble, ``S - 1`` of the ``M + S - 1`` microbatch slots of every stage, is over half of
-        the iteration."""
-        p = self.parallel
-        if p.microbatches >= p.pp:
-            return []
-        slots = p.microbatches + p.pp - 1
-        return [f"{p.microbatches} microbatch{'es' if p.microbatches > 1 else ''} over "
-                f"{p.pp} pipeline stages: the pipeline never fills, and each stage idles for "
-                f"{p.pp - 1} of its {slots} microbatch slots (--microbatches >= {p.pp} fills it)"]
+        """:func:`pipeline_fill_warnings` of this job's microbatches and stages."""
+        return pipeline_fill_warnings(self.parallel.microbatches, self.parallel.pp)
 
     def job_warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
         """Every warning a command prints before it runs the job: :meth:`memory_warnings`
         (raising with ``strict``), then :meth:`pipeline_fill_warnings`."""
         return self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
 
+
+
+def pipeline_fill_warnings(microbatches: int, stages: int) -> list[str]:
+    """A message when a 1F1B pipeline has fewer microbatches than stages (empty: it has enough).
+    Megatron-LM runs such a job (stage ``s`` warms up with ``min(S - s - 1, M)`` forwards,
+    :func:`kareus.graph.one_f_one_b`), but its pipeline never fills: the 1F1B bubble, ``S - 1``
+    of the ``M + S - 1`` microbatch slots of every stage, is at least half of the iteration."""
+    if not 0 < microbatches < stages:
+        return []
+    return [f"{microbatches} microbatch{'es' if microbatches > 1 else ''} over {stages} pipeline "
+            f"stages: the pipeline never fills, and each stage idles for {stages - 1} of its "
+            f"{microbatches + stages - 1} microbatch slots (--microbatches >= {stages} fills it)"]
 
 
 #: The fields of a job's shape that commands and result files report (``--json``'s and

@@ -778,23 +778,30 @@ class SimulatorBackend:
                                          + collectives(ig.extra)))
 
     # ------------------------------------------------------------------ iterations
-    def p2p_time(self, graph: IterationGraph) -> float:
-        """Time of one activation transfer between adjacent stages (s), the mean over the stage
-        boundaries: those across nodes send over one NIC per GPU, those inside a node
-        (``1 - graph.p2p_across_nodes`` of them, with stages smaller than a node) over
-        NVLink. GPUs wait at static power."""
+    def p2p_times(self, graph: IterationGraph) -> tuple[float, ...]:
+        """Time (s) of one activation transfer across each stage boundary (``b``: between stages
+        ``b`` and ``b + 1``): over one NIC per GPU where the boundary crosses nodes, over NVLink
+        where both stages share a node (stages smaller than a node). GPUs wait at static
+        power."""
         comm = graph.p2p
         if comm is None:
-            return 0.0
+            return (0.0,) * max(graph.stages - 1, 0)
         g = self.gpu
         inside = replace(comm, intra_node=True, nodes=1, ranks_per_node=comm.group)
         t_inside = self.comm_latency(inside) + comm.bytes / self.link_rate(inside)
         if comm.intra_node:
-            return t_inside
+            return (t_inside,) * (graph.stages - 1)
         t_across = (self.comm_latency(comm)  # one NIC per GPU: a send uses one
                     + comm.bytes / (g.network_bw * g.network_efficiency))
-        share = graph.p2p_across_nodes
-        return share * t_across + (1.0 - share) * t_inside
+        across = graph.p2p_across_nodes or (True,) * (graph.stages - 1)
+        return tuple(t_across if a else t_inside for a in across)
+
+    def p2p_time(self, graph: IterationGraph) -> float:
+        """One figure for every stage boundary (s), the mean of :meth:`p2p_times`: the fixed
+        transfer the optimizers' solvers put between stages. :meth:`evaluate_plan` times each
+        boundary with its own."""
+        times = self.p2p_times(graph)
+        return sum(times) / len(times) if times else 0.0
 
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
@@ -810,7 +817,7 @@ class SimulatorBackend:
             durations[ins] = cost.time_s
             dyn[ins.stage] += cost.dynamic_energy_j
         times = schedule_times(graph.stages, graph.microbatches, durations,
-                               self.p2p_time(graph))
+                               self.p2p_times(graph))
         run_ahead = self._run_ahead(graph, plan, order, durations)
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
         ends = {}
