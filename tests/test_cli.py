@@ -87,6 +87,8 @@ def test_frontier_exports_a_deployable_plan(capsys, tmp_path):
                         "--export", str(out), "--json")
     obj = json.loads(text)
     assert code == 0 and obj["exported"]["plan_id"] == obj["choice"]["plan_id"]
+    assert obj["parallel"]["tp"] == 4 and obj["parallel"]["microbatches"] == 4
+    assert obj["stage_layers"] == [13, 11]  # the suite's split: the head's stage lighter
     sched = ast.literal_eval((out / "freqs_pipeline.py").read_text())
     assert len(sched) == 2 and all(len(stage) == 8 for stage in sched)
     assert all(d in ("forward", "backward") and 900 <= f <= 1410 for st in sched for d, f in st)
@@ -143,3 +145,24 @@ def test_shell_completion_parses_an_unknown_command_quietly():
 
     with cli.make_context("kareus", ["frob", "x"], resilient_parsing=True) as ctx:
         assert cli.resolve_command(ctx, ["frob", "x"])[1] is None
+
+
+def test_frontier_says_what_it_exported(capsys, tmp_path):
+    code, text, _ = run(capsys, "frontier", "-w", "gpt3-xl", "--tp", "4", "--mbs", "2",
+                        "--microbatches", "4", "-o", "megatron", "--export", str(tmp_path / "p"))
+    assert code == 0 and text.strip().splitlines()[-1] == (
+        f"exported plan 0 to {tmp_path / 'p'}: freqs_pipeline.py (Zeus's per-instruction "
+        "clocks), schedules.json (each partition's window and SMs)")
+
+
+def test_workloads_show_lists_a_gelu_variant_only_for_a_gelu_mlp(capsys):
+    code, text, _ = run(capsys, "workloads", "--show", "llama3.2-3b")
+    assert code == 0 and "swiglu" in text and "gelu" not in text.replace("swiglu", "")
+    code, text, _ = run(capsys, "workloads", "--show", "gpt3-xl")
+    assert code == 0 and "gelu_new" in text
+
+
+def test_gpus_labels_its_flops_as_the_peak_at_the_top_clock(capsys):
+    code, text, _ = run(capsys, "gpus")
+    assert code == 0 and "peak bf16 TF" in text
+    assert "dense bf16 tensor FLOP/s at the top clock" in " ".join(text.split())

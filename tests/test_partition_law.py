@@ -276,7 +276,9 @@ def test_calibration_files_must_match_spec_and_gpu(tmp_path, spec, spec_file, ca
 
 @pytest.mark.parametrize("args,fragment", [
     (["--configs", "CFG"], "no such file"),
-    (["--configs", "BAD"], "outside"),
+    (["--configs", "BAD"], "window (0, 9) outside the partition's 8 ops (0 bda, 1 norm, "
+                           "2 linear_qkv, 3 linear_qkv_bias, 4 qkv_split, 5 rope, "
+                           "6 flash_attention, 7 linear_proj): need 0 <= start <= end <= 7"),
     (["--configs", "CFG_OK", "--clock", "2000"], "outside"),
 ])
 def test_partition_command_bad_input(tmp_path, spec_file, capsys, args, fragment):
