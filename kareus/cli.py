@@ -22,6 +22,7 @@ from workloads.parallel import JOB_FIELDS
 if TYPE_CHECKING:
     from kareus.hardware.presets import GPUPreset
     from kareus.json_types import JsonObject
+    from kareus.suite.records import Point
 
 #: A click command function being decorated.
 F = TypeVar("F", bound=Callable[..., object])
@@ -72,6 +73,10 @@ def build_workload(workload: str, **overrides: object):  # noqa: ANN201
     from workloads import make_workload
 
     return make_workload(workload, **overrides)
+
+
+#: Frontier points ``kareus frontier`` prints without ``--all``.
+FRONTIER_ROWS = 15
 
 
 def render(columns: Sequence[str], rows: Iterable[Sequence[object]], *,
@@ -284,11 +289,14 @@ def optimizers(as_json: bool) -> None:
                    "long pipelines' steady state; exact solves the whole 1F1B DAG step for step "
                    "as lowtime does.")
 @SET_OPTION
+@click.option("--all", "all_points", is_flag=True,
+              help=f"Print every frontier point (without it, at most {FRONTIER_ROWS}, evenly "
+                   "spread, both ends and the choice included).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
              allow_clock_control: bool, export_dir: str | None, solver: str | None,
-             settings: tuple[str, ...], strict: bool, as_json: bool,
+             settings: tuple[str, ...], strict: bool, all_points: bool, as_json: bool,
              **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
@@ -364,21 +372,38 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                           parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
                           stage_layers=list(w.stage_layers()), **extra)
 
-    def text() -> str:
-        return render(
-            ["time s", "energy kJ", "dynamic kJ", "static kJ", ""],
-            ([f"{p.time_s:.4f}", f"{p.energy_j / 1e3:.3f}", f"{p.dynamic_energy_j / 1e3:.3f}",
-              f"{p.static_energy_j / 1e3:.3f}",
-              "<- choice" if chosen is not None and p.plan_id == chosen.plan_id else ""]
-             for p in run.frontier),
-            title=f"{optimizer_name} on {problem.workload.name} ({g.num_gpus} x "
-                  f"{problem.gpu.name}, {problem.backend.name}): {len(run.points)} plans, "
-                  f"{len(run.frontier)} on the frontier", left=("",)) + (
-            f"\nexported plan {extra['exported']['plan_id']} to {export_dir}: freqs_pipeline.py "
-            "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
-            if export_dir is not None else "")
+    head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "
+            f"{problem.backend.name}): {len(run.points)} plans evaluated, {len(run.frontier)} on "
+            "the frontier")
+    exported = (f"exported plan {extra['exported']['plan_id']} to {export_dir}: freqs_pipeline.py "
+                "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
+                if export_dir is not None else None)
+    _emit(obj, as_json, lambda: "\n".join(
+        [head, _frontier_table(run.frontier, chosen, all_points)]
+        + ([exported] if exported else [])))
 
-    _emit(obj, as_json, text)
+
+def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: bool) -> str:
+    """``kareus frontier``'s table of ``points`` (fastest first): each point's time, energy and
+    both against the fastest point, the ``chosen`` one marked; without ``all_points`` at most
+    :data:`FRONTIER_ROWS`, evenly spread, and a line saying so."""
+    from kareus.suite.tables import spread_indices
+
+    fastest = points[0]
+    picked = [i for i, p in enumerate(points) if chosen is not None and p.plan_id == chosen.plan_id]
+    shown = list(range(len(points))) if all_points else spread_indices(
+        len(points), FRONTIER_ROWS, keep=picked)
+    columns = ["time s", "energy kJ", "dynamic kJ", "static kJ", "time vs fastest",
+               "energy vs fastest"] + (["choice"] if chosen is not None else [])
+    rows = ([f"{p.time_s:.4f}", f"{p.energy_j / 1e3:.3f}", f"{p.dynamic_energy_j / 1e3:.3f}",
+             f"{p.static_energy_j / 1e3:.3f}", f"{(p.time_s / fastest.time_s - 1) * 100:+.1f} %",
+             f"{(p.energy_j / fastest.energy_j - 1) * 100:+.1f} %"]
+            + (["<-" if i in picked else ""] if chosen is not None else [])
+            for i, p in ((i, points[i]) for i in shown))
+    more = ("" if len(shown) == len(points) else
+            f"\n{len(shown)} of the {len(points)} frontier points shown, evenly spread; "
+            "--all prints every one, --json the data")
+    return render(columns, rows, left=("choice",)) + more
 
 
 def _profile_options(fn):
@@ -510,12 +535,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     """Fit a preset's clock->time and clock->power curves to a measured profile (or measure one
     on this machine's GPU with --gpu-measure), or fit the partition law to a measured partition
     sweep (--partition-sweep)."""
-    from dataclasses import asdict
-
     from kareus.errors import InputError
-    from kareus.hardware.calibration import MIN_CLOCKS_BELOW_KNEE
-    from kareus.hardware.calibration import calibrate as fit
-    from kareus.hardware.profile import load_profile
 
     for label, v in (("--static-power", static_power), ("--power-limit", power_limit)):
         if v is not None and not (v > 0 and v < 1e5):
@@ -564,6 +584,22 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         return
     if profile_path is None:
         raise InputError("give --profile CSV, --partition-sweep CSV, or --gpu-measure")
+    _calibrate_profile(profile_path, gpu, preset, static_power, power_limit, as_json,
+                       write_preset)
+
+
+def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
+                       static_power: float | None, power_limit: float | None, as_json: bool,
+                       write_preset: bool) -> None:
+    """``kareus calibrate --profile``: fit the clock -> time and clock -> power curves of
+    ``gpu`` (``preset`` is it with the command's overrides) to a Zeus-format profile; report the
+    fit, and with ``write_preset`` write it into the preset file."""
+    from dataclasses import asdict
+
+    from kareus.hardware.calibration import MIN_CLOCKS_BELOW_KNEE
+    from kareus.hardware.calibration import calibrate as fit
+    from kareus.hardware.profile import load_profile
+
     df = load_profile(profile_path)
     res = fit(df, get_preset(gpu), static_power_w=static_power, power_limit_w=power_limit)
     fitted = res.fitted_preset(get_preset(gpu))

@@ -166,3 +166,32 @@ def test_gpus_labels_its_flops_as_the_peak_at_the_top_clock(capsys):
     code, text, _ = run(capsys, "gpus")
     assert code == 0 and "peak bf16 TF" in text
     assert "dense bf16 tensor FLOP/s at the top clock" in " ".join(text.split())
+
+
+def test_spread_indices_keeps_both_ends_and_the_kept_ones():
+    from kareus.suite.tables import spread_indices
+
+    assert spread_indices(5, 15) == [0, 1, 2, 3, 4]
+    picked = spread_indices(171, 15)
+    assert len(picked) == 15 and picked[0] == 0 and picked[-1] == 170
+    assert picked == sorted(set(picked))
+    gaps = [b - a for a, b in zip(picked, picked[1:])]
+    assert max(gaps) - min(gaps) <= 1  # evenly spread
+    assert 37 in spread_indices(171, 15, keep=[37]) and len(spread_indices(171, 15, [37])) == 16
+
+
+def test_frontier_text_shows_a_spread_with_the_choice_and_all_on_request(capsys):
+    args = ("frontier", "-w", "gpt3-xl", "-o", "perseus")
+    code, text, _ = run(capsys, *args, "--json")
+    points = json.loads(text)["points"]
+    assert code == 0 and len(points) > 15
+    budget = (points[0]["time_s"] + points[-1]["time_s"]) / 2
+    code, text, _ = run(capsys, *args, "--time-budget-s", str(budget))
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    chosen = [r for r in rows if "<-" in r]
+    assert code == 0 and 15 <= len(rows) <= 16 and len(chosen) == 1
+    assert rows[0].split("│")[5].strip() == "+0.0 %"  # the fastest point first
+    assert f"{len(rows)} of the {len(points)} frontier points shown" in text
+    code, text, _ = run(capsys, *args, "--all")
+    assert code == 0 and sum(line.startswith("│") for line in text.splitlines()) == len(points)
+    assert "frontier points shown" not in text

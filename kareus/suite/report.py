@@ -469,6 +469,74 @@ def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerR
 # Suites: tables and figures across configurations
 
 
+def write_suite_results(out: Path, summaries: Mapping[str, Mapping], names: list[str], *,
+                        title: str, heading: str, own_gpus: list[str],
+                        headlines: Mapping[str, float] | None = None) -> None:
+    """A suite's files across its configurations (each in ``out/<label>/``, summarised in
+    ``summaries``): ``max_throughput.csv`` and ``frontier.csv`` (:func:`suite_tables`),
+    ``tables.md`` (the methods the paper compares; the configurations with their own GPU,
+    ``own_gpus``; beside the paper's ``headlines`` when given and Kareus ran) and the figures
+    ``frontiers_grid.png`` and ``energy_breakdown.png``."""
+    out = Path(out)
+    mt, fr_, notes = suite_tables(summaries)
+    atomic_write_text(out / "max_throughput.csv", mt.to_csv(index=False))
+    atomic_write_text(out / "frontier.csv", fr_.to_csv(index=False))
+    focus = [n for n in ("perseus", "nanobatch-perseus", "kareus") if n in names]
+    mt_cols = ["config"] + [c for n in focus for c in (f"{n} ΔT %", f"{n} ΔE %") if c in mt]
+    fr_cols = ["config"] + [c for n in focus if n != "perseus"
+                            for c in (f"{n} iso-time ΔE %", f"{n} iso-energy ΔT %") if c in fr_]
+    fr_show = fr_[fr_cols].copy()
+    if {"nanobatch-perseus iso-time ΔE %", "kareus iso-time ΔE %"} <= set(fr_show.columns):
+        fr_show["Kareus ≥ NB-Perseus ≥ Perseus"] = [
+            "yes" if all(v is not None and v == v for v in (k1, k2, n1, n2))
+            and k1 >= n1 - 1e-9 and k2 >= n2 - 1e-9 and n1 >= 0 and n2 >= 0 else "no"
+            for k1, k2, n1, n2 in zip(fr_["kareus iso-time ΔE %"],
+                                      fr_["kareus iso-energy ΔT %"],
+                                      fr_["nanobatch-perseus iso-time ΔE %"],
+                                      fr_["nanobatch-perseus iso-energy ΔT %"])]
+    lines = [f"# {heading}", "",
+             *([f"Configurations with their own GPU: {'; '.join(own_gpus)}.", ""]
+               if own_gpus else []),
+             "Every optimizer's numbers are in max_throughput.csv and frontier.csv; the tables "
+             "below show the methods the paper compares.", "",
+             "## Max-throughput plan vs Megatron-LM (ΔT %, ΔE %; positive = reduction)", "",
+             format_pct_table(mt[mt_cols], notes), "",
+             "## Frontier vs Perseus (iso-time ΔE %, iso-energy ΔT %)", "",
+             NA_NOTE[0].upper() + NA_NOTE[1:] + ".", "",
+             format_pct_table(fr_show, notes), ""]
+    if headlines is not None and "kareus" in names:
+        lines += _headline_lines(fr_, headlines)
+    atomic_write_text(out / "tables.md", "\n".join(lines) + "\n")
+    frames = {label: pd.read_csv(out / label / "frontiers.csv") for label in summaries}
+    plot_suite_frontiers(frames, out / "frontiers_grid.png", title)
+    plot_suite_breakdown(summaries, out / "energy_breakdown.png", title)
+
+
+def _headline_lines(fr_: pd.DataFrame, headlines: Mapping[str, float]) -> list[str]:
+    """``tables.md``'s comparison of Kareus's best iso-time and iso-energy reductions (and
+    Llama 3.3 70B's, when the suite ran it) with the paper's ``headlines``."""
+    k_time = [v for v in fr_.get("kareus iso-time ΔE %", []) if v == v and v is not None]
+    k_energy = [v for v in fr_.get("kareus iso-energy ΔT %", []) if v == v and v is not None]
+    big = fr_[fr_.config.str.startswith("llama3.3-70b")]
+    lines = ["## Beside the paper's headline numbers", "",
+             "| metric | paper | this suite |", "|---|---|---|",
+             f"| best iso-time energy reduction vs Perseus | up to "
+             f"{headlines['iso_time_energy_reduction_pct_max']} % | "
+             f"{max(k_time):.1f} % |" if k_time else "",
+             f"| best iso-energy time reduction vs Perseus | up to "
+             f"{headlines['iso_energy_time_reduction_pct_max']} % | "
+             f"{max(k_energy):.1f} % |" if k_energy else ""]
+    if not big.empty:
+        lines += [
+            f"| Llama 3.3 70B iso-time energy reduction | "
+            f"{headlines['llama3.3-70b_iso_time_energy_reduction_pct']} % | "
+            f"{big['kareus iso-time ΔE %'].iloc[0]:.1f} % |",
+            f"| Llama 3.3 70B iso-energy time reduction | "
+            f"{headlines['llama3.3-70b_iso_energy_time_reduction_pct']} % | "
+            f"{big['kareus iso-energy ΔT %'].iloc[0]:.1f} % |"]
+    return lines + [""]
+
+
 def suite_tables(summaries: Mapping[str, Mapping]
                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, str], str]]:
     """Max-throughput (ΔT %, ΔE % vs Megatron-LM) and frontier (iso-time ΔE %, iso-energy ΔT %

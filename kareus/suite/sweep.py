@@ -309,62 +309,13 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
                             executor=executor, backend_options=backend_options,
                             options=options)
     console = make_console(stderr=True)
-    import pandas as pd
-
-    frames = {label: pd.read_csv(out / label / "frontiers.csv") for label in summaries}
     # what the folder now shows: the optimizers run, and those already there (run_configs)
     names = list(dict.fromkeys(n for sm in summaries.values() for n in sm["optimizers"]))
-    mt, fr_, notes = report.suite_tables(summaries)
-    title = f"suite {suite}, {gpu} ({backend})"
-    report.atomic_write_text(out / "max_throughput.csv", mt.to_csv(index=False))
-    report.atomic_write_text(out / "frontier.csv", fr_.to_csv(index=False))
-    focus = [n for n in ("perseus", "nanobatch-perseus", "kareus") if n in names]
-    mt_cols = ["config"] + [c for n in focus for c in (f"{n} ΔT %", f"{n} ΔE %") if c in mt]
-    fr_cols = ["config"] + [c for n in focus if n != "perseus"
-                            for c in (f"{n} iso-time ΔE %", f"{n} iso-energy ΔT %") if c in fr_]
-    fr_show = fr_[fr_cols].copy()
-    if {"nanobatch-perseus iso-time ΔE %", "kareus iso-time ΔE %"} <= set(fr_show.columns):
-        fr_show["Kareus ≥ NB-Perseus ≥ Perseus"] = [
-            "yes" if all(v is not None and v == v for v in (k1, k2, n1, n2))
-            and k1 >= n1 - 1e-9 and k2 >= n2 - 1e-9 and n1 >= 0 and n2 >= 0 else "no"
-            for k1, k2, n1, n2 in zip(fr_["kareus iso-time ΔE %"],
-                                      fr_["kareus iso-energy ΔT %"],
-                                      fr_["nanobatch-perseus iso-time ΔE %"],
-                                      fr_["nanobatch-perseus iso-energy ΔT %"])]
-    own = [f"{c.label} on {c.gpu}" for c in get_suite(suite) if c.gpu and c.gpu != gpu]
-    lines = [f"# Suite `{suite}` on {gpu} ({backend} backend)", "",
-             *([f"Configurations with their own GPU: {'; '.join(own)}.", ""] if own else []),
-             "Every optimizer's numbers are in max_throughput.csv and frontier.csv; the tables "
-             "below show the methods the paper compares.", "",
-             "## Max-throughput plan vs Megatron-LM (ΔT %, ΔE %; positive = reduction)", "",
-             report.format_pct_table(mt[mt_cols], notes), "",
-             "## Frontier vs Perseus (iso-time ΔE %, iso-energy ΔT %)", "",
-             report.NA_NOTE[0].upper() + report.NA_NOTE[1:] + ".", "",
-             report.format_pct_table(fr_show, notes), ""]
-    if suite == "paper" and "kareus" in names:
-        k_time = [v for v in fr_.get("kareus iso-time ΔE %", []) if v == v and v is not None]
-        k_energy = [v for v in fr_.get("kareus iso-energy ΔT %", []) if v == v and v is not None]
-        big = fr_[fr_.config.str.startswith("llama3.3-70b")]
-        lines += ["## Beside the paper's headline numbers", "",
-                  "| metric | paper | this suite |", "|---|---|---|",
-                  f"| best iso-time energy reduction vs Perseus | up to "
-                  f"{PAPER_HEADLINES['iso_time_energy_reduction_pct_max']} % | "
-                  f"{max(k_time):.1f} % |" if k_time else "",
-                  f"| best iso-energy time reduction vs Perseus | up to "
-                  f"{PAPER_HEADLINES['iso_energy_time_reduction_pct_max']} % | "
-                  f"{max(k_energy):.1f} % |" if k_energy else ""]
-        if not big.empty:
-            lines += [
-                f"| Llama 3.3 70B iso-time energy reduction | "
-                f"{PAPER_HEADLINES['llama3.3-70b_iso_time_energy_reduction_pct']} % | "
-                f"{big['kareus iso-time ΔE %'].iloc[0]:.1f} % |",
-                f"| Llama 3.3 70B iso-energy time reduction | "
-                f"{PAPER_HEADLINES['llama3.3-70b_iso_energy_time_reduction_pct']} % | "
-                f"{big['kareus iso-energy ΔT %'].iloc[0]:.1f} % |"]
-        lines.append("")
-    report.atomic_write_text(out / "tables.md", "\n".join(line for line in lines) + "\n")
-    report.plot_suite_frontiers(frames, out / "frontiers_grid.png", title)
-    report.plot_suite_breakdown(summaries, out / "energy_breakdown.png", title)
+    report.write_suite_results(
+        out, summaries, names, title=f"suite {suite}, {gpu} ({backend})",
+        heading=f"Suite `{suite}` on {gpu} ({backend} backend)",
+        own_gpus=[f"{c.label} on {c.gpu}" for c in configs if c.gpu and c.gpu != gpu],
+        headlines=PAPER_HEADLINES if suite == "paper" else None)
     report.atomic_write_text(out / "metadata.json", json.dumps(
         _metadata(suite, gpu, backend, names, time.perf_counter() - t0), indent=2) + "\n")
     console.print(f"Suite {suite}: {len(configs)} configurations in "

@@ -56,6 +56,17 @@ def to_text(t: "Table") -> str:
     return buf.getvalue().rstrip("\n")
 
 
+def spread_indices(count: int, limit: int, keep: Iterable[int] = ()) -> list[int]:
+    """At most ``limit`` of the indices ``0 .. count - 1``, evenly spread, both ends and every
+    index in ``keep`` included (those may take the total past ``limit``), in order; all of them
+    when ``count <= limit``."""
+    if count <= limit:
+        return list(range(count))
+    step = (count - 1) / max(limit - 1, 1)
+    chosen = {round(i * step) for i in range(limit)} | {0, count - 1}
+    return sorted(chosen | {k for k in keep if 0 <= k < count})
+
+
 def render(columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,
            caption: str | None = None, left: Iterable[str] = ()) -> str:
     """:func:`table` as text (:func:`to_text`)."""
