@@ -20,6 +20,7 @@ from kareus.suite.options import JOB_SHAPE_OPTIONS, PARALLEL_OPTIONS, SET_OPTION
 from workloads.parallel import JOB_FIELDS
 
 if TYPE_CHECKING:
+    from kareus.backends.breakdown import StageBreakdown
     from kareus.hardware.presets import GPUPreset
     from kareus.json_types import JsonObject
     from kareus.suite.records import Point
@@ -212,8 +213,12 @@ def gpus(as_json: bool) -> None:
 @cli.command()
 @workload_options
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
+@click.option("--breakdown", is_flag=True,
+              help="Also show where the time goes on each stage: one micro-batch's kernels by "
+                   "kind, collectives and waits for the host; the iteration's pipeline waits, "
+                   "optimizer step and gradient synchronisation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
-def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
+def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bool,
              **overrides: int | None) -> None:
     """Simulate one iteration of the default (Megatron-LM) plan: max clock, no overlap."""
     from kareus.backends.sim import SimulatorBackend
@@ -230,15 +235,21 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
     fill = w.pipeline_fill_warnings()
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
-    result = sim.evaluate_plan(graph, IterationPlan.uniform(graph, preset.clock_max_mhz,
-                                                            label="megatron"))
+    plan = IterationPlan.uniform(graph, preset.clock_max_mhz, label="megatron")
+    result = sim.evaluate_plan(graph, plan)
     details = iteration_details(result, preset, w.parallel.precision)
+    stages = []
+    if breakdown:
+        from kareus.backends.breakdown import time_breakdown
+
+        stages = time_breakdown(sim, graph, plan, result, tuple(w.stage_layers()))
     obj = frontier_object(
         workload=w.name, optimizer="megatron", backend=sim.name, gpu=preset.name,
         num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,
         points=[Point.from_result(result)], details=details,
         parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
         stage_layers=list(w.stage_layers()), memory_warnings=fits, pipeline_warnings=fill,
+        **({"breakdown": [sb.to_dict() for sb in stages]} if breakdown else {}),
     )
 
     def text() -> str:
@@ -253,9 +264,46 @@ def simulate(workload: str, gpu: str, strict: bool, as_json: bool,
             f"  MFU              {details['mfu']:.1%}",
         ]
         lines += [f"  warning: {m}" for m in fits + fill]
+        if stages:
+            lines += ["", _breakdown_text(stages)]
         return "\n".join(lines)
 
     _emit(obj, as_json, text)
+
+
+#: ``kareus simulate --breakdown``'s names for the parts of a micro-batch.
+_PART_NAMES = {"gemm": "GEMM", "attention": "attention", "memory": "memory-bound",
+               "collective": "collectives", "overlapped": "overlapped", "host_wait": "host wait"}
+
+
+def _breakdown_text(stages: Sequence[StageBreakdown]) -> str:
+    """``kareus simulate --breakdown``'s two tables: one micro-batch's forward and backward on
+    each stage by part (ms, share), and the iteration on one GPU of each stage (s)."""
+    parts = [p for p in _PART_NAMES if any(p in sb.forward_s or p in sb.backward_s
+                                           for sb in stages)]
+
+    def cell(sb: StageBreakdown, part: str) -> str:
+        t = sb.forward_s.get(part, 0.0) + sb.backward_s.get(part, 0.0)
+        total = sum(sb.forward_s.values()) + sum(sb.backward_s.values())
+        return f"{t * 1e3:.1f} ({t / total:.0%})"
+
+    micro = render(
+        ["stage", "layers", "forward ms", "backward ms"] + [_PART_NAMES[p] for p in parts],
+        ([sb.stage, sb.layers, f"{sum(sb.forward_s.values()) * 1e3:.1f}",
+          f"{sum(sb.backward_s.values()) * 1e3:.1f}"] + [cell(sb, p) for p in parts]
+         for sb in stages),
+        title="One micro-batch on one GPU of each stage: forward + backward by part, ms (share)")
+    iteration = render(
+        ["stage", "instructions", "pipeline waits", "host run-ahead", "optimizer + grad sync",
+         "idle at end", "iteration"],
+        ([sb.stage] + [f"{0.0 if abs(x) < 5e-4 else x:.3f}" for x in (
+            sb.instructions_s, sb.waiting_s, -sb.run_ahead_s, sb.tail_s, sb.idle_at_end_s,
+            sb.iteration_s)] for sb in stages),
+        title="The iteration on one GPU of each stage, s",
+        caption="pipeline waits: 1F1B's fill and drain and the transfers between stages; host "
+                "run-ahead: without stages the host issues ahead across micro-batches; idle at "
+                "end: waiting for the slowest stage")
+    return micro + "\n" + iteration
 
 
 @cli.command()

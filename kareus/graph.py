@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Direction = Literal["forward", "backward"]
+KernelKind = Literal["gemm", "attention", "memory"]
+#: The kinds of compute kernel (:attr:`ComputeOp.kind`), in the order reports list them.
+KERNEL_KINDS: tuple[KernelKind, ...] = ("gemm", "attention", "memory")
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
 
 
@@ -64,7 +67,7 @@ class ComputeOp:
     """
 
     name: str
-    kind: Literal["gemm", "attention", "memory"]
+    kind: KernelKind
     flops: float
     bytes: float
     tiles: int = 0

@@ -59,6 +59,11 @@ class IterationResult:
         per_gpu_energy_j: Total energy of one GPU of each stage, static included (J).
         instruction_times: (start, end) of every instruction (s).
         model_flops: Model FLOPs of the iteration (for MFU).
+        stage_tail_s: Per stage, the time after its last instruction (s): the optimizer step and
+            what the data-parallel gradient synchronisation leaves exposed. Empty where the
+            backend does not tell.
+        run_ahead_s: What a single-stage iteration gains over its instructions run one by one,
+            by the host issuing ahead across them (s; 0 with pipeline stages).
     """
 
     energy: EnergyBreakdown
@@ -68,6 +73,8 @@ class IterationResult:
     per_gpu_energy_j: dict[int, float]
     instruction_times: dict[Instruction, tuple[float, float]] = field(repr=False)
     model_flops: float = 0.0
+    stage_tail_s: dict[int, float] = field(default_factory=dict)
+    run_ahead_s: float = 0.0
 
     @property
     def time_s(self) -> float:

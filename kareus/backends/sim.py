@@ -36,7 +36,6 @@ numpy: a short loop over the partition's compute ops, each step on the full grid
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -46,6 +45,7 @@ from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
 from kareus.energy import iteration_energy
 from kareus.errors import PlanError
 from kareus.graph import (
+    KERNEL_KINDS,
     CommOp,
     ComputeOp,
     Direction,
@@ -616,20 +616,31 @@ class SimulatorBackend:
         )
 
     # ------------------------------------------------------------------ instructions
+    def segment_parts(self, segs: tuple[Segment, ...], f_idx: int, times: int = 1
+                      ) -> dict[str, tuple[float, float]]:
+        """GPU time (s) and dynamic energy (J) of ``segs`` run ``times`` over in sequential
+        execution (compute ops on all SMs, then the collective alone on the library's kernel),
+        by what runs: the compute kernels by kind (``gemm``, ``attention``, ``memory``) and the
+        collectives (``collective``), in that order. The GPU's own time only; where the host's
+        issue holds it back is :meth:`issue_map`'s."""
+        parts = {kind: [0.0, 0.0] for kind in (*KERNEL_KINDS, "collective")}
+        for seg in segs:
+            for op in seg.compute:
+                a = self._alone(op)
+                part = parts[op.kind]
+                part[0] += float(a.time[f_idx])
+                part[1] += float(a.time[f_idx] * a.power[f_idx])
+            if seg.comm is not None and seg.comm.group > 1:
+                ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,),
+                                         self.gpu.comm_block_default)
+                parts["collective"][0] += float(ph.time[0, f_idx])
+                parts["collective"][1] += float(ph.time[0, f_idx] * ph.power[0, f_idx])
+        return {kind: (t * times, e * times) for kind, (t, e) in parts.items()}
+
     def _segment_cost(self, seg: Segment, f_idx: int) -> tuple[float, float]:
-        """Compute ops on all SMs, then the collective alone on the library's kernel (sequential
-        execution: the GPU's own time; where the host's issue holds it back is
-        :meth:`issue_map`'s)."""
-        t = e = 0.0
-        for op in seg.compute:
-            a = self._alone(op)
-            t += float(a.time[f_idx])
-            e += float(a.time[f_idx] * a.power[f_idx])
-        if seg.comm is not None and seg.comm.group > 1:
-            ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,), self.gpu.comm_block_default)
-            t += float(ph.time[0, f_idx])
-            e += float(ph.time[0, f_idx] * ph.power[0, f_idx])
-        return t, e
+        """One segment's GPU time (s) and dynamic energy (J), sequential (:meth:`segment_parts`)."""
+        parts = self.segment_parts((seg,), f_idx).values()
+        return sum(t for t, _ in parts), sum(e for _, e in parts)
 
     def _partition_cost(self, part: Partition, clock: float, sched: PartitionSchedule
                         ) -> tuple[float, float]:
@@ -708,12 +719,10 @@ class SimulatorBackend:
                 t += ct + xt - pt
                 e += ce + xe - pe
         else:
-            for seg in ig.sequential:
-                st, se = self._segment_cost(seg, f_idx)
-                t += st * ig.layers
-                e += se * ig.layers
-        for seg in ig.extra:
-            st, se = self._segment_cost(seg, f_idx)
+            for st, se in self.segment_parts(ig.sequential, f_idx, ig.layers).values():
+                t += st
+                e += se
+        for st, se in self.segment_parts(ig.extra, f_idx).values():
             t += st
             e += se
         if not (plan.nanobatched and ig.partitions):  # partitions model their own host issue
@@ -721,6 +730,30 @@ class SimulatorBackend:
             t = max(t, host + max(a, b))
         table[key] = (t, e)
         return t, e
+
+    def instruction_breakdown(self, graph: IterationGraph, key: tuple[int, Direction],
+                              plan: InstructionPlan) -> dict[str, tuple[float, float]]:
+        """Where one instruction's time (s) and dynamic energy (J) per GPU go: the parts of
+        :meth:`segment_parts` (``gemm``, ``attention``, ``memory``, ``collective``) and
+        ``host_wait``, the time the GPU waits for the host's issue (no dynamic energy). A
+        nanobatched instruction's overlapped partitions are one part, ``overlapped``, and its
+        host issue is inside them. The parts add up to :meth:`evaluate_instruction`'s cost."""
+        ig = graph.instruction_graphs[key]
+        plan.validate(graph, key, self.gpu)
+        f_idx = self._scalar_index(plan.clock_mhz)
+        total_t, total_e = self._instruction_at(ig, plan, f_idx)
+        extra = self.segment_parts(ig.extra, f_idx)
+        if plan.nanobatched and ig.partitions:
+            parts = {"overlapped": (total_t - sum(t for t, _ in extra.values()),
+                                    total_e - sum(e for _, e in extra.values()))}
+            for kind, (t, e) in extra.items():
+                parts[kind] = (t, e)
+            parts["host_wait"] = (0.0, 0.0)
+            return parts
+        parts = self.segment_parts(ig.sequential, f_idx, ig.layers)
+        parts = {kind: (t + extra[kind][0], e + extra[kind][1]) for kind, (t, e) in parts.items()}
+        parts["host_wait"] = (total_t - sum(t for t, _ in parts.values()), 0.0)
+        return parts
 
     def issue_map(self, ig: InstructionGraph, f_idx: int) -> tuple[float, float, float]:
         """How the host's issue queue runs through one sequential instruction at grid clock
@@ -820,7 +853,7 @@ class SimulatorBackend:
                                self.p2p_times(graph))
         run_ahead = self._run_ahead(graph, plan, order, durations)
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
-        ends = {}
+        ends, tails = {}, {}
         last_end = [0.0] * graph.stages
         for ins, (_, end) in times.items():
             last_end[ins.stage] = max(last_end[ins.stage], end)
@@ -839,6 +872,7 @@ class SimulatorBackend:
                 tail_t += st
                 dyn[s] += se
             ends[s] = last + tail_t
+            tails[s] = tail_t
         iteration_time = max(ends.values())
         cluster_dyn = sum(dyn[s] * graph.gpus_per_stage for s in dyn)
         energy = iteration_energy(cluster_dyn, graph.num_gpus, self.gpu.static_power_w,
@@ -849,6 +883,7 @@ class SimulatorBackend:
             per_gpu_dynamic_j=dict(dyn),
             per_gpu_energy_j={s: dyn[s] + per_gpu_static for s in dyn},
             instruction_times=times, model_flops=graph.model_flops,
+            stage_tail_s=tails, run_ahead_s=run_ahead,
         )
 
     def _run_ahead(self, graph: IterationGraph, plan: IterationPlan,

@@ -1,0 +1,73 @@
+"""Where an iteration's time goes (kareus.backends.breakdown): the parts add up to what the
+simulator charges, and each part answers to the knob that should move it."""
+
+import json
+
+import pytest
+
+from kareus.backends.breakdown import time_breakdown
+from kareus.backends.sim import SimulatorBackend
+from kareus.cli import main
+from kareus.hardware.presets import get_preset
+from kareus.plan import IterationPlan
+from workloads import make_workload
+from workloads.graph_builder import build_iteration_graph
+
+
+def _simulated(name: str, nanobatched: bool = False, **shape):
+    w = make_workload(name, **shape)
+    graph, gpu = build_iteration_graph(w), get_preset("a100-sxm4-40gb")
+    sim = SimulatorBackend(gpu)
+    plan = IterationPlan.uniform(graph, gpu.clock_max_mhz, nanobatched=nanobatched)
+    result = sim.evaluate_plan(graph, plan)
+    return sim, graph, plan, result, time_breakdown(sim, graph, plan, result,
+                                                    tuple(w.stage_layers()))
+
+
+@pytest.mark.parametrize("nanobatched", [False, True])
+def test_parts_add_up_to_the_instructions_and_the_iteration(nanobatched):
+    sim, graph, plan, result, stages = _simulated(
+        "llama3.2-3b", nanobatched, tp=8, pp=2, mbs=8, microbatches=8, seq=4096)
+    for ins in list(result.instruction_times)[:4]:
+        cost = sim.evaluate_instruction(graph, ins.type_key, plan.instructions[ins])
+        parts = sim.instruction_breakdown(graph, ins.type_key, plan.instructions[ins])
+        assert sum(t for t, _ in parts.values()) == pytest.approx(cost.time_s, rel=1e-12)
+        assert sum(e for _, e in parts.values()) == pytest.approx(cost.dynamic_energy_j,
+                                                                 rel=1e-12)
+        assert ("overlapped" in parts) == nanobatched and parts["host_wait"][1] == 0.0
+    for sb in stages:
+        assert sb.iteration_s == pytest.approx(result.time_s, rel=1e-12)
+        assert min(sb.instructions_s, sb.waiting_s, sb.tail_s, sb.idle_at_end_s) >= -1e-9
+    # the stage that ends last idles for nobody; in 1F1B the first stage waits for one
+    # micro-batch of the second (fill and drain) and for transfers, at most two a micro-batch
+    assert min(sb.idle_at_end_s for sb in stages) == pytest.approx(0.0, abs=1e-9)
+    one = sum(stages[1].forward_s.values()) + sum(stages[1].backward_s.values())
+    p2p = sim.p2p_time(graph)
+    assert p2p > 0 and one < stages[0].waiting_s <= one + 2 * 8 * p2p + 1e-9
+
+
+def test_the_collectives_vanish_without_tensor_parallelism_and_the_host_shows_at_small_batches():
+    *_, tp8 = _simulated("gpt3-xl", tp=8, pp=1, dp=2, mbs=1, microbatches=16)
+    *_, tp1 = _simulated("gpt3-xl", tp=1, pp=1, dp=16, mbs=1, microbatches=16)
+    *_, big = _simulated("gpt3-xl", tp=8, pp=1, dp=2, mbs=16, microbatches=1)
+    assert "collective" in tp8[0].forward_s and "collective" not in tp1[0].forward_s
+    host_share = {name: s[0].backward_s["host_wait"] / sum(s[0].backward_s.values())
+                  for name, s in (("mbs1", tp8), ("mbs16", big))}
+    assert host_share["mbs1"] > 0.1 > 100 * host_share["mbs16"]
+    # without stages the host issues ahead across micro-batches: the gain is the iteration's
+    assert tp8[0].run_ahead_s > 0 and tp8[0].waiting_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_simulate_breakdown_text_and_json(capsys):
+    args = ["simulate", "-w", "gpt3-xl", "--pp", "2", "--breakdown"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "One micro-batch on one GPU of each stage" in text and "pipeline waits" in text
+    assert main(args + ["--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert [s["stage"] for s in obj["breakdown"]] == [0, 1]
+    it = obj["breakdown"][1]["iteration"]
+    assert sum(it.values()) - 2 * it["run_ahead_s"] == pytest.approx(
+        obj["max_throughput"]["time_s"], rel=1e-9)
+    assert main(args[:-1] + ["--json"]) == 0
+    assert "breakdown" not in json.loads(capsys.readouterr().out)
