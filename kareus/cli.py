@@ -215,8 +215,8 @@ def gpus(as_json: bool) -> None:
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
 @click.option("--breakdown", is_flag=True,
               help="Also show where the time goes on each stage: one micro-batch's kernels by "
-                   "kind, collectives and waits for the host; the iteration's pipeline waits, "
-                   "optimizer step and gradient synchronisation.")
+                   "kind, collectives and waits for the host; the iteration's waits between "
+                   "instructions, optimizer step and gradient synchronisation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
 def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bool,
              **overrides: int | None) -> None:
@@ -294,15 +294,16 @@ def _breakdown_text(stages: Sequence[StageBreakdown]) -> str:
          for sb in stages),
         title="One micro-batch on one GPU of each stage: forward + backward by part, ms (share)")
     iteration = render(
-        ["stage", "instructions", "pipeline waits", "host run-ahead", "optimizer + grad sync",
-         "idle at end", "iteration"],
+        ["stage", "instructions", "waits", "host run-ahead", "optimizer + grad sync",
+         "after its work", "iteration"],
         ([sb.stage] + [f"{0.0 if abs(x) < 5e-4 else x:.3f}" for x in (
-            sb.instructions_s, sb.waiting_s, -sb.run_ahead_s, sb.tail_s, sb.idle_at_end_s,
+            sb.instructions_s, sb.waiting_s, -sb.run_ahead_s, sb.tail_s, sb.after_s,
             sb.iteration_s)] for sb in stages),
         title="The iteration on one GPU of each stage, s",
-        caption="pipeline waits: 1F1B's fill and drain and the transfers between stages; host "
-                "run-ahead: without stages the host issues ahead across micro-batches; idle at "
-                "end: waiting for the slowest stage")
+        caption="waits: before and between its instructions (the pipeline filling, its "
+                "neighbours, transfers between stages); host run-ahead: without stages the host "
+                "issues ahead across micro-batches; after its work: until the iteration ends (in "
+                "1F1B the first stage ends last, so for the others the pipeline draining)")
     return micro + "\n" + iteration
 
 
@@ -339,7 +340,7 @@ def optimizers(as_json: bool) -> None:
 @SET_OPTION
 @click.option("--all", "all_points", is_flag=True,
               help=f"Print every frontier point (without it, at most {FRONTIER_ROWS}, evenly "
-                   "spread, both ends and the choice included).")
+                   "spread, both ends and the choice included; --json always has them all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
@@ -421,8 +422,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                           stage_layers=list(w.stage_layers()), **extra)
 
     head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "
-            f"{problem.backend.name}): {len(run.points)} plans evaluated, {len(run.frontier)} on "
-            "the frontier")
+            f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "
+            f"evaluated, {len(run.frontier)} on the frontier")
     exported = (f"exported plan {extra['exported']['plan_id']} to {export_dir}: freqs_pipeline.py "
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
                 if export_dir is not None else None)

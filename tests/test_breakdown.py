@@ -37,10 +37,14 @@ def test_parts_add_up_to_the_instructions_and_the_iteration(nanobatched):
         assert ("overlapped" in parts) == nanobatched and parts["host_wait"][1] == 0.0
     for sb in stages:
         assert sb.iteration_s == pytest.approx(result.time_s, rel=1e-12)
-        assert min(sb.instructions_s, sb.waiting_s, sb.tail_s, sb.idle_at_end_s) >= -1e-9
-    # the stage that ends last idles for nobody; in 1F1B the first stage waits for one
-    # micro-batch of the second (fill and drain) and for transfers, at most two a micro-batch
-    assert min(sb.idle_at_end_s for sb in stages) == pytest.approx(0.0, abs=1e-9)
+        assert min(sb.instructions_s, sb.waiting_s, sb.tail_s, sb.after_s) >= -1e-9
+        # the parts of one micro-batch are the instructions' durations, split
+        per_microbatch = sum(sb.forward_s.values()) + sum(sb.backward_s.values())
+        assert 8 * per_microbatch == pytest.approx(sb.instructions_s, rel=1e-12)
+    # in 1F1B the first stage ends last and waits for one micro-batch of the second (fill and
+    # drain) and for transfers, at most two a micro-batch; the second stage's drain follows
+    assert stages[0].after_s == pytest.approx(0.0, abs=1e-9)
+    assert stages[1].after_s > 0.01
     one = sum(stages[1].forward_s.values()) + sum(stages[1].backward_s.values())
     p2p = sim.p2p_time(graph)
     assert p2p > 0 and one < stages[0].waiting_s <= one + 2 * 8 * p2p + 1e-9
@@ -62,12 +66,28 @@ def test_simulate_breakdown_text_and_json(capsys):
     args = ["simulate", "-w", "gpt3-xl", "--pp", "2", "--breakdown"]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "One micro-batch on one GPU of each stage" in text and "pipeline waits" in text
+    assert "One micro-batch on one GPU of each stage" in text and "after its work" in text
     assert main(args + ["--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in obj["breakdown"]] == [0, 1]
     it = obj["breakdown"][1]["iteration"]
-    assert sum(it.values()) - 2 * it["run_ahead_s"] == pytest.approx(
-        obj["max_throughput"]["time_s"], rel=1e-9)
+    assert (it["instructions_s"] + it["waiting_s"] - it["run_ahead_s"] + it["tail_s"]
+            + it["after_s"]) == pytest.approx(obj["max_throughput"]["time_s"], rel=1e-9)
     assert main(args[:-1] + ["--json"]) == 0
     assert "breakdown" not in json.loads(capsys.readouterr().out)
+
+
+def test_a_plan_under_its_own_power_limit_is_broken_down_under_that_limit():
+    w = make_workload("gpt3-xl")
+    graph, gpu = build_iteration_graph(w), get_preset("a100-sxm4-40gb")
+    sim = SimulatorBackend(gpu)
+    plan = IterationPlan.uniform(graph, gpu.clock_max_mhz, power_limit_w=250.0)
+    result = sim.evaluate_plan(graph, plan)
+    stages = time_breakdown(sim, graph, plan, result, tuple(w.stage_layers()))
+    full = sim.evaluate_plan(graph, IterationPlan.uniform(graph, gpu.clock_max_mhz))
+    assert result.time_s > 1.05 * full.time_s  # the limit throttles the GEMMs
+    assert [sb.iteration_s for sb in stages] == pytest.approx([result.time_s] * 2, rel=1e-12)
+    assert min(sb.waiting_s for sb in stages) >= -1e-9
+    for sb in stages:  # the parts are the limited backend's instruction costs
+        per_microbatch = sum(sb.forward_s.values()) + sum(sb.backward_s.values())
+        assert graph.microbatches * per_microbatch == pytest.approx(sb.instructions_s, rel=1e-12)

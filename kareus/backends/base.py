@@ -59,9 +59,12 @@ class IterationResult:
         per_gpu_energy_j: Total energy of one GPU of each stage, static included (J).
         instruction_times: (start, end) of every instruction (s).
         model_flops: Model FLOPs of the iteration (for MFU).
-        stage_tail_s: Per stage, the time after its last instruction (s): the optimizer step and
+        stage_tail_s: Per stage, its work after its last instruction (s): the optimizer step and
             what the data-parallel gradient synchronisation leaves exposed. Empty where the
             backend does not tell.
+        stage_end_s: Per stage, when its work ends (s from the iteration's start): its last
+            instruction's end, less ``run_ahead_s``, plus its tail; the iteration time is the
+            latest. Empty where the backend does not tell.
         run_ahead_s: What a single-stage iteration gains over its instructions run one by one,
             by the host issuing ahead across them (s; 0 with pipeline stages).
     """
@@ -74,6 +77,7 @@ class IterationResult:
     instruction_times: dict[Instruction, tuple[float, float]] = field(repr=False)
     model_flops: float = 0.0
     stage_tail_s: dict[int, float] = field(default_factory=dict)
+    stage_end_s: dict[int, float] = field(default_factory=dict)
     run_ahead_s: float = 0.0
 
     @property

@@ -6,14 +6,17 @@ Two views of each stage:
   time of their compute kernels by kind (``gemm``, ``attention``, ``memory``), of their
   collectives (``collective``: tensor- and context-parallel, alone on the library's kernel), of
   a nanobatched plan's ``overlapped`` partitions, and ``host_wait``, the time the GPU waits for
-  the host to issue the next kernel (short kernels at small micro-batches). With each part its
-  dynamic energy per GPU.
-- **The iteration** on one GPU of the stage: its instructions back to back (``instructions_s``),
-  the waits between and before them (``waiting_s``: the 1F1B pipeline's fill and drain and the
+  the host to issue the next kernel (short kernels at small micro-batches); with each part its
+  dynamic energy per GPU (:meth:`~kareus.backends.sim.SimulatorBackend.instruction_breakdown`,
+  whose parts are what the simulator adds up into an instruction's cost).
+- **The iteration** on one GPU of the stage, from the simulated schedule: its instructions
+  (``instructions_s``, their durations added up), the waits before and between them
+  (``waiting_s``: the pipeline filling, the stage waiting for its neighbours' work and for the
   transfers between stages), what the host gains a single-stage job by issuing ahead across
   instructions (``run_ahead_s``, subtracted), the stage's tail (``tail_s``: the optimizer step
-  and what the data-parallel gradient synchronisation leaves exposed) and the wait for the
-  slowest stage to end (``idle_at_end_s``). They add up to the iteration time.
+  and what the data-parallel gradient synchronisation leaves exposed), and the time after its
+  work until the iteration ends (``after_s``: in 1F1B the first stage ends last, so for the
+  others this is the pipeline draining). They add up to the iteration time.
 """
 
 from __future__ import annotations
@@ -28,45 +31,62 @@ from kareus.plan import IterationPlan
 
 @dataclass(frozen=True)
 class StageBreakdown:
-    """One stage's share of an iteration (see the module docstring; s and J per GPU)."""
+    """One stage's share of an iteration, per GPU of the stage (see the module docstring).
+
+    Attributes:
+        stage: The pipeline stage.
+        layers: Its transformer blocks.
+        forward_s: One micro-batch's forward, by part (s, the mean over the micro-batches).
+        backward_s: One micro-batch's backward, by part (s).
+        forward_dynamic_j: The forward's dynamic energy by part (J).
+        backward_dynamic_j: The backward's dynamic energy by part (J).
+        instructions_s: The stage's instructions' durations added up (s).
+        waiting_s: Its waits before and between them (s).
+        run_ahead_s: What the host's issuing ahead saves (s; only without pipeline stages).
+        tail_s: Its optimizer step and exposed gradient synchronisation (s).
+        after_s: From the end of its work to the end of the iteration (s).
+    """
 
     stage: int
     layers: int
     forward_s: dict[str, float]
     backward_s: dict[str, float]
-    forward_j: dict[str, float]
-    backward_j: dict[str, float]
+    forward_dynamic_j: dict[str, float]
+    backward_dynamic_j: dict[str, float]
     instructions_s: float
     waiting_s: float
     run_ahead_s: float
     tail_s: float
-    idle_at_end_s: float
+    after_s: float
 
     @property
     def iteration_s(self) -> float:
         """The parts' sum: the iteration's time (s)."""
         return (self.instructions_s + self.waiting_s - self.run_ahead_s + self.tail_s
-                + self.idle_at_end_s)
+                + self.after_s)
 
     def to_dict(self) -> dict[str, object]:
         return {"stage": self.stage, "layers": self.layers,
                 "microbatch": {"forward_s": self.forward_s, "backward_s": self.backward_s,
-                               "forward_dynamic_j": self.forward_j,
-                               "backward_dynamic_j": self.backward_j},
+                               "forward_dynamic_j": self.forward_dynamic_j,
+                               "backward_dynamic_j": self.backward_dynamic_j},
                 "iteration": {"instructions_s": self.instructions_s,
                               "waiting_s": self.waiting_s, "run_ahead_s": self.run_ahead_s,
-                              "tail_s": self.tail_s, "idle_at_end_s": self.idle_at_end_s}}
+                              "tail_s": self.tail_s, "after_s": self.after_s}}
 
 
 def time_breakdown(sim: SimulatorBackend, graph: IterationGraph, plan: IterationPlan,
                    result: IterationResult, stage_layers: tuple[int, ...]
                    ) -> list[StageBreakdown]:
-    """Every stage's breakdown of ``result``, the simulator's evaluation of ``plan`` on
-    ``graph`` (``stage_layers``: the transformer blocks of each stage)."""
+    """Every stage's breakdown of ``result``, ``sim``'s evaluation of ``plan`` on ``graph``
+    (``stage_layers``: the transformer blocks of each stage)."""
+    if plan.power_limit_w is not None:  # the plan was evaluated under its own limit
+        sim = sim.under_limit(plan.power_limit_w)
     stages = []
     for s in range(graph.stages):
+        spans = sorted(span for ins, span in result.instruction_times.items() if ins.stage == s)
+        busy = sum(end - start for start, end in spans)
         mean: dict[str, dict[str, tuple[float, float]]] = {}
-        busy = 0.0
         for direction in ("forward", "backward"):
             mine = [ins for ins in result.instruction_times
                     if ins.stage == s and ins.direction == direction]
@@ -77,19 +97,15 @@ def time_breakdown(sim: SimulatorBackend, graph: IterationGraph, plan: Iteration
                     acc = total.setdefault(part, [0.0, 0.0])
                     acc[0] += t
                     acc[1] += e
-                    busy += t
             mean[direction] = {part: (t / len(mine), e / len(mine))
                                for part, (t, e) in total.items() if t or e}
-        last_end = max(end for ins, (_, end) in result.instruction_times.items()
-                       if ins.stage == s)
-        tail = result.stage_tail_s.get(s, 0.0)
         stages.append(StageBreakdown(
             stage=s, layers=stage_layers[s],
             forward_s={k: t for k, (t, _) in mean["forward"].items()},
             backward_s={k: t for k, (t, _) in mean["backward"].items()},
-            forward_j={k: e for k, (_, e) in mean["forward"].items()},
-            backward_j={k: e for k, (_, e) in mean["backward"].items()},
-            instructions_s=busy, waiting_s=last_end - busy, run_ahead_s=result.run_ahead_s,
-            tail_s=tail,
-            idle_at_end_s=result.time_s - (last_end - result.run_ahead_s + tail)))
+            forward_dynamic_j={k: e for k, (_, e) in mean["forward"].items()},
+            backward_dynamic_j={k: e for k, (_, e) in mean["backward"].items()},
+            instructions_s=busy, waiting_s=spans[-1][1] - busy,
+            run_ahead_s=result.run_ahead_s, tail_s=result.stage_tail_s.get(s, 0.0),
+            after_s=result.time_s - result.stage_end_s[s]))
     return stages

@@ -840,7 +840,7 @@ class SimulatorBackend:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
         plan.validate(graph, self.gpu)
         if plan.power_limit_w is not None and plan.power_limit_w != self.power_limit_w:
-            return self._with_limit(plan.power_limit_w).evaluate_plan(
+            return self.under_limit(plan.power_limit_w).evaluate_plan(
                 graph, IterationPlan(plan.instructions, None, plan.label, plan.meta))
         order = [ins for seq in graph.schedule().values() for ins in seq]
         durations: dict[Instruction, float] = {}
@@ -883,7 +883,7 @@ class SimulatorBackend:
             per_gpu_dynamic_j=dict(dyn),
             per_gpu_energy_j={s: dyn[s] + per_gpu_static for s in dyn},
             instruction_times=times, model_flops=graph.model_flops,
-            stage_tail_s=tails, run_ahead_s=run_ahead,
+            stage_tail_s=tails, stage_end_s=ends, run_ahead_s=run_ahead,
         )
 
     def _run_ahead(self, graph: IterationGraph, plan: IterationPlan,
@@ -927,9 +927,11 @@ class SimulatorBackend:
             done = max(done, ready) + t_bucket
         return max(0.0, done - end_s)
 
-    def _with_limit(self, limit_w: float) -> "SimulatorBackend":
+    def under_limit(self, limit_w: float) -> "SimulatorBackend":
         """This simulator under a board power limit of ``limit_w`` W (checked by
-        :meth:`IterationPlan.validate`: above the static power)."""
+        :meth:`IterationPlan.validate`: above the static power); itself under its own."""
+        if limit_w == self.power_limit_w:
+            return self
         if limit_w not in self._limited:
             self._limited[limit_w] = SimulatorBackend(self.gpu, limit_w)
         return self._limited[limit_w]

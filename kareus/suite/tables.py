@@ -57,9 +57,10 @@ def to_text(t: "Table") -> str:
 
 
 def spread_indices(count: int, limit: int, keep: Iterable[int] = ()) -> list[int]:
-    """At most ``limit`` of the indices ``0 .. count - 1``, evenly spread, both ends and every
-    index in ``keep`` included (those may take the total past ``limit``), in order; all of them
-    when ``count <= limit``."""
+    """At most ``limit`` (at least 2) of the indices ``0 .. count - 1``, evenly spread, both
+    ends and every index in ``keep`` included (those may take the total past ``limit``), in
+    order; all of them when ``count <= limit``."""
+    limit = max(limit, 2)
     if count <= limit:
         return list(range(count))
     step = (count - 1) / max(limit - 1, 1)
