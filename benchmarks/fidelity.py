@@ -11,7 +11,7 @@ Kareus artifact (below, 1-3);
 vTrain's measured Megatron-LM runs on one node and on 64 GPUs (:mod:`kareus.suite.megatron_runs`:
 MAPE, maximum, signed mean, Spearman's rank correlation of each model's layouts, the signed
 error by TP size where the host's issue sets the pace and where the GPU does, the worst five
-rows with their layouts); the Megatron-LM paper's published weak scaling from 32 to 3,072 A100s
+rows with their layouts and where the simulator puts their time); the Megatron-LM paper's published weak scaling from 32 to 3,072 A100s
 (:mod:`kareus.suite.megatron_scaling`: at the authors' settings, and every model at micro-batch
 1, 2 and 4);
 the Perseus authors' measured GPT-3 XL job (energy saved by Perseus, Zeus's global
@@ -166,7 +166,8 @@ def fit_network(runs, preset) -> dict[str, float]:
 
 def _megatron_section(section: str, title: str, runs, preset) -> None:
     from kareus.suite.megatron_runs import (accuracy, errors_by_regime, run_errors,
-                                            simulate_runs, without_host, worst)
+                                            simulated_shares, simulate_runs, without_host,
+                                            worst)
     from kareus.suite.progress import terminal_progress
 
     t0 = time.perf_counter()
@@ -186,8 +187,11 @@ def _megatron_section(section: str, title: str, runs, preset) -> None:
         int(tp): {c: (round(float(v), 3) if "mean" in c else int(v))
                   for c, v in row.items() if v == v}
         for tp, row in regimes.iterrows()}
-    click.echo("worst five:\n" + worst(errors).to_string(
-        index=False, float_format=lambda x: f"{x:.1f}"))
+    five = worst(errors)
+    shares = simulated_shares(runs, preset, [errors.index.get_loc(i) for i in five.index])
+    click.echo("worst five, and where the simulator puts their time (% of a micro-batch on the "
+               "first stage; waits: % of the iteration):\n" + five.join(shares).to_string(
+                   index=False, float_format=lambda x: f"{x:.1f}"))
 
 
 def _preset_diff(gpu: str, fitted: dict[str, float], source: str, write: bool) -> None:

@@ -78,3 +78,24 @@ def test_errors_split_by_who_sets_the_pace():
     assert table.loc[8, "host-bound runs"] == 1 and table.loc[1, "GPU-bound runs"] == 1
     assert table.loc[8, "host-bound mean_pct"] == pytest.approx(errors.error_pct.iloc[0])
     assert np.isnan(table.loc[8, "GPU-bound mean_pct"])
+
+
+def test_simulated_shares_name_where_a_run_spends_its_time():
+    """The worst rows' diagnosis (benchmarks/fidelity.py): a micro-batch's parts add up to 100 %,
+    micro-batch 1 at TP8 waits for its host and TP1 has no collectives; a pipeline waits."""
+    import pandas as pd
+
+    from kareus.suite.megatron_runs import simulated_shares
+
+    rows = pd.DataFrame([dict(hidden=1024, heads=16, layers=12, seq=1024, tp=tp, pp=pp, dp=1,
+                              mbs=mbs, microbatches=4, measured_ms=100.0,
+                              model="gpt-h1024-l12-s1024")
+                         for tp, pp, mbs in ((8, 1, 1), (1, 1, 8), (1, 2, 8))],
+                        index=[10, 11, 12])
+    shares = simulated_shares(RunSet.build(rows), get_preset(VTRAIN_GPU), [0, 1, 2])
+    parts = ["gemm %", "attention %", "memory %", "collective %", "host_wait %"]
+    assert list(shares.index) == [10, 11, 12]
+    assert shares[parts].sum(axis=1).to_numpy() == pytest.approx([100.0] * 3)
+    assert shares.loc[10, "host_wait %"] > 10 > shares.loc[11, "host_wait %"]
+    assert shares.loc[11, "collective %"] == 0.0 < shares.loc[10, "collective %"]
+    assert shares.loc[11, "waits %"] == 0.0 < shares.loc[12, "waits %"]

@@ -181,6 +181,30 @@ def worst(errors: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     return errors.reindex(errors.error_pct.abs().sort_values(ascending=False).index)[cols].head(n)
 
 
+def simulated_shares(runs: RunSet, gpu: "GPUPreset", rows: list[int]) -> pd.DataFrame:
+    """Where the simulator puts the time of the runs at ``rows`` (positions in ``runs``): the
+    shares (%) of one micro-batch's forward and backward on the first stage, which ends the
+    iteration, spent in GEMMs, attention, memory-bound kernels, collectives and waiting for the
+    host (:mod:`kareus.backends.breakdown`), and of the iteration in that stage's waits between
+    instructions (the pipeline filling, transfers). Indexed like ``runs.runs``."""
+    from kareus.backends.breakdown import time_breakdown
+    from kareus.backends.sim import SimulatorBackend
+
+    sim = SimulatorBackend(gpu)
+    out = {}
+    for i in rows:
+        g = runs.graphs[i]
+        plan = IterationPlan.uniform(g, gpu.clock_max_mhz, label="megatron")
+        result = sim.evaluate_plan(g, plan)
+        first = time_breakdown(sim, g, plan, result, (0,) * g.stages)[0]
+        parts = {k: first.forward_s.get(k, 0.0) + first.backward_s.get(k, 0.0)
+                 for k in ("gemm", "attention", "memory", "collective", "host_wait")}
+        total = sum(first.forward_s.values()) + sum(first.backward_s.values())
+        out[runs.runs.index[i]] = {**{f"{k} %": 100 * v / total for k, v in parts.items()},
+                                   "waits %": 100 * first.waiting_s / result.time_s}
+    return pd.DataFrame.from_dict(out, orient="index")
+
+
 
 #: The Perseus authors' measured GPT-3 XL job (shared/perseus_sosp24/measured, PROVENANCE.md):
 #: Merak's 1F1B over 4 A100 80 GB PCIe in one node, fp32 with TF32 matmuls (torch 1.10), stages
