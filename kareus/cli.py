@@ -295,11 +295,11 @@ def _breakdown_text(stages: Sequence[StageBreakdown]) -> str:
         title="One micro-batch on one GPU of each stage: forward + backward by part, ms (share)")
     iteration = render(
         ["stage", "instructions", "waits", "host run-ahead", "optimizer + grad sync",
-         "after its work", "iteration"],
+         "after its work", "iteration", "energy J (dynamic)"],
         ([sb.stage] + [f"{0.0 if abs(x) < 5e-4 else x:.3f}" for x in (
             sb.instructions_s, sb.waiting_s, -sb.run_ahead_s, sb.tail_s, sb.after_s,
-            sb.iteration_s)] for sb in stages),
-        title="The iteration on one GPU of each stage, s",
+            sb.iteration_s)] + [f"{sb.energy_j:.0f} ({sb.dynamic_j:.0f})"] for sb in stages),
+        title="The iteration on one GPU of each stage, s; its energy, J",
         caption="waits: before and between its instructions (the pipeline filling, its "
                 "neighbours, transfers between stages); host run-ahead: without stages the host "
                 "issues ahead across micro-batches; after its work: until the iteration ends (in "

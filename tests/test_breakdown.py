@@ -91,3 +91,11 @@ def test_a_plan_under_its_own_power_limit_is_broken_down_under_that_limit():
     for sb in stages:  # the parts are the limited backend's instruction costs
         per_microbatch = sum(sb.forward_s.values()) + sum(sb.backward_s.values())
         assert graph.microbatches * per_microbatch == pytest.approx(sb.instructions_s, rel=1e-12)
+
+
+def test_each_stage_s_energy_is_the_iteration_s_per_gpu_energy():
+    _, graph, _, result, stages = _simulated("gpt3-xl", pp=2)
+    assert [sb.energy_j for sb in stages] == [result.per_gpu_energy_j[s] for s in (0, 1)]
+    total = sum(sb.energy_j for sb in stages) * graph.gpus_per_stage
+    assert total == pytest.approx(result.energy.total_j, rel=1e-12)
+    assert all(0 < sb.dynamic_j < sb.energy_j for sb in stages)

@@ -16,7 +16,9 @@ Two views of each stage:
   instructions (``run_ahead_s``, subtracted), the stage's tail (``tail_s``: the optimizer step
   and what the data-parallel gradient synchronisation leaves exposed), and the time after its
   work until the iteration ends (``after_s``: in 1F1B the first stage ends last, so for the
-  others this is the pipeline draining). They add up to the iteration time.
+  others this is the pipeline draining). They add up to the iteration time. With them the
+  energy of one GPU of the stage over the iteration (``dynamic_j``, ``energy_j``: static
+  included, :func:`kareus.energy.iteration_energy`'s accounting).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class StageBreakdown:
         run_ahead_s: What the host's issuing ahead saves (s; only without pipeline stages).
         tail_s: Its optimizer step and exposed gradient synchronisation (s).
         after_s: From the end of its work to the end of the iteration (s).
+        dynamic_j: One GPU's dynamic energy over the iteration (J).
+        energy_j: One GPU's energy over the iteration, static included (J).
     """
 
     stage: int
@@ -58,6 +62,8 @@ class StageBreakdown:
     run_ahead_s: float
     tail_s: float
     after_s: float
+    dynamic_j: float
+    energy_j: float
 
     @property
     def iteration_s(self) -> float:
@@ -72,7 +78,8 @@ class StageBreakdown:
                                "backward_dynamic_j": self.backward_dynamic_j},
                 "iteration": {"instructions_s": self.instructions_s,
                               "waiting_s": self.waiting_s, "run_ahead_s": self.run_ahead_s,
-                              "tail_s": self.tail_s, "after_s": self.after_s}}
+                              "tail_s": self.tail_s, "after_s": self.after_s,
+                              "dynamic_j": self.dynamic_j, "energy_j": self.energy_j}}
 
 
 def time_breakdown(sim: SimulatorBackend, graph: IterationGraph, plan: IterationPlan,
@@ -107,5 +114,6 @@ def time_breakdown(sim: SimulatorBackend, graph: IterationGraph, plan: Iteration
             backward_dynamic_j={k: e for k, (_, e) in mean["backward"].items()},
             instructions_s=busy, waiting_s=spans[-1][1] - busy,
             run_ahead_s=result.run_ahead_s, tail_s=result.stage_tail_s.get(s, 0.0),
-            after_s=result.time_s - result.stage_end_s[s]))
+            after_s=result.time_s - result.stage_end_s[s],
+            dynamic_j=result.per_gpu_dynamic_j[s], energy_j=result.per_gpu_energy_j[s]))
     return stages
