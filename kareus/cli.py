@@ -341,12 +341,15 @@ def optimizers(as_json: bool) -> None:
 @click.option("--all", "all_points", is_flag=True,
               help=f"Print every frontier point (without it, at most {FRONTIER_ROWS}, evenly "
                    "spread, both ends and the choice included; --json always has them all).")
+@click.option("--breakdown", is_flag=True,
+              help="Also show where the chosen (or fastest) plan's time and energy go on each "
+                   "stage, as `kareus simulate --breakdown` does (the simulator backend).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (its fields: docs/metrics.md).")
 def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: int,
              time_budget_s: float | None, energy_budget_j: float | None,
              allow_clock_control: bool, export_dir: str | None, solver: str | None,
-             settings: tuple[str, ...], strict: bool, all_points: bool, as_json: bool,
-             **overrides: int | None) -> None:
+             settings: tuple[str, ...], strict: bool, all_points: bool, breakdown: bool,
+             as_json: bool, **overrides: int | None) -> None:
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
@@ -386,6 +389,12 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                                if allow_clock_control else None,
                                **{k: v for k, v in overrides.items() if v is not None})
         warn(problem.workload.job_warnings(problem.gpu.memory_bytes, strict))
+        if breakdown:
+            from kareus.backends.sim import SimulatorBackend
+
+            if not isinstance(problem.backend, SimulatorBackend):
+                raise InputError(f"--breakdown needs the simulator backend (--backend sim), not "
+                                 f"{problem.backend.name}")
         run = run_optimizer(optimizer_name, opt, problem)
     if run.status != "ok":
         from kareus.errors import AllOptimizersFailed, JobRefused
@@ -413,6 +422,16 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     describe = getattr(problem.backend, "describe", None)
     if callable(describe):  # the GPU backend says which clocks the plans really ran at
         extra["backend_info"] = describe()
+    stages = []
+    if breakdown:
+        from kareus.backends.breakdown import time_breakdown
+
+        shown = chosen if chosen is not None else run.frontier[0]
+        plan = run.plans[shown.plan_id]
+        stages = time_breakdown(problem.backend, g, plan, problem.backend.evaluate_plan(g, plan),
+                                tuple(problem.workload.stage_layers()))
+        extra["breakdown"] = {"plan_id": shown.plan_id,
+                              "stages": [sb.to_dict() for sb in stages]}
     w = problem.workload
     obj = frontier_object(workload=w.name, optimizer=optimizer_name,
                           backend=problem.backend.name, gpu=problem.gpu.name,
@@ -427,9 +446,12 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     exported = (f"exported plan {extra['exported']['plan_id']} to {export_dir}: freqs_pipeline.py "
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
                 if export_dir is not None else None)
+    where = ([f"\nwhere plan {extra['breakdown']['plan_id']}'s time and energy go "
+              f"({'the choice' if chosen is not None else 'the fastest'}):",
+              _breakdown_text(stages)] if stages else [])
     _emit(obj, as_json, lambda: "\n".join(
         [head, _frontier_table(run.frontier, chosen, all_points)]
-        + ([exported] if exported else [])))
+        + ([exported] if exported else []) + where))
 
 
 def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: bool) -> str:

@@ -99,3 +99,39 @@ def test_each_stage_s_energy_is_the_iteration_s_per_gpu_energy():
     total = sum(sb.energy_j for sb in stages) * graph.gpus_per_stage
     assert total == pytest.approx(result.energy.total_j, rel=1e-12)
     assert all(0 < sb.dynamic_j < sb.energy_j for sb in stages)
+
+
+def test_frontier_breakdown_of_the_chosen_plan(capsys):
+    args = ["frontier", "-w", "gpt3-xl", "-o", "perseus", "--breakdown"]
+    assert main(args + ["--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    fastest = obj["points"][0]
+    budget = (fastest["time_s"] + obj["points"][-1]["time_s"]) / 2
+    assert main(args + ["--json", "--time-budget-s", str(budget)]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["breakdown"]["plan_id"] == chosen["choice"]["plan_id"] != 0
+    stages = chosen["breakdown"]["stages"]
+    energy = sum(s["iteration"]["energy_j"] for s in stages) * chosen["gpus_per_stage"]
+    assert energy == pytest.approx(chosen["choice"]["energy_j"], rel=1e-9)
+    assert main(args + ["--time-budget-s", str(budget)]) == 0
+    assert f"where plan {chosen['choice']['plan_id']}'s time and energy go (the choice)" in (
+        capsys.readouterr().out)
+
+
+def test_frontier_breakdown_needs_the_simulator(monkeypatch, capsys):
+    import dataclasses
+
+    from kareus.suite import problem as problem_module
+
+    real = problem_module.make_problem
+
+    class Elsewhere:  # a backend that is not the simulator
+        name = "elsewhere"
+
+    def elsewhere(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), backend=Elsewhere())
+
+    monkeypatch.setattr(problem_module, "make_problem", elsewhere)
+    assert main(["frontier", "-w", "gpt3-xl", "-o", "megatron", "--breakdown"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --breakdown needs the simulator backend (--backend sim), not elsewhere"
