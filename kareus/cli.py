@@ -21,8 +21,10 @@ from workloads.parallel import JOB_FIELDS
 
 if TYPE_CHECKING:
     from kareus.backends.breakdown import StageBreakdown
+    from kareus.graph import IterationGraph
     from kareus.hardware.presets import GPUPreset
     from kareus.json_types import JsonObject
+    from kareus.plan import IterationPlan
     from kareus.suite.records import Point
 
 #: A click command function being decorated.
@@ -359,20 +361,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
 
-    given = parse_settings(settings, [optimizer_name])
-    if solver is not None and given.get("solver", solver) != solver:
-        raise InputError(f"--solver {solver} and --set solver={given['solver']} disagree; "
-                         "give one")
-    options: dict[str, object] = {"solver": solver or "fast", **given}
+    options = _frontier_options(optimizer_name, solver, settings)
     opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
-    if solver is not None and "solver" not in given:  # refused as --set solver=... would be
-        from kareus.plugins import optimizer_names
-        from kareus.suite.options import declared_settings
-
-        have = declared_settings(optimizer_names())[0].get("solver", [])
-        if optimizer_name not in have:
-            raise InputError(f"--solver: {optimizer_name} has no time-cost solver to choose "
-                             f"({', '.join(have)} have one)")
+    if solver is not None and "solver" not in parse_settings(settings, [optimizer_name]):
+        _check_has_solver(optimizer_name)  # refused as --set solver=... would be
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
@@ -409,15 +401,9 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": run.plans[chosen.plan_id].to_json()}
+    pick = chosen if chosen is not None else run.frontier[0]  # what --export and --breakdown show
     if export_dir is not None:
-        from kareus.atomic import atomic_write_text
-        from kareus.suite.export import partition_schedules, zeus_solution_text
-
-        pick = chosen if chosen is not None else run.frontier[0]
-        plan = run.plans[pick.plan_id]
-        atomic_write_text(Path(export_dir) / "freqs_pipeline.py", zeus_solution_text(g, plan))
-        atomic_write_text(Path(export_dir) / "schedules.json",
-                          json.dumps(partition_schedules(g, plan), indent=2) + "\n")
+        _export_plan(export_dir, g, run.plans[pick.plan_id])
         extra["exported"] = {"dir": export_dir, "plan_id": pick.plan_id}
     describe = getattr(problem.backend, "describe", None)
     if callable(describe):  # the GPU backend says which clocks the plans really ran at
@@ -426,11 +412,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     if breakdown:
         from kareus.backends.breakdown import time_breakdown
 
-        shown = chosen if chosen is not None else run.frontier[0]
-        plan = run.plans[shown.plan_id]
+        plan = run.plans[pick.plan_id]
         stages = time_breakdown(problem.backend, g, plan, problem.backend.evaluate_plan(g, plan),
                                 tuple(problem.workload.stage_layers()))
-        extra["breakdown"] = {"plan_id": shown.plan_id,
+        extra["breakdown"] = {"plan_id": pick.plan_id,
                               "stages": [sb.to_dict() for sb in stages]}
     w = problem.workload
     obj = frontier_object(workload=w.name, optimizer=optimizer_name,
@@ -452,6 +437,42 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     _emit(obj, as_json, lambda: "\n".join(
         [head, _frontier_table(run.frontier, chosen, all_points)]
         + ([exported] if exported else []) + where))
+
+
+def _frontier_options(optimizer_name: str, solver: str | None, settings: tuple[str, ...]
+                      ) -> dict[str, object]:
+    """``kareus frontier``'s optimizer options: ``--set`` and ``--solver`` (which must agree)."""
+    from kareus.errors import InputError
+    from kareus.suite.options import parse_settings
+
+    given = parse_settings(settings, [optimizer_name])
+    if solver is not None and given.get("solver", solver) != solver:
+        raise InputError(f"--solver {solver} and --set solver={given['solver']} disagree; "
+                         "give one")
+    return {"solver": solver or "fast", **given}
+
+
+def _check_has_solver(optimizer_name: str) -> None:
+    """Refuse ``--solver`` for an optimizer that declares no time-cost solver."""
+    from kareus.errors import InputError
+    from kareus.plugins import optimizer_names
+    from kareus.suite.options import declared_settings
+
+    have = declared_settings(optimizer_names())[0].get("solver", [])
+    if optimizer_name not in have:
+        raise InputError(f"--solver: {optimizer_name} has no time-cost solver to choose "
+                         f"({', '.join(have)} have one)")
+
+
+def _export_plan(export_dir: str, graph: IterationGraph, plan: IterationPlan) -> None:
+    """``--export``: ``plan`` for deployment, atomically: ``freqs_pipeline.py`` (Zeus's
+    per-instruction clocks) and ``schedules.json`` (each partition's window and SMs)."""
+    from kareus.atomic import atomic_write_text
+    from kareus.suite.export import partition_schedules, zeus_solution_text
+
+    atomic_write_text(Path(export_dir) / "freqs_pipeline.py", zeus_solution_text(graph, plan))
+    atomic_write_text(Path(export_dir) / "schedules.json",
+                      json.dumps(partition_schedules(graph, plan), indent=2) + "\n")
 
 
 def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: bool) -> str:
