@@ -267,7 +267,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
         ]
         lines += [f"  warning: {m}" for m in fits + fill]
         if stages:
-            lines += ["", _breakdown_text(stages)]
+            lines += ["", _breakdown_text(stages, result.gpus_per_stage)]
         return "\n".join(lines)
 
     _emit(obj, as_json, text)
@@ -278,9 +278,10 @@ _PART_NAMES = {"gemm": "GEMM", "attention": "attention", "memory": "memory-bound
                "collective": "collectives", "overlapped": "overlapped", "host_wait": "host wait"}
 
 
-def _breakdown_text(stages: Sequence[StageBreakdown]) -> str:
-    """``kareus simulate --breakdown``'s two tables: one micro-batch's forward and backward on
-    each stage by part (ms, share), and the iteration on one GPU of each stage (s)."""
+def _breakdown_text(stages: Sequence[StageBreakdown], gpus_per_stage: int) -> str:
+    """``--breakdown``'s two tables: the mean micro-batch's forward and backward on each stage
+    by part (ms, share), and the iteration on one GPU of each stage (s, J), then the job's
+    energy (every stage's GPU energy times the ``gpus_per_stage``)."""
     parts = [p for p in _PART_NAMES if any(p in sb.forward_s or p in sb.backward_s
                                            for sb in stages)]
 
@@ -294,7 +295,10 @@ def _breakdown_text(stages: Sequence[StageBreakdown]) -> str:
         ([sb.stage, sb.layers, f"{sum(sb.forward_s.values()) * 1e3:.1f}",
           f"{sum(sb.backward_s.values()) * 1e3:.1f}"] + [cell(sb, p) for p in parts]
          for sb in stages),
-        title="One micro-batch on one GPU of each stage: forward + backward by part, ms (share)")
+        title="The mean micro-batch on one GPU of each stage: forward + backward by part, ms "
+              "(share)",
+        caption=("overlapped: a nanobatched plan's partitions, compute and collectives together"
+                 if "overlapped" in parts else None))
     iteration = render(
         ["stage", "instructions", "waits", "host run-ahead", "optimizer + grad sync",
          "after its work", "iteration", "energy J (dynamic)"],
@@ -306,7 +310,10 @@ def _breakdown_text(stages: Sequence[StageBreakdown]) -> str:
                 "neighbours, transfers between stages); host run-ahead: without stages the host "
                 "issues ahead across micro-batches; after its work: until the iteration ends (in "
                 "1F1B the first stage ends last, so for the others the pipeline draining)")
-    return micro + "\n" + iteration
+    energy = sum(sb.energy_j for sb in stages) * gpus_per_stage
+    per_stage = " + ".join(f"{sb.energy_j:.0f}" for sb in stages)
+    return (micro + "\n" + iteration + f"\nthe job's energy: the stages' ({per_stage}) J x "
+            f"{gpus_per_stage} GPUs each = {energy / 1e3:.3f} kJ")
 
 
 @cli.command()
@@ -357,17 +364,18 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     from kareus.errors import InputError
     from kareus.plugins import load_optimizer
     from kareus.suite.harness import pick_within, run_optimizer
-    from kareus.suite.options import parse_settings
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
 
-    options = _frontier_options(optimizer_name, solver, settings)
+    options, set_solver = _frontier_options(optimizer_name, solver, settings)
     opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
-    if solver is not None and "solver" not in parse_settings(settings, [optimizer_name]):
+    if solver is not None and not set_solver:
         _check_has_solver(optimizer_name)  # refused as --set solver=... would be
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
         if v is not None and not v > 0:
             raise InputError(f"{label} must be positive, got {v}")
+    if breakdown and backend != "sim":
+        raise InputError(f"--breakdown needs the simulator backend (--backend sim), not {backend}")
     if export_dir is not None:
         from kareus.atomic import check_writable_dir
 
@@ -433,15 +441,16 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                 if export_dir is not None else None)
     where = ([f"\nwhere plan {extra['breakdown']['plan_id']}'s time and energy go "
               f"({'the choice' if chosen is not None else 'the fastest'}):",
-              _breakdown_text(stages)] if stages else [])
+              _breakdown_text(stages, g.gpus_per_stage)] if stages else [])
     _emit(obj, as_json, lambda: "\n".join(
         [head, _frontier_table(run.frontier, chosen, all_points)]
         + ([exported] if exported else []) + where))
 
 
 def _frontier_options(optimizer_name: str, solver: str | None, settings: tuple[str, ...]
-                      ) -> dict[str, object]:
-    """``kareus frontier``'s optimizer options: ``--set`` and ``--solver`` (which must agree)."""
+                      ) -> tuple[dict[str, object], bool]:
+    """``kareus frontier``'s optimizer options from ``--set`` and ``--solver`` (which must
+    agree), and whether ``--set`` named the solver."""
     from kareus.errors import InputError
     from kareus.suite.options import parse_settings
 
@@ -449,7 +458,7 @@ def _frontier_options(optimizer_name: str, solver: str | None, settings: tuple[s
     if solver is not None and given.get("solver", solver) != solver:
         raise InputError(f"--solver {solver} and --set solver={given['solver']} disagree; "
                          "give one")
-    return {"solver": solver or "fast", **given}
+    return {"solver": solver or "fast", **given}, "solver" in given
 
 
 def _check_has_solver(optimizer_name: str) -> None:

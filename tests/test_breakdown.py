@@ -66,7 +66,8 @@ def test_simulate_breakdown_text_and_json(capsys):
     args = ["simulate", "-w", "gpt3-xl", "--pp", "2", "--breakdown"]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "One micro-batch on one GPU of each stage" in text and "after its work" in text
+    assert "The mean micro-batch on one GPU of each stage" in text and "after its work" in text
+    assert "the job's energy: the stages'" in text
     assert main(args + ["--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in obj["breakdown"]] == [0, 1]
@@ -101,6 +102,21 @@ def test_each_stage_s_energy_is_the_iteration_s_per_gpu_energy():
     assert all(0 < sb.dynamic_j < sb.energy_j for sb in stages)
 
 
+@pytest.mark.parametrize("optimizer", ["zeus-power-limit", "nanobatch-perseus"])
+def test_frontier_breakdown_adds_up_under_a_power_limit_and_nanobatched(optimizer, capsys):
+    assert main(["frontier", "-w", "gpt3-xl", "-o", optimizer, "--breakdown", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    fastest, stages = obj["points"][0], obj["breakdown"]["stages"]
+    for stage in stages:
+        it = stage["iteration"]
+        assert (it["instructions_s"] + it["waiting_s"] - it["run_ahead_s"] + it["tail_s"]
+                + it["after_s"]) == pytest.approx(fastest["time_s"], rel=1e-12)
+    energy = sum(s["iteration"]["energy_j"] for s in stages) * obj["gpus_per_stage"]
+    assert energy == pytest.approx(fastest["energy_j"], rel=1e-12)
+    overlapped = any("overlapped" in s["microbatch"]["forward_s"] for s in stages)
+    assert overlapped == (optimizer == "nanobatch-perseus")
+
+
 def test_frontier_breakdown_of_the_chosen_plan(capsys):
     args = ["frontier", "-w", "gpt3-xl", "-o", "perseus", "--breakdown"]
     assert main(args + ["--json"]) == 0
@@ -131,6 +147,12 @@ def test_frontier_breakdown_needs_the_simulator(monkeypatch, capsys):
     def elsewhere(*args, **kwargs):
         return dataclasses.replace(real(*args, **kwargs), backend=Elsewhere())
 
+    # refused before any work where the command line names another backend
+    assert main(["frontier", "-w", "gpt3-xl", "-o", "megatron", "--backend", "gpu",
+                 "--breakdown"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --breakdown needs the simulator backend (--backend sim), not gpu")
+    # and where a backend turns out not to be the simulator
     monkeypatch.setattr(problem_module, "make_problem", elsewhere)
     assert main(["frontier", "-w", "gpt3-xl", "-o", "megatron", "--breakdown"]) == 2
     err = capsys.readouterr().err.strip()
