@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from kareus.backends.base import IterationResult
 from kareus.backends.sim import SimulatorBackend
-from kareus.graph import IterationGraph
+from kareus.graph import Instruction, IterationGraph
 from kareus.plan import IterationPlan
 
 
@@ -89,18 +89,24 @@ def time_breakdown(sim: SimulatorBackend, graph: IterationGraph, plan: Iteration
     (``stage_layers``: the transformer blocks of each stage)."""
     if plan.power_limit_w is not None:  # the plan was evaluated under its own limit
         sim = sim.under_limit(plan.power_limit_w)
+    by_stage: dict[int, list[Instruction]] = {s: [] for s in range(graph.stages)}
+    for ins in result.instruction_times:
+        by_stage[ins.stage].append(ins)
+    # instructions of one type under one instruction plan cost the same: broken down once
+    parts_of: dict[tuple, dict[str, tuple[float, float]]] = {}
     stages = []
     for s in range(graph.stages):
-        spans = sorted(span for ins, span in result.instruction_times.items() if ins.stage == s)
+        spans = sorted(result.instruction_times[ins] for ins in by_stage[s])
         busy = sum(end - start for start, end in spans)
         mean: dict[str, dict[str, tuple[float, float]]] = {}
         for direction in ("forward", "backward"):
-            mine = [ins for ins in result.instruction_times
-                    if ins.stage == s and ins.direction == direction]
+            mine = [ins for ins in by_stage[s] if ins.direction == direction]
             total: dict[str, list[float]] = {}
             for ins in mine:
-                parts = sim.instruction_breakdown(graph, ins.type_key, plan.instructions[ins])
-                for part, (t, e) in parts.items():
+                key = (ins.type_key, plan.instructions[ins])
+                if key not in parts_of:
+                    parts_of[key] = sim.instruction_breakdown(graph, *key)
+                for part, (t, e) in parts_of[key].items():
                     acc = total.setdefault(part, [0.0, 0.0])
                     acc[0] += t
                     acc[1] += e

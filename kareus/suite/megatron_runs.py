@@ -189,6 +189,7 @@ def simulated_shares(runs: RunSet, gpu: "GPUPreset", rows: list[int]) -> pd.Data
     instructions (the pipeline filling, transfers). Indexed like ``runs.runs``."""
     from kareus.backends.breakdown import time_breakdown
     from kareus.backends.sim import SimulatorBackend
+    from kareus.graph import KERNEL_KINDS
 
     sim = SimulatorBackend(gpu)
     out = {}
@@ -198,7 +199,7 @@ def simulated_shares(runs: RunSet, gpu: "GPUPreset", rows: list[int]) -> pd.Data
         result = sim.evaluate_plan(g, plan)
         first = time_breakdown(sim, g, plan, result, (0,) * g.stages)[0]
         parts = {k: first.forward_s.get(k, 0.0) + first.backward_s.get(k, 0.0)
-                 for k in ("gemm", "attention", "memory", "collective", "host_wait")}
+                 for k in (*KERNEL_KINDS, "collective", "host_wait")}
         total = sum(first.forward_s.values()) + sum(first.backward_s.values())
         out[runs.runs.index[i]] = {**{f"{k} %": 100 * v / total for k, v in parts.items()},
                                    "waits %": 100 * first.waiting_s / result.time_s}
