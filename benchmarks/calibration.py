@@ -29,6 +29,7 @@ import sys
 import click
 import pandas as pd
 
+from kareus.frontier import mape_pct
 from kareus.hardware.calibration import (
     MIN_CLOCKS_BELOW_KNEE,
     calibrate,
@@ -104,10 +105,8 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
                 out.append({"gpu": gpu, "profile": model, "window_from_mhz": float(cut),
                             "voltage_curve": label, "knee_mhz": res.law.knee_mhz,
                             "v_ratio": res.law.v_ratio,
-                            "time_mape_pct": float(
-                                100 * (low.time_pred / low.time - 1).abs().mean()),
-                            "energy_mape_pct": float(
-                                100 * (low.energy_pred / low.energy - 1).abs().mean())})
+                            "time_mape_pct": mape_pct(low.time, low.time_pred),
+                            "energy_mape_pct": mape_pct(low.energy, low.energy_pred)})
     return out
 
 

@@ -488,6 +488,7 @@ def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: b
     """``kareus frontier``'s table of ``points`` (fastest first): each point's time, energy and
     both against the fastest point, the ``chosen`` one marked; without ``all_points`` at most
     :data:`FRONTIER_ROWS`, evenly spread, and a line saying so."""
+    from kareus.frontier import change_pct
     from kareus.suite.tables import spread_indices
 
     fastest = points[0]
@@ -497,8 +498,8 @@ def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: b
     columns = ["time s", "energy kJ", "dynamic kJ", "static kJ", "time vs fastest",
                "energy vs fastest"] + (["choice"] if chosen is not None else [])
     rows = ([f"{p.time_s:.4f}", f"{p.energy_j / 1e3:.3f}", f"{p.dynamic_energy_j / 1e3:.3f}",
-             f"{p.static_energy_j / 1e3:.3f}", f"{(p.time_s / fastest.time_s - 1) * 100:+.1f} %",
-             f"{(p.energy_j / fastest.energy_j - 1) * 100:+.1f} %"]
+             f"{p.static_energy_j / 1e3:.3f}", f"{change_pct(fastest.time_s, p.time_s):+.1f} %",
+             f"{change_pct(fastest.energy_j, p.energy_j):+.1f} %"]
             + (["<-" if i in picked else ""] if chosen is not None else [])
             for i, p in ((i, points[i]) for i in shown))
     more = ("" if len(shown) == len(points) else
@@ -529,6 +530,7 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
                      **kwargs: object) -> None:
     """Load and check the profile, run ``optimizer`` on it, print its points."""
     from kareus.errors import InputError
+    from kareus.frontier import fastest
     from kareus.hardware.profile import load_profile
     from kareus.plugins import ProfileRunner, load_optimizer
 
@@ -547,7 +549,8 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
     obj = {"profile": profile_path, "optimizer": optimizer, "stages": stages,
            "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms, **kwargs,
            "num_gpus": stages, "points": points,
-           "max_throughput": min(points, key=lambda p: (p["time_s"], p["energy_j"]))
+           "max_throughput": points[fastest([p["time_s"] for p in points],
+                                            [p["energy_j"] for p in points])]
            if points else None}
 
     def text() -> str:

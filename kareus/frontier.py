@@ -59,6 +59,19 @@ def reduction_pct(reference: float, value: float) -> float:
     return 100.0 * (reference - value) / reference
 
 
+def change_pct(reference: ArrayLike, value: ArrayLike) -> ArrayLike:
+    """``100·(value/reference − 1)`` (%): the relative change (or error) of ``value`` against
+    ``reference``, positive when ``value`` is larger; element-wise on arrays."""
+    return 100.0 * (np.divide(value, reference) - 1.0)
+
+
+def mape_pct(reference: ArrayLike, value: ArrayLike) -> float:
+    """Mean absolute :func:`change_pct` of ``value`` against ``reference`` (%): the MAPE of a
+    prediction ``value`` of measurements ``reference``; NaN when there are none."""
+    err = np.abs(np.asarray(change_pct(reference, value), dtype=float))
+    return float(err.mean()) if err.size else float("nan")
+
+
 def time_reduction_pct(reference_time_s: float, time_s: float) -> float:
     """``100·(T_ref − T)/T_ref`` (%)."""
     return reduction_pct(reference_time_s, time_s)
@@ -80,24 +93,27 @@ def fastest(times: ArrayLike, energies: ArrayLike) -> int:
 
 
 def _iso_reduction(ref_x: Sequence[float], ref_y: Sequence[float], x: Sequence[float],
-                   y: Sequence[float]) -> float | None:
+                   y: Sequence[float], slack: float = 0.0) -> float | None:
     """At the reference point with the least ``x`` (ties: least ``y``), the reduction (%) of the
-    least ``y`` among the method's points with ``x`` no larger; ``None`` if there is none. With
-    (x, y) = (time, energy) this is the iso-time energy reduction; swapped, iso-energy time."""
+    least ``y`` among the method's points with ``x`` no larger (by more than the fraction
+    ``slack``); ``None`` if there is none. With (x, y) = (time, energy) this is the iso-time
+    energy reduction; swapped, iso-energy time."""
     i = fastest(ref_x, ref_y)
     x_ref, y_ref = float(ref_x[i]), float(ref_y[i])
     xs, ys = np.asarray(x, float), np.asarray(y, float)
-    ok = xs <= x_ref * (1 + _TOL)
+    ok = xs <= x_ref * (1 + slack) * (1 + _TOL)
     if not ok.any():
         return None
     return reduction_pct(y_ref, float(ys[ok].min()))
 
 
 def iso_time_energy_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
-                              times: Sequence[float], energies: Sequence[float]) -> float | None:
+                              times: Sequence[float], energies: Sequence[float],
+                              time_slack: float = 0.0) -> float | None:
     """Iso-time energy reduction (%) of a method vs a reference frontier (see module docstring);
-    ``None`` when no point of the method is as fast as the reference's fastest point."""
-    return _iso_reduction(ref_times, ref_energies, times, energies)
+    ``None`` when no point of the method is as fast as the reference's fastest point.
+    ``time_slack``: the method's points may be this fraction slower (0.01: within +1 %)."""
+    return _iso_reduction(ref_times, ref_energies, times, energies, time_slack)
 
 
 def iso_energy_time_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],

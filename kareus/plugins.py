@@ -37,9 +37,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Literal, Protocol, Union, runtime_checkable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Literal, Protocol, Union, runtime_checkable
 
 from kareus.backends.base import Backend
 from kareus.errors import InputError, PluginError
@@ -49,6 +47,9 @@ from kareus.hardware.presets import GPUPreset
 from kareus.plan import IterationPlan
 from kareus.progress import SILENT, Progress
 from workloads.parallel import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ENTRY_POINT_GROUP = "kareus.optimizers"
 
@@ -104,56 +105,72 @@ def coerce_setting(name: str, kind: object, value: object) -> object:
     dataclass's :meth:`~OptimizerSettings.check` judges them)."""
     origin = typing.get_origin(kind)
     if origin is Literal:
-        choices = typing.get_args(kind)
-        for c in choices:
-            if (value == c and type(value) is type(c)) or (isinstance(value, str)
-                                                          and value == str(c)):
-                return c
-        raise InputError(f"setting {name!r} must be one of: {', '.join(map(str, choices))}; "
-                         f"got {value!r}")
+        return _to_choice(name, typing.get_args(kind), value)
     if origin in (Union, types.UnionType):
         args = typing.get_args(kind)
         if value is None and type(None) in args:
             return None
         rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return coerce_setting(name, rest[0], value)
+        return coerce_setting(name, rest[0], value) if len(rest) == 1 else value
+    convert = _CONVERTERS.get(kind) if isinstance(kind, type) else None
+    return value if convert is None else convert(name, value)
+
+
+def _to_choice(name: str, choices: tuple[object, ...], value: object) -> object:
+    """One of a ``Literal``'s ``choices``: equal and of its type, or its string form."""
+    for c in choices:
+        if (value == c and type(value) is type(c)) or (isinstance(value, str)
+                                                      and value == str(c)):
+            return c
+    raise InputError(f"setting {name!r} must be one of: {', '.join(map(str, choices))}; "
+                     f"got {value!r}")
+
+
+def _to_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
         return value
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        word = value.strip().lower() if isinstance(value, str) else None
-        if word in ("true", "yes", "on", "1"):
-            return True
-        if word in ("false", "no", "off", "0"):
-            return False
-        raise InputError(f"setting {name!r} must be true or false, got {value!r}")
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-        raise InputError(f"setting {name!r} must be an integer, got {value!r}")
-    if kind is float:
-        number: float | None = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            try:
-                number = float(value.strip())
-            except ValueError:
-                pass
-        if number is None or not math.isfinite(number):
-            raise InputError(f"setting {name!r} must be a finite number, got {value!r}")
-        return number
-    if kind is str:
-        if not isinstance(value, str):
-            raise InputError(f"setting {name!r} must be a string, got {value!r}")
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in ("true", "yes", "on", "1"):
+        return True
+    if word in ("false", "no", "off", "0"):
+        return False
+    raise InputError(f"setting {name!r} must be true or false, got {value!r}")
+
+
+def _to_int(name: str, value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise InputError(f"setting {name!r} must be an integer, got {value!r}")
+
+
+def _to_float(name: str, value: object) -> float:
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            pass
+    if number is None or not math.isfinite(number):
+        raise InputError(f"setting {name!r} must be a finite number, got {value!r}")
+    return number
+
+
+def _to_str(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InputError(f"setting {name!r} must be a string, got {value!r}")
     return value
+
+
+#: A setting's plain type -> how a value (a command-line string, or a Python value) becomes one.
+_CONVERTERS: dict[type, Callable[[str, object], object]] = {
+    bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
 def _field_types(cls: type) -> dict[str, object]:

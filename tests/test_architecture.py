@@ -23,6 +23,10 @@ DATA_MODEL = {"kareus", "kareus.graph", "kareus.plan", "kareus.energy", "kareus.
 FACES = {"kareus.cli", "kareus.__main__", "kareus.exit_status", "kareus.reproduction",
          "reproduce"}
 
+#: The repository's top-level folders that sit outside the layers: they use the project, and
+#: nothing in it may import them (layer ``"outside"``, which no layer may import).
+OUTSIDE = {"benchmarks", "tests", "examples"}
+
 #: Layer -> the layers it may import (always itself too).
 ALLOWED: dict[str, set[str]] = {
     "data": set(),
@@ -49,6 +53,8 @@ def layer_of(module: str) -> str | None:
     head = module.split(".")
     if head[0] in ("baselines", "workloads"):
         return head[0]
+    if head[0] in OUTSIDE:
+        return "outside"
     if head[0] != "kareus" or len(head) < 2:
         return None
     if head[1] in ("hardware", "backends", "plugins", "methods", "optimizer", "suite"):
@@ -124,6 +130,9 @@ def test_every_module_keeps_the_dependency_rules():
     ("kareus.cli", "from baselines.profiles import perseus_on_profile"),
     ("kareus.cli", "from kareus.optimizer import Kareus"),
     ("reproduce", "import baselines.perseus"),
+    ("kareus.suite.docs_render", "from benchmarks.fidelity import main"),
+    ("workloads.models", "import tests.conftest"),
+    ("kareus.cli", "from examples.uniform_clock import UniformClock"),
 ])
 def test_a_forbidden_import_is_caught(module, source):
     assert violations(module, source)

@@ -44,6 +44,22 @@ def test_max_throughput_deltas():
     assert fr.fastest([3.0, 1.0, 1.0], [1.0, 5.0, 4.0]) == 2
 
 
+def test_iso_time_with_slack_admits_slightly_slower_points():
+    # within +1 % of the reference's fastest 10 s: 10.05 s counts, 10.2 s does not
+    assert fr.iso_time_energy_reduction(REF_T, REF_E, [10.05, 10.2], [90.0, 50.0]) is None
+    assert fr.iso_time_energy_reduction(REF_T, REF_E, [10.05, 10.2], [90.0, 50.0],
+                                        time_slack=0.01) == pytest.approx(10.0)
+
+
+def test_relative_change_and_mape():
+    assert fr.change_pct(200.0, 210.0) == pytest.approx(5.0)
+    assert fr.change_pct(10.0, 9.0) == pytest.approx(-fr.reduction_pct(10.0, 9.0))
+    np.testing.assert_allclose(fr.change_pct(np.array([1.0, 2.0]), np.array([1.1, 1.0])),
+                               [10.0, -50.0])
+    assert fr.mape_pct([1.0, 2.0], [1.1, 1.0]) == pytest.approx(30.0)
+    assert np.isnan(fr.mape_pct([], []))
+
+
 def test_spread_and_hypervolume():
     t = np.linspace(1, 2, 50)
     idx = fr.spread_indices(t, 10)

@@ -300,6 +300,16 @@ def test_static_power_needs_two_gpus():
         cpu_backend().measure_static_power()
 
 
+def test_a_given_static_power_is_the_one_the_optimizers_add_back():
+    """The static power that splits a measurement into dynamic energy is the backend's preset's,
+    which the optimizers use to add it back: one value, however it is set."""
+    be = cpu_backend(static_power_w=61.5)
+    assert be.static_power_w == be.gpu.static_power_w == 61.5
+    be.static_power_w = 70.0  # e.g. measured with measure_static_power
+    assert be.gpu.static_power_w == 70.0 and be.gpu.name == H200.name
+    assert cpu_backend().static_power_w == H200.static_power_w
+
+
 class _SimMeasured(GPUBackend):
     """'Measures' instructions with a perturbed simulator (a stand-in for real GPUs)."""
 

@@ -56,6 +56,31 @@ def test_a_plugin_edit_changes_its_hash_and_only_its_own(plugin):
     assert after["uniform-clock"]["backend"] == before["uniform-clock"]["backend"]
 
 
+def _edited(hasher: CodeHasher, module: str, tmp_path: Path) -> CodeHasher:
+    """``hasher`` seeing an edited copy of ``module``'s source file."""
+    source = CodeHasher()._path(module)
+    assert source is not None
+    copy = tmp_path / f"{module}.py"
+    copy.write_text(source.read_text() + "\n# edited\n")
+    hasher._paths[module] = copy
+    return hasher
+
+
+@pytest.mark.parametrize("module, changes, keeps", [
+    ("kareus.suite.problem", {("sim", "harness"), ("gpu", "harness")},
+     {("sim", "backend"), ("gpu", "backend")}),
+    ("kareus.backends.gpu.worker", {("gpu", "backend")}, {("sim", "backend"), ("sim", "harness")}),
+])
+def test_code_run_by_name_or_beside_the_harness_counts(module, changes, keeps, tmp_path):
+    """The problem's maker and the GPU worker (started by name: nothing imports it) are in the
+    cells' keys; the simulator's cells do not depend on the GPU backend's code."""
+    before = {b: code_fields(CodeHasher(), "perseus", b) for b in ("sim", "gpu")}
+    after = {b: code_fields(_edited(CodeHasher(), module, tmp_path), "perseus", b)
+             for b in ("sim", "gpu")}
+    assert all(after[b][part] != before[b][part] for b, part in changes)
+    assert all(after[b][part] == before[b][part] for b, part in keeps)
+
+
 def test_stale_reasons_name_what_changed():
     new = cell_key("gpt3-xl", "a100-sxm4-40gb", "sim", "perseus", 0, {}, {})
     assert stale_reasons(new, new) == []

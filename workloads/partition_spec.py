@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,82 +122,30 @@ class PartitionSpec:
     @staticmethod
     def from_dict(raw: object, path: str = "spec") -> "PartitionSpec":
         """Validate a parsed spec (see the module docstring for the format)."""
-        if not isinstance(raw, dict):
-            raise _bad(path, "the spec must be a JSON object")
-        unknown = sorted(set(raw) - _TOP)
-        if unknown:
-            raise _bad(path, f"unknown field(s) {', '.join(unknown)}; known: "
-                             f"{', '.join(sorted(_TOP))}")
-        missing = sorted(_REQUIRED - set(raw))
-        if missing:
-            raise _bad(path, f"missing field(s) {', '.join(missing)}")
-        model, comm = raw["model"], raw["comm"]
-        if not isinstance(model, dict) or not isinstance(comm, dict):
-            raise _bad(path, "model and comm must be JSON objects")
-        for name, obj, known in (("model", model, _MODEL), ("comm", comm, _COMM)):
-            bad = sorted(set(obj) - known)
-            if bad:
-                raise _bad(path, f"unknown {name} field(s) {', '.join(bad)}; known: "
-                                 f"{', '.join(sorted(known))}")
-        hidden = _int(model, "hidden_size", "model.", path)
-        heads = _int(model, "num_attention_heads", "model.", path)
-        kv = _int(model, "num_key_value_heads", "model.", path) \
-            if "num_key_value_heads" in model else heads
-        if hidden % heads:
-            raise _bad(path, f"hidden_size {hidden} is not divisible by {heads} heads")
-        head_dim = _int(model, "head_dim", "model.", path) if "head_dim" in model \
-            else hidden // heads
-        tp = _int(raw, "tp", "", path)
-        if heads % kv:
-            raise _bad(path, f"{heads} heads are not divisible by {kv} key/value heads")
-        if heads % tp or kv % tp:
-            raise _bad(path, f"{heads} heads / {kv} key/value heads are not divisible by tp={tp}")
-        batch = _int(raw, "batch_size", "", path)
-        nano = _int(raw, "nanobatch_size", "", path)
+        spec, model, comm = _objects(raw, path)
+        tp = _int(spec, "tp", "", path)
+        hidden, heads, kv, head_dim = _model_dims(model, tp, path)
+        batch = _int(spec, "batch_size", "", path)
+        nano = _int(spec, "nanobatch_size", "", path)
         if batch % nano or batch // nano != 2:
             raise _bad(path, f"nanobatch_size {nano} must be half of batch_size {batch} "
                              "(two nanobatches)")
-        seq = _int(raw, "seq_len", "", path)
-        dtype = raw["dtype"]
+        seq = _int(spec, "seq_len", "", path)
+        dtype = spec["dtype"]
         if dtype not in DTYPE_BYTES:
             raise _bad(path, f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
-        if model.get("attention", "causal") not in ("causal", "full"):
-            raise _bad(path, f"model.attention must be causal or full, got "
-                             f"{model.get('attention')!r}")
-        ops = raw["ops"]
-        if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
-            raise _bad(path, "ops must be a non-empty list of op names")
-        unknown_ops = [o for o in ops if o not in _OP_BUILDERS]
-        if unknown_ops:
-            raise _bad(path, f"unknown op(s) {', '.join(unknown_ops)}; known: "
-                             f"{', '.join(_OP_BUILDERS)}")
-        kind_name = comm.get("kind")
-        kind = next((c for c in _COLLECTIVES if c == kind_name), None)
-        if kind is None:
-            raise _bad(path, f"comm.kind {kind_name!r} is not one of {', '.join(_COLLECTIVES)}")
-        group = _int(comm, "group_size", "comm.", path)
-        nbytes = _int(comm, "bytes", "comm.", path)
-        if group < 2:
-            raise _bad(path, "comm.group_size must be at least 2")
-        if kind == "all_reduce":
-            if group != tp:
-                raise _bad(path, f"an all-reduce over the tensor-parallel group needs "
-                                 f"comm.group_size == tp ({tp}), got {group}")
-            expect = nano * seq * hidden * DTYPE_BYTES[dtype]
-            if nbytes != expect:
-                raise _bad(path, f"comm.bytes {nbytes} does not match the other nanobatch's "
-                                 f"activation: {nano} x {seq} x {hidden} x "
-                                 f"{DTYPE_BYTES[dtype]} B = {expect}")
-        fuse_ops = raw.get("fuse_ops", False)
+        ops = _ops(spec["ops"], path)
+        kind, group, nbytes = _comm(comm, tp, (nano, seq, hidden, DTYPE_BYTES[dtype]), path)
+        fuse_ops = spec.get("fuse_ops", False)
         if not isinstance(fuse_ops, bool):
             raise _bad(path, f"fuse_ops must be true or false, got {fuse_ops!r}")
         # ``fuse_ops`` at its default is left out, so writing it or not gives the same hash
-        canon = json.dumps({k: v for k, v in raw.items()
+        canon = json.dumps({k: v for k, v in spec.items()
                             if k not in _FREE_TEXT and not (k == "fuse_ops" and v is False)},
                            sort_keys=True, separators=(",", ":"))
         return PartitionSpec(
             hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim, tp=tp, batch=batch,
-            nanobatch=nano, seq=seq, dtype=dtype, ops=tuple(ops), comm_kind=kind,
+            nanobatch=nano, seq=seq, dtype=dtype, ops=ops, comm_kind=kind,
             comm_group=group, comm_bytes=nbytes,
             causal=model.get("attention", "causal") == "causal",
             sha256=hashlib.sha256(canon.encode()).hexdigest(), fuse_ops=fuse_ops)
@@ -274,3 +223,80 @@ _OP_BUILDERS: dict[str, OpBuilder] = {
 
 #: Op names a spec may use.
 KNOWN_OPS = tuple(_OP_BUILDERS)
+
+
+def _objects(raw: object, path: str) -> tuple[dict, dict, dict]:
+    """The spec and its ``model`` and ``comm`` objects, after checking every field name."""
+    if not isinstance(raw, dict):
+        raise _bad(path, "the spec must be a JSON object")
+    unknown = sorted(set(raw) - _TOP)
+    if unknown:
+        raise _bad(path, f"unknown field(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(_TOP))}")
+    missing = sorted(_REQUIRED - set(raw))
+    if missing:
+        raise _bad(path, f"missing field(s) {', '.join(missing)}")
+    model, comm = raw["model"], raw["comm"]
+    if not isinstance(model, dict) or not isinstance(comm, dict):
+        raise _bad(path, "model and comm must be JSON objects")
+    for name, obj, known in (("model", model, _MODEL), ("comm", comm, _COMM)):
+        bad = sorted(set(obj) - known)
+        if bad:
+            raise _bad(path, f"unknown {name} field(s) {', '.join(bad)}; known: "
+                             f"{', '.join(sorted(known))}")
+    if model.get("attention", "causal") not in ("causal", "full"):
+        raise _bad(path, f"model.attention must be causal or full, got "
+                         f"{model.get('attention')!r}")
+    return raw, model, comm
+
+
+def _model_dims(model: dict, tp: int, path: str) -> tuple[int, int, int, int]:
+    """``(hidden, heads, key/value heads, head dim)`` of the spec's model, split over ``tp``."""
+    hidden = _int(model, "hidden_size", "model.", path)
+    heads = _int(model, "num_attention_heads", "model.", path)
+    kv = _int(model, "num_key_value_heads", "model.", path) \
+        if "num_key_value_heads" in model else heads
+    if hidden % heads:
+        raise _bad(path, f"hidden_size {hidden} is not divisible by {heads} heads")
+    head_dim = _int(model, "head_dim", "model.", path) if "head_dim" in model \
+        else hidden // heads
+    if heads % kv:
+        raise _bad(path, f"{heads} heads are not divisible by {kv} key/value heads")
+    if heads % tp or kv % tp:
+        raise _bad(path, f"{heads} heads / {kv} key/value heads are not divisible by tp={tp}")
+    return hidden, heads, kv, head_dim
+
+
+def _ops(ops: object, path: str) -> tuple[str, ...]:
+    """The spec's op names, each one the fuser knows."""
+    if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
+        raise _bad(path, "ops must be a non-empty list of op names")
+    unknown_ops = [o for o in ops if o not in _OP_BUILDERS]
+    if unknown_ops:
+        raise _bad(path, f"unknown op(s) {', '.join(unknown_ops)}; known: "
+                         f"{', '.join(_OP_BUILDERS)}")
+    return tuple(ops)
+
+
+def _comm(comm: dict, tp: int, activation: tuple[int, int, int, int], path: str
+          ) -> tuple[Collective, int, int]:
+    """``(kind, group size, bytes)`` of the spec's collective; an all-reduce runs over the
+    tensor-parallel group on the other nanobatch's activation, ``activation`` = (nanobatch,
+    sequence, hidden, bytes per element)."""
+    kind_name = comm.get("kind")
+    kind = next((c for c in _COLLECTIVES if c == kind_name), None)
+    if kind is None:
+        raise _bad(path, f"comm.kind {kind_name!r} is not one of {', '.join(_COLLECTIVES)}")
+    group = _int(comm, "group_size", "comm.", path)
+    nbytes = _int(comm, "bytes", "comm.", path)
+    if group < 2:
+        raise _bad(path, "comm.group_size must be at least 2")
+    if kind == "all_reduce":
+        if group != tp:
+            raise _bad(path, f"an all-reduce over the tensor-parallel group needs "
+                             f"comm.group_size == tp ({tp}), got {group}")
+        expect = math.prod(activation)
+        if nbytes != expect:
+            raise _bad(path, f"comm.bytes {nbytes} does not match the other nanobatch's "
+                             f"activation: {' x '.join(map(str, activation))} B = {expect}")
+    return kind, group, nbytes

@@ -48,6 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kareus.errors import InputError, SweepError
+from kareus.frontier import change_pct, mape_pct
 from kareus.graph import Partition
 from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
 from kareus.hardware.presets import GPUPreset
@@ -290,10 +291,6 @@ def _law_problem(law: dict[object, object]) -> str:
     return ""
 
 
-def _mape(pred: NDArray, meas: NDArray) -> float:
-    return float(100 * np.mean(np.abs(pred / meas - 1)))
-
-
 def _at_starting_point(gpu: GPUPreset) -> GPUPreset:
     """``gpu`` with every parameter the fit chooses at its starting point in
     :data:`_TIME_PARAMS` and :data:`_ENERGY_PARAMS`: a fit never starts from a previous fit's
@@ -351,7 +348,7 @@ def collective_alone_holdout(partition: Partition, sweep: PartitionSweep, gpu: G
         law, work = _fit_collective_alone(partition, train, gpu, clock_mhz, fixed)
         t, _ = predict(partition, test.configs, start.with_overrides(**law), clock_mhz,
                        np.full(len(partition.compute), work))
-        ape = 100 * np.abs(t / test.time_s - 1)
+        ape = np.abs(change_pct(test.time_s, t))
         out[label] = {"time_mape_pct": float(ape.mean()), "time_max_ape_pct": float(ape.max()),
                       "tuned_pipelining": float(law["tuned_pipelining"])}
     return out
@@ -537,8 +534,8 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     t, e = predict(partition, sweep.configs, fitted, clock_mhz, work, host)
     fit: dict[str, object] = {
         "rows": len(sweep.configs), "repeats": sweep.repeats,
-        "time_mape_pct": _mape(t, sweep.time_s), "energy_mape_pct": _mape(e, sweep.energy_j),
-        "time_max_ape_pct": float(100 * np.max(np.abs(t / sweep.time_s - 1))),
+        "time_mape_pct": mape_pct(sweep.time_s, t), "energy_mape_pct": mape_pct(sweep.energy_j, e),
+        "time_max_ape_pct": float(np.max(np.abs(change_pct(sweep.time_s, t)))),
     }
     fit.update(_best_rank(sweep, t))
     unseen = held_by_sweep(partition, sweep)
@@ -559,8 +556,8 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
                              work_h, host_h)
             parts.append({"fit_windows": [list(map(int, w)) for w in train],
                           "predicted_windows": [list(map(int, w)) for w in test],
-                          "time_mape_pct": _mape(th, held.time_s),
-                          "energy_mape_pct": _mape(eh, held.energy_j)})
+                          "time_mape_pct": mape_pct(held.time_s, th),
+                          "energy_mape_pct": mape_pct(held.energy_j, eh)})
         fit["holdout"] = {
             "method": _HOLDOUT_METHOD,
             "time_mape_pct": float(np.mean([p["time_mape_pct"] for p in parts])),
@@ -592,8 +589,8 @@ def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> di
             "measured_best_predicted_rank": rank,
             "predicted_best": {**cfg(pred_best), "time_s": float(predicted_time[pred_best]),
                                "measured_time_s": float(sweep.time_s[pred_best]),
-                               "measured_excess_pct": float(
-                                   100 * (sweep.time_s[pred_best] / sweep.time_s[best] - 1))}}
+                               "measured_excess_pct": float(change_pct(
+                                   sweep.time_s[best], sweep.time_s[pred_best]))}}
 
 
 def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],

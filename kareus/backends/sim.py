@@ -42,7 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
-from kareus.energy import iteration_energy
+from kareus.energy import iteration_energy, static_energy
 from kareus.errors import PlanError
 from kareus.graph import (
     KERNEL_KINDS,
@@ -132,7 +132,7 @@ class _Tables:
         partition: Per-clock costs of a partition by (its ``id``, schedule).
         instruction: An instruction's cost by (its graph's ``id``, plan).
         instruction_at: (time s, dynamic energy J) of an instruction by (its graph's ``id``, plan,
-            grid clock index).
+            grid clock index), with the graph, which the entry keeps alive.
         issue: The host's issue queue through a sequential instruction, (host s, A s, B s) of
             :meth:`SimulatorBackend.issue_map`, by (its graph's ``id``, grid clock index); the
             entry keeps the graph alive, so its ``id`` is not reused while it exists.
@@ -152,8 +152,8 @@ class _Tables:
         field(default_factory=dict)
     instruction: dict[tuple[int, InstructionPlan], _InstructionEntry] = \
         field(default_factory=dict)
-    instruction_at: dict[tuple[int, InstructionPlan, int], tuple[float, float]] = \
-        field(default_factory=dict)
+    instruction_at: dict[tuple[int, InstructionPlan, int],
+                         tuple[tuple[float, float], InstructionGraph]] = field(default_factory=dict)
     issue: dict[tuple[int, int], tuple[tuple[float, float, float], InstructionGraph]] = \
         field(default_factory=dict)
 
@@ -695,9 +695,9 @@ class SimulatorBackend:
         ``f_idx``, started with the GPU's queue empty (:meth:`issue_map`): so it runs on a
         pipeline stage, after its transfer's synchronisation. A single stage's host runs ahead
         across instructions, which :meth:`evaluate_plan` credits over the iteration."""
-        table, key = self._tables.instruction_at, (id(ig), plan, f_idx)  # see ``instruction``
+        table, key = self._tables.instruction_at, (id(ig), plan, f_idx)  # the entry keeps ``ig``
         if key in table:
-            return table[key]
+            return table[key][0]
         clock = float(self.grid[f_idx])
         t = e = 0.0
         if plan.nanobatched and ig.partitions:
@@ -728,7 +728,7 @@ class SimulatorBackend:
         if not (plan.nanobatched and ig.partitions):  # partitions model their own host issue
             host, a, b = self.issue_map(ig, f_idx)
             t = max(t, host + max(a, b))
-        table[key] = (t, e)
+        table[key] = ((t, e), ig)
         return t, e
 
     def instruction_breakdown(self, graph: IterationGraph, key: tuple[int, Direction],
@@ -877,7 +877,7 @@ class SimulatorBackend:
         cluster_dyn = sum(dyn[s] * graph.gpus_per_stage for s in dyn)
         energy = iteration_energy(cluster_dyn, graph.num_gpus, self.gpu.static_power_w,
                                   iteration_time)
-        per_gpu_static = iteration_energy(0.0, 1, self.gpu.static_power_w, iteration_time).static_j
+        per_gpu_static = static_energy(1, self.gpu.static_power_w, iteration_time)
         return IterationResult(
             energy=energy, num_gpus=graph.num_gpus, gpus_per_stage=graph.gpus_per_stage,
             per_gpu_dynamic_j=dict(dyn),

@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
 from kareus.errors import ProfileError
+from kareus.frontier import change_pct, mape_pct
 from kareus.hardware.power import dynamic_power, sm_power_scale, sustained_clock
 from kareus.hardware.presets import GPUPreset
 
@@ -263,8 +264,7 @@ def calibrate(profile: pd.DataFrame, preset: GPUPreset, *, static_power_w: float
     return CalibrationResult(
         gpu=preset.name, law=law, sm_dyn_power_w=sm_w,
         hbm_dyn_power_w=preset.hbm_dyn_power_w,
-        time_mape_pct=float(np.mean(np.abs(t / t_obs - 1)) * 100),
-        energy_mape_pct=float(np.mean(np.abs(e / e_obs - 1)) * 100),
+        time_mape_pct=mape_pct(t_obs, t), energy_mape_pct=mape_pct(e_obs, e),
         power_limit_w=cap_w, static_power_w=static_w, points=len(profile),
         alphas=tuple((int(k[0]), str(k[1]), float(a)) for k, a in zip(keys, alpha)),
         kept_from_preset=("knee_mhz", "v_ratio") if vf_held else (),
@@ -320,13 +320,13 @@ def predict_relative(result: CalibrationResult, preset: GPUPreset, profile: pd.D
     t, e = model.predict(f, np.ones_like(f), alpha)
     t0, e0 = model.predict(np.full_like(f, anchor_mhz), np.ones_like(f), alpha)
     rows = rows.assign(time_pred=t / t0 * rows.time_ref, energy_pred=e / e0 * rows.energy_ref)
-    err_t = np.abs(rows.time_pred / rows.time - 1)
-    err_e = np.abs(rows.energy_pred / rows.energy - 1)
+    err_t = np.abs(change_pct(rows.time, rows.time_pred))
+    err_e = np.abs(change_pct(rows.energy, rows.energy_pred))
     mask = rows.frequency != anchor_mhz
     return rows, TransferResult(
-        anchor_mhz=anchor_mhz, time_mape_pct=float(err_t[mask].mean() * 100),
-        energy_mape_pct=float(err_e[mask].mean() * 100), points=int(mask.sum()),
-        time_max_pct=float(err_t[mask].max() * 100), energy_max_pct=float(err_e[mask].max() * 100),
+        anchor_mhz=anchor_mhz, time_mape_pct=float(err_t[mask].mean()),
+        energy_mape_pct=float(err_e[mask].mean()), points=int(mask.sum()),
+        time_max_pct=float(err_t[mask].max()), energy_max_pct=float(err_e[mask].max()),
     )
 
 
@@ -335,8 +335,8 @@ def transfer_table(rows: pd.DataFrame, anchor_mhz: float | None = None) -> pd.Da
     to the anchor point, over the other clocks (``rows`` from :func:`predict_relative`)."""
     anchor_mhz = rows.frequency.max() if anchor_mhz is None else anchor_mhz
     r = rows[rows.frequency != anchor_mhz]
-    err = r.assign(t=(r.time_pred / r.time - 1).abs() * 100,
-                   e=(r.energy_pred / r.energy - 1).abs() * 100)
+    err = r.assign(t=change_pct(r.time, r.time_pred).abs(),
+                   e=change_pct(r.energy, r.energy_pred).abs())
     return err.groupby(["stage", "instruction"]).agg(
         time_mape_pct=("t", "mean"), time_max_pct=("t", "max"),
         energy_mape_pct=("e", "mean"), energy_max_pct=("e", "max")).reset_index()

@@ -1,4 +1,6 @@
-"""Clock -> power and clock -> time laws shared by the simulator and the calibration.
+"""Clock -> power laws shared by the simulator and the calibration, and the clock a power-capped
+GPU sustains over a measurement window (the calibration's view of the cap; the simulator applies
+the cap per phase on the clock grid, :meth:`kareus.backends.sim.SimulatorBackend.throttled_index`).
 
 Dynamic power of CMOS logic is ``P ∝ activity · f · V(f)²``. GPUs run at a floor voltage below a
 knee clock and raise the voltage roughly linearly above it, so SM power is near-linear in the clock
@@ -10,7 +12,6 @@ Every clock here is an SM clock in MHz; every power in W.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -105,22 +106,3 @@ def sustained_clock(f_mhz: ArrayLike, excess_w: NDArray[np.float64], grid_mhz: N
     f_cap = np.where(above[..., 0], grid_mhz[0], f_cap)
     out = np.minimum(f, f_cap)
     return out if ceiling_mhz is None else np.minimum(out, ceiling_mhz)
-
-
-def throttled_clock(f_mhz: ArrayLike, power_at: Callable[[NDArray[np.float64]], ArrayLike],
-                    cap_w: float,
-                    grid_mhz: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The clock a power-capped GPU actually runs at when asked for ``f``.
-
-    The card lowers its clock until the power fits under ``cap_w``: the result is the highest clock
-    of ``grid_mhz`` not above ``f`` whose power ``power_at(g)`` is within the cap (the lowest grid
-    clock if none is).
-    """
-    f = np.asarray(f_mhz, dtype=np.float64)
-    p = np.asarray(power_at(grid_mhz), dtype=np.float64)  # (..., G)
-    ok = p <= cap_w + 1e-9
-    # highest feasible grid clock: grid is ascending; power is monotone in the clock
-    feasible = np.where(ok, grid_mhz, -np.inf)
-    f_cap = np.max(feasible, axis=-1)
-    f_cap = np.where(np.isfinite(f_cap), f_cap, grid_mhz[0])
-    return np.minimum(f, f_cap)

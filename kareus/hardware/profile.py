@@ -59,49 +59,11 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
     df = df[list(COLUMNS)].copy()
     if df.empty:
         raise ProfileError(f"{source}: no rows")
-    if df["instruction"].isna().any():
-        row = int(df["instruction"].isna().to_numpy().argmax())
-        raise ProfileError(f"{source}: empty instruction (data row {row + 1}); "
-                           f"valid: {', '.join(INSTRUCTIONS)}")
-    df["instruction"] = [str(v).strip() for v in df["instruction"]]
-    bad = sorted(set(df["instruction"]) - set(INSTRUCTIONS))
-    if bad:
-        raise ProfileError(
-            f"{source}: unknown instruction(s) {', '.join(map(repr, bad[:5]))}; "
-            f"valid: {', '.join(INSTRUCTIONS)}"
-        )
+    df["instruction"] = _instructions(df["instruction"], source)
     for col in ("stage", "frequency", "time", "energy"):
-        values = pd.to_numeric(df[col], errors="coerce")
-        if values.isna().any():
-            row = int(values.isna().to_numpy().argmax())
-            raw = df[col].iloc[row]
-            shown = "empty or NaN" if pd.isna(raw) or not str(raw).strip() else repr(str(raw))
-            raise ProfileError(
-                f"{source}: data row {row + 1}, column {col!r}: {shown} is not a finite number"
-            )
-        df[col] = values
-    for col in ("time", "energy", "frequency"):
-        vals = df[col].to_numpy(dtype=float)
-        bad_rows = [i for i, v in enumerate(vals) if not (math.isfinite(v) and v > 0)]
-        if bad_rows:
-            v = float(vals[bad_rows[0]])
-            what = "is not a finite number" if not math.isfinite(v) else "is not positive"
-            raise ProfileError(
-                f"{source}: data row {bad_rows[0] + 1}, column {col!r}: {v:g} {what}"
-            )
-    long_rows = np.flatnonzero(df["time"].to_numpy(dtype=float) > MAX_INSTRUCTION_S)
-    if long_rows.size:
-        row = int(long_rows[0])
-        raise ProfileError(
-            f"{source}: data row {row + 1}, column 'time': {df['time'].iloc[row]:g} s for one "
-            f"instruction is over {MAX_INSTRUCTION_S:g} s; time must be seconds per instruction")
-    stages = df["stage"].to_numpy(dtype=float)
-    if any(not math.isfinite(s) or s < 0 or s != int(s) for s in stages):
-        raise ProfileError(f"{source}: column 'stage' must hold non-negative integers")
+        df[col] = _numbers(df[col], col, source)
+    _check_integers(df, source)
     df["stage"] = df["stage"].astype(int)
-    freqs = df["frequency"].to_numpy(dtype=float)
-    if any(f != int(f) for f in freqs):
-        raise ProfileError(f"{source}: column 'frequency' must hold integer MHz values")
     df["frequency"] = df["frequency"].astype(int)
     dup = df.duplicated(subset=["stage", "instruction", "frequency"])
     if dup.any():
@@ -113,9 +75,6 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
     if stages_seen != list(range(len(stages_seen))):
         raise ProfileError(f"{source}: stages must be numbered 0..S-1, got "
                            f"{[int(s) for s in stages_seen]}")
-    for (s, ins), g in df.groupby(["stage", "instruction"]):
-        if len(g) < 1:  # pragma: no cover - groupby yields non-empty groups
-            raise ProfileError(f"{source}: stage {s} {ins} has no rows")
     missing_pairs = [
         (s, ins) for s in stages_seen for ins in INSTRUCTIONS
         if df[(df.stage == s) & (df.instruction == ins)].empty
@@ -124,6 +83,60 @@ def validate_profile(df: pd.DataFrame, source: str = "profile") -> pd.DataFrame:
         s, ins = missing_pairs[0]
         raise ProfileError(f"{source}: no rows for stage {s} {ins}")
     return df.sort_values(["stage", "instruction", "frequency"]).reset_index(drop=True)
+
+
+def _instructions(column: pd.Series, source: str) -> list[str]:
+    """The ``instruction`` column stripped, every value one of :data:`INSTRUCTIONS`."""
+    if column.isna().any():
+        row = int(column.isna().to_numpy().argmax())
+        raise ProfileError(f"{source}: empty instruction (data row {row + 1}); "
+                           f"valid: {', '.join(INSTRUCTIONS)}")
+    values = [str(v).strip() for v in column]
+    bad = sorted(set(values) - set(INSTRUCTIONS))
+    if bad:
+        raise ProfileError(
+            f"{source}: unknown instruction(s) {', '.join(map(repr, bad[:5]))}; "
+            f"valid: {', '.join(INSTRUCTIONS)}"
+        )
+    return values
+
+
+def _numbers(column: pd.Series, col: str, source: str) -> pd.Series:
+    """Column ``col`` as finite numbers; ``time``, ``energy`` and ``frequency`` also positive,
+    and an instruction's ``time`` (s) at most :data:`MAX_INSTRUCTION_S`."""
+    values = pd.to_numeric(column, errors="coerce")
+    if values.isna().any():
+        row = int(values.isna().to_numpy().argmax())
+        raw = column.iloc[row]
+        shown = "empty or NaN" if pd.isna(raw) or not str(raw).strip() else repr(str(raw))
+        raise ProfileError(
+            f"{source}: data row {row + 1}, column {col!r}: {shown} is not a finite number"
+        )
+    if col == "stage":
+        return values
+    vals = values.to_numpy(dtype=float)
+    bad_rows = [i for i, v in enumerate(vals) if not (math.isfinite(v) and v > 0)]
+    if bad_rows:
+        v = float(vals[bad_rows[0]])
+        what = "is not a finite number" if not math.isfinite(v) else "is not positive"
+        raise ProfileError(f"{source}: data row {bad_rows[0] + 1}, column {col!r}: {v:g} {what}")
+    long_rows = np.flatnonzero(vals > MAX_INSTRUCTION_S) if col == "time" else ()
+    if len(long_rows):
+        row = int(long_rows[0])
+        raise ProfileError(
+            f"{source}: data row {row + 1}, column 'time': {vals[row]:g} s for one "
+            f"instruction is over {MAX_INSTRUCTION_S:g} s; time must be seconds per instruction")
+    return values
+
+
+def _check_integers(df: pd.DataFrame, source: str) -> None:
+    """Stages are non-negative integers and clocks whole MHz."""
+    stages = df["stage"].to_numpy(dtype=float)
+    if any(not math.isfinite(s) or s < 0 or s != int(s) for s in stages):
+        raise ProfileError(f"{source}: column 'stage' must hold non-negative integers")
+    freqs = df["frequency"].to_numpy(dtype=float)
+    if any(f != int(f) for f in freqs):
+        raise ProfileError(f"{source}: column 'frequency' must hold integer MHz values")
 
 
 def check_clock_sweep(df: pd.DataFrame, source: str = "profile") -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
-from kareus.energy import dynamic_from_measured, iteration_energy
+from kareus.energy import dynamic_from_measured, iteration_energy, static_energy
 from kareus.errors import InputError
 from kareus.graph import Direction, Instruction, dag_dependencies, topological_order
 from kareus.methods.tradeoff import Option
@@ -66,7 +66,7 @@ def min_energy_within(options: Mapping[tuple[int, Direction], Sequence[Option]],
     d = np.asarray(durations)
     cost = np.zeros(n)
     cost[:n_x] = dyn
-    cost[c_idx] = iteration_energy(0.0, stages, static_power_w, 1.0).static_j  # per second of C
+    cost[c_idx] = static_energy(stages, static_power_w, 1.0)  # per second of C
 
     rows: list[tuple[dict[int, float], float, float]] = []
     for ins in order:  # exactly one option each

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Literal, TypeGuard
 
 import networkx as nx
 
-from kareus.energy import dynamic_from_measured
+from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
 from kareus.graph import Direction, Instruction, dag_dependencies, one_f_one_b
 
@@ -285,7 +285,7 @@ def _layout(nodes: Sequence[tuple[Instruction, object]], stages: int, microbatch
 def solver_energy(step: SolverStep, stages: int, static_power_w: float) -> float:
     """The energy the authors' driver reports for a solver step (J): the solver's cost (fitted
     effective energies) plus every stage's GPU at static power for the solver's time."""
-    return step.cost + stages * step.real_time_s * static_power_w
+    return step.cost + static_energy(stages, static_power_w, step.real_time_s)
 
 
 def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:

@@ -29,6 +29,8 @@ from typing import SupportsFloat, SupportsIndex
 import click
 import pandas as pd
 
+from kareus.atomic import atomic_write_text
+
 REPO = Path(__file__).resolve().parents[2]
 
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
@@ -447,7 +449,7 @@ def run(root: Path = REPO, check: bool = False) -> list[str]:
         new, changed = fill(text, root)
         stale += [f"{path.relative_to(root)}: {name}" for name in changed]
         if changed and not check:
-            path.write_text(new)
+            atomic_write_text(path, new)
     return stale
 
 

@@ -27,7 +27,8 @@ from numpy.typing import ArrayLike
 
 from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError
-from kareus.frontier import iso_energy_time_reduction, iso_time_energy_reduction
+from kareus.frontier import (change_pct, fastest, iso_energy_time_reduction,
+                             iso_time_energy_reduction)
 from kareus.methods.profiling import profile_instructions
 from kareus.methods.tradeoff import solve, solver_energy
 from kareus.plan import InstructionPlan
@@ -71,7 +72,7 @@ def endpoints(time_s: ArrayLike, energy_j: ArrayLike) -> dict[str, float]:
     t, e = np.asarray(time_s, dtype=float), np.asarray(energy_j, dtype=float)
     if t.size == 0:
         raise InputError("an empty frontier has no endpoints")
-    i, j = int(np.argmin(t)), int(np.argmin(e))
+    i, j = fastest(t, e), int(np.argmin(e))
     return {"T_min": float(t[i]), "E_at_T_min": float(e[i]), "E_min": float(e[j]),
             "T_at_E_min": float(t[j])}
 
@@ -168,8 +169,8 @@ def nanobatch_dynamic_change(configs: list[FrontierConfig], measured: pd.DataFra
         row: dict[str, object] = {"config": cfg.label}
         for source, ref, new in _method_pairs(cfg, measured, frontiers):
             (p_fast, p_frugal), (n_fast, n_frugal) = dynamic(ref, stages), dynamic(new, stages)
-            row[f"at_T_min_{source}_pct"] = 100.0 * (n_fast / p_fast - 1.0)
-            row[f"at_E_min_{source}_pct"] = 100.0 * (n_frugal / p_frugal - 1.0)
+            row[f"at_T_min_{source}_pct"] = change_pct(p_fast, n_fast)
+            row[f"at_E_min_{source}_pct"] = change_pct(p_frugal, n_frugal)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -193,5 +194,5 @@ def compare(problems: dict[FrontierConfig, Problem], measured: pd.DataFrame,
             for k in ENDPOINTS:
                 rows.append({"config": cfg.label, "method": method, "endpoint": k,
                              "measured": meas[k], "simulated": sim[k],
-                             "error_pct": 100.0 * (sim[k] / meas[k] - 1.0)})
+                             "error_pct": change_pct(meas[k], sim[k])})
     return pd.DataFrame(rows)

@@ -59,7 +59,10 @@ class OptimizerRun:
 
     @property
     def max_throughput(self) -> Point | None:
-        return self.frontier[0] if self.frontier else None
+        if not self.frontier:
+            return None
+        return self.frontier[fr.fastest([p.time_s for p in self.frontier],
+                                        [p.energy_j for p in self.frontier])]
 
 
 def validate_plans(plans: object, problem: Problem) -> list[IterationPlan]:
@@ -145,7 +148,7 @@ def compare(runs: Mapping[str, OptimizerRun], baseline: str = "megatron",
     for name, run in runs.items():
         if run.status != "ok" or not run.frontier:
             continue
-        mt = run.frontier[0]
+        mt = run.max_throughput
         if base is not None and base.max_throughput is not None:
             b = base.max_throughput
             out["max_throughput_vs_megatron"][name] = {

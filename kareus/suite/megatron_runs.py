@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from kareus.frontier import change_pct, iso_time_energy_reduction, reduction_pct
 from kareus.errors import InputError
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.progress import SILENT, Progress
@@ -131,7 +132,7 @@ def run_errors(runs: RunSet, simulated_ms: np.ndarray) -> pd.DataFrame:
     """The runs with ``simulated_ms`` and ``error_pct`` (simulated over measured, minus 1)."""
     df = runs.runs.copy()
     df["simulated_ms"] = simulated_ms
-    df["error_pct"] = 100.0 * (df.simulated_ms / df.measured_ms - 1.0)
+    df["error_pct"] = change_pct(df.measured_ms, df.simulated_ms)
     return df
 
 
@@ -225,12 +226,11 @@ def savings(time_s: np.ndarray, energy_j: np.ndarray, t0: float, e0: float
     """Energy saved (%) against the default plan's ``(t0, e0)``: by the least-energy point within
     +1 % of its time, and by the least-energy point overall (and that point's time change)."""
     t, e = np.asarray(time_s, float), np.asarray(energy_j, float)
-    near = t <= 1.01 * t0
+    near = iso_time_energy_reduction([t0], [e0], t, e, time_slack=0.01)
     j = int(np.argmin(e))
-    return {"saved_within_1pct_time_pct": float(100 * (1 - e[near].min() / e0)) if near.any()
-            else float("nan"),
-            "saved_least_energy_pct": float(100 * (1 - e[j] / e0)),
-            "time_at_least_energy_pct": float(100 * (t[j] / t0 - 1))}
+    return {"saved_within_1pct_time_pct": float("nan") if near is None else near,
+            "saved_least_energy_pct": reduction_pct(e0, float(e[j])),
+            "time_at_least_energy_pct": float(change_pct(t0, t[j]))}
 
 
 def perseus_xl_comparison(measured_csv: str | Path) -> pd.DataFrame:
@@ -271,10 +271,10 @@ def power_limit_curve(measured_csv: str | Path) -> pd.DataFrame:
             continue
         p = simulated[limit]
         rows.append({"power_limit_w": limit,
-                     "measured_time_pct": 100 * (m.time_s / t0 - 1),
-                     "simulated_time_pct": 100 * (p.time_s / st0 - 1),
-                     "measured_energy_pct": 100 * (m.energy_j / e0 - 1),
-                     "simulated_energy_pct": 100 * (p.energy_j / se0 - 1),
+                     "measured_time_pct": change_pct(t0, m.time_s),
+                     "simulated_time_pct": change_pct(st0, p.time_s),
+                     "measured_energy_pct": change_pct(e0, m.energy_j),
+                     "simulated_energy_pct": change_pct(se0, p.energy_j),
                      "measured_power_per_gpu_w": m.energy_j / m.time_s / problem.graph.num_gpus,
                      "simulated_power_per_gpu_w": p.energy_j / p.time_s / problem.graph.num_gpus})
     return pd.DataFrame(rows)
@@ -304,10 +304,10 @@ def locked_clock_points(measured_csv: str | Path) -> pd.DataFrame:
         rows.append({"method": m.method, "point": int(m.point),
                      "measured_time_s": float(m.time_s), "simulated_time_s": sim.time_s,
                      "measured_energy_j": float(m.energy_j), "simulated_energy_j": sim.total_j,
-                     "measured_time_pct": 100 * (m.time_s / t0 - 1),
-                     "simulated_time_pct": 100 * (sim.time_s / st0 - 1),
-                     "measured_energy_pct": 100 * (m.energy_j / e0 - 1),
-                     "simulated_energy_pct": 100 * (sim.total_j / se0 - 1)})
+                     "measured_time_pct": change_pct(t0, m.time_s),
+                     "simulated_time_pct": change_pct(st0, sim.time_s),
+                     "measured_energy_pct": change_pct(e0, m.energy_j),
+                     "simulated_energy_pct": change_pct(se0, sim.total_j)})
     return pd.DataFrame(rows)
 
 

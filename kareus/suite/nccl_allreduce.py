@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from kareus.frontier import change_pct
+
 if TYPE_CHECKING:
     from kareus.hardware.presets import GPUPreset
 
@@ -88,7 +90,7 @@ def ring_law_errors(preset: "GPUPreset", groups: tuple[int, ...] | None = None) 
     (simulated over measured, minus 1)."""
     rows = measured(groups)
     sim = simulated_s(preset, rows)
-    return rows.assign(simulated_s=sim, error_pct=100.0 * (sim / rows.measured_s - 1.0))
+    return rows.assign(simulated_s=sim, error_pct=change_pct(rows.measured_s, sim))
 
 
 def fit_ring_law(preset: "GPUPreset", groups: tuple[int, ...]) -> RingLawFit:

@@ -27,12 +27,19 @@ from pathlib import Path
 #: Top-level packages whose modules count as the project's code.
 PROJECT_PACKAGES = ("kareus", "baselines", "workloads")
 
-#: The module that implements each backend (its imports are followed).
-BACKEND_MODULES = {"sim": "kareus.backends.sim", "gpu": "kareus.backends.gpu"}
+#: The modules that implement each backend (their imports are followed): the GPU backend's
+#: worker is started by name, so nothing imports it.
+BACKEND_MODULES = {"sim": ("kareus.backends.sim",),
+                   "gpu": ("kareus.backends.gpu", "kareus.backends.gpu.worker")}
 
 #: The code every cell runs through besides the optimizer and the backend: the graph builder,
 #: the knob space, and the harness that evaluates and Pareto-filters the plans.
 HARNESS_MODULES = ("kareus.suite.harness", "workloads.graph_builder", "kareus.hardware.knobs")
+
+#: Harness code hashed by its own file alone: how a cell's problem is made (the GPU's overrides,
+#: the knob space). Its imports are the backends' (every one, so following them would tie a
+#: simulator cell to the GPU backend's code) and the harness's, hashed above.
+HARNESS_FILES = ("kareus.suite.problem",)
 
 #: Hex digits kept of a SHA-256 digest.
 DIGEST_LEN = 16
@@ -60,13 +67,20 @@ class CodeHasher:
     _roots: dict[str, list[Path] | Path | None] = field(default_factory=dict)
     _imports: dict[tuple[Path, bool], list[str]] = field(default_factory=dict)
 
-    def module_digest(self, *modules: str, roots: tuple[str, ...] = PROJECT_PACKAGES) -> str:
+    def module_digest(self, *modules: str, roots: tuple[str, ...] = PROJECT_PACKAGES,
+                      alone: tuple[str, ...] = ()) -> str:
         """Hash of ``modules`` and their import closure within ``roots`` (top-level package
-        names; each module's own top-level package always counts). Raises
-        :class:`ModuleNotFoundError` when a module cannot be found."""
+        names; each module's own top-level package always counts), and of the modules
+        ``alone`` without their imports. Raises :class:`ModuleNotFoundError` when a module
+        cannot be found."""
         files: dict[str, Path] = {}
         for module in modules:
             files.update(self.closure(module, roots))
+        for module in alone:
+            path = self._path(module)
+            if path is None:
+                raise ModuleNotFoundError(f"no source file for module {module!r}")
+            files[module] = path
         h = hashlib.sha256()
         for name in sorted(files):
             h.update(name.encode() + b"\0" + files[name].read_bytes() + b"\0")
@@ -187,10 +201,10 @@ def optimizer_module(name: str) -> str:
 
 def code_fields(hasher: CodeHasher, optimizer: str, backend: str) -> dict[str, str]:
     """The ``code`` part of a cell's key: hashes of the optimizer's, the backend's and the
-    harness's code (:data:`HARNESS_MODULES`)."""
+    harness's code (:data:`HARNESS_MODULES`, :data:`HARNESS_FILES`)."""
     return {"optimizer": hasher.module_digest(optimizer_module(optimizer)),
-            "backend": hasher.module_digest(BACKEND_MODULES.get(backend, "kareus.backends")),
-            "harness": hasher.module_digest(*HARNESS_MODULES)}
+            "backend": hasher.module_digest(*BACKEND_MODULES.get(backend, ("kareus.backends",))),
+            "harness": hasher.module_digest(*HARNESS_MODULES, alone=HARNESS_FILES)}
 
 
 def git_commit(repo: Path = REPO) -> str | None:

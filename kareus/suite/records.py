@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kareus.frontier import fastest
 from kareus.backends.base import IterationResult, Point
 from kareus.hardware.presets import GPUPreset
 
@@ -18,7 +19,9 @@ def frontier_object(*, workload: str, optimizer: str, backend: str, gpu: str, nu
         "workload": workload, "optimizer": optimizer, "backend": backend, "gpu": gpu,
         "num_gpus": num_gpus, "gpus_per_stage": gpus_per_stage,
         "points": [p.to_dict() for p in ordered],
-        "max_throughput": ordered[0].to_dict() if ordered else None,
+        "max_throughput": ordered[fastest([p.time_s for p in ordered],
+                                          [p.energy_j for p in ordered])].to_dict()
+        if ordered else None,
     }
     obj.update(extra)
     return obj

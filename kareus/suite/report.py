@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kareus.frontier import change_pct
 from kareus.atomic import atomic_path, atomic_write_text
 from kareus.plugins import Problem
 from kareus.suite.harness import OptimizerRun
@@ -281,10 +282,10 @@ def _breakdown_rows(summary: Mapping, names: list[str] | None = None
             continue
         rows.append({
             "optimizer": name,
-            "time_pct": 100 * (mt["time_s"] / r["time_s"] - 1),
+            "time_pct": change_pct(r["time_s"], mt["time_s"]),
             "dynamic_pct": 100 * (mt["dynamic_energy_j"] - r["dynamic_energy_j"]) / r["energy_j"],
             "static_pct": 100 * (mt["static_energy_j"] - r["static_energy_j"]) / r["energy_j"],
-            "energy_pct": 100 * (mt["energy_j"] / r["energy_j"] - 1)})
+            "energy_pct": change_pct(r["energy_j"], mt["energy_j"])})
     return ref, rows
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kareus.backends.base import InstructionCost, IterationResult, PartitionGrid
-from kareus.backends.gpu.measure import MeasureConfig
+from kareus.backends.gpu.measure import MeasureConfig, per_gpu_step
 from kareus.backends.gpu.results import (
     InstructionResult,
     PartitionResult,
@@ -97,9 +97,9 @@ class GPUBackend:
                  fake_device: bool = False, in_process: bool = True,
                  timeout_s: float = 3600.0, seed: int = 0, gpu_name: str = "") -> None:
         self.gpu = gpu
+        if static_power_w is not None:
+            self.static_power_w = static_power_w
         self.allow_clock_control = allow_clock_control
-        self.static_power_w = float(gpu.static_power_w if static_power_w is None
-                                    else static_power_w)
         self.measure = measure or MeasureConfig()
         self.visible_gpus = visible_gpus
         self.device, self.dtype, self.fake_device = device, dtype, fake_device
@@ -110,6 +110,18 @@ class GPUBackend:
         self._bound: list[tuple[IterationGraph, Workload]] = []
         #: Per-rank results of the last job, by rank.
         self.last_run: list[RankResult] = []
+
+    @property
+    def static_power_w(self) -> float:
+        """Blocked-on-P2P power per GPU (W): :attr:`gpu`'s, the one value both this backend's
+        dynamic energies and the optimizers' totals use."""
+        return self.gpu.static_power_w
+
+    @static_power_w.setter
+    def static_power_w(self, watts: float) -> None:
+        """Use ``watts`` (e.g. measured) as the static power: :attr:`gpu` becomes the preset with
+        it, so energies split here and added back by the optimizers agree."""
+        self.gpu = self.gpu.with_overrides(static_power_w=float(watts))
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -274,8 +286,7 @@ class GPUBackend:
                       clock_mhz=plan.clock_mhz, nanobatched=plan.nanobatched,
                       schedules={k: s.to_json() for k, s in plan.schedules})
         ranks = self.run_job(job, w.parallel.tp, InstructionResult, graph)
-        t = max(r.window.time_s / r.window.steps for r in ranks)
-        e = float(np.mean([r.window.energy_j / r.window.steps for r in ranks]))
+        t, e = per_gpu_step([r.window for r in ranks])
         return InstructionCost(t, dynamic_from_measured(e, self.static_power_w, t))
 
     def _find_partition(self, partition: Partition) -> tuple[IterationGraph, Workload, int,
@@ -322,8 +333,7 @@ class GPUBackend:
         e = np.zeros_like(t)
         rows = [r.rows for r in ranks]
         for j, (c, kk, a, b) in enumerate(grid):
-            tt = max(rr[j].window.time_s / rr[j].window.steps for rr in rows)
-            ee = float(np.mean([rr[j].window.energy_j / rr[j].window.steps for rr in rows]))
+            tt, ee = per_gpu_step([rr[j].window for rr in rows])
             dyn = dynamic_from_measured(ee, self.static_power_w, tt)
             fi = int(np.flatnonzero(f == c)[0])
             if has_comm:
@@ -344,8 +354,7 @@ class GPUBackend:
         job = replace(self._job("partition", w), stage=stage, direction=d, partition_index=idx,
                       points=[[clock_mhz, 0, 0, len(partition.compute) - 1]], op_index=op_index)
         ranks = self.run_job(job, w.parallel.tp, PartitionResult, graph)
-        t = max(r.rows[0].window.time_s / r.rows[0].window.steps for r in ranks)
-        e = float(np.mean([r.rows[0].window.energy_j / r.rows[0].window.steps for r in ranks]))
+        t, e = per_gpu_step([r.rows[0].window for r in ranks])
         return t, dynamic_from_measured(e, self.static_power_w, t)
 
     # ------------------------------------------------------------------ static power
@@ -354,7 +363,7 @@ class GPUBackend:
         """Blocked-on-P2P power the way the Perseus/Kareus authors measured it (two GPUs: one
         blocked in a receive, its peer asleep; energy counter over the window): see
         :class:`StaticPowerMeasurement`. Does not change :attr:`static_power_w`; assign it to
-        use the result."""
+        use the result (that also changes :attr:`gpu`)."""
         job = Job(mode="static_power",
                   measure=MeasureConfig(warmup_s=0, warmup_steps=0, window_s=window_s,
                                         min_steps=trials, cooldown_s=cooldown_s),
@@ -401,9 +410,8 @@ def aggregate_iteration(graph: IterationGraph, ranks: Sequence[PlanResult],
     measured sum over GPUs)."""
     if len(ranks) != graph.num_gpus:
         raise RuntimeError(f"{len(ranks)} rank results for {graph.num_gpus} GPUs")
-    t = max(r.window.time_s / r.window.steps for r in ranks)
-    dyn = {r.info.rank: dynamic_from_measured(r.window.energy_j / r.window.steps,
-                                              static_power_w, t)
+    t = max(r.window.time_per_step_s for r in ranks)
+    dyn = {r.info.rank: dynamic_from_measured(r.window.energy_per_step_j, static_power_w, t)
            for r in ranks}
     energy = iteration_energy(sum(dyn.values()), graph.num_gpus, static_power_w, t)
     per_dyn: dict[int, float] = {}
@@ -411,7 +419,7 @@ def aggregate_iteration(graph: IterationGraph, ranks: Sequence[PlanResult],
     for s in range(graph.stages):
         rs = [r for r in ranks if r.info.stage == s]
         per_dyn[s] = float(np.mean([dyn[r.info.rank] for r in rs]))
-        per_tot[s] = float(np.mean([r.window.energy_j / r.window.steps for r in rs]))
+        per_tot[s] = float(np.mean([r.window.energy_per_step_j for r in rs]))
     times: dict[Instruction, tuple[float, float]] = {}
     for r in ranks:
         if r.info.tp_rank == 0 and r.info.dp_rank == 0:

@@ -33,6 +33,7 @@ from kareus.backends.gpu.results import InstructionResult, PlanResult
 from kareus.energy import measured_energy
 from kareus.errors import InputError
 from kareus.graph import Direction
+from kareus.frontier import change_pct, mape_pct
 from kareus.hardware.presets import GPUPreset
 from kareus.hardware.profile import validate_profile
 from kareus.json_types import JsonObject, record_dict
@@ -76,10 +77,6 @@ def measure_profile(backend: GPUBackend, workload: Workload, clocks_mhz: Sequenc
     # Without clock control two requests can land on one observed clock: keep the mean.
     df = df.groupby(["stage", "instruction", "frequency"], as_index=False).mean()
     return validate_profile(df, "measured profile")
-
-
-def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
-    return float(np.mean(np.abs(pred / meas - 1)) * 100) if len(meas) else float("nan")
 
 
 @dataclass(frozen=True)
@@ -133,13 +130,13 @@ def simulator_error(profile: pd.DataFrame, workload: Workload, preset: GPUPreset
         out.append(InstructionComparison(
             stage=int(r.stage), instruction=r.instruction, frequency=int(r.frequency),
             time_measured=float(r.time), time_sim=c.time_s, energy_measured=float(r.energy),
-            energy_sim=e, time_err_pct=100 * (c.time_s / r.time - 1),
-            energy_err_pct=100 * (e / r.energy - 1)))
+            energy_sim=e, time_err_pct=float(change_pct(r.time, c.time_s)),
+            energy_err_pct=float(change_pct(r.energy, e))))
     t = np.array([o.time_sim for o in out])
     tm = np.array([o.time_measured for o in out])
     es = np.array([o.energy_sim for o in out])
     em = np.array([o.energy_measured for o in out])
-    return SimulatorError(preset.name, tuple(out), _mape(t, tm), _mape(es, em))
+    return SimulatorError(preset.name, tuple(out), mape_pct(tm, t), mape_pct(em, es))
 
 
 @dataclass(frozen=True)
@@ -335,10 +332,10 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
         for kind in sorted({r.kind for r in rows}):
             rs = [r for r in rows if r.kind == kind]
             by_kind[kind] = {
-                "time_mape_pct": _mape(np.array([r.time_sim for r in rs]),
-                                       np.array([r.time_measured for r in rs])),
-                "energy_mape_pct": _mape(np.array([r.energy_sim for r in rs]),
-                                         np.array([r.energy_measured for r in rs]))}
+                "time_mape_pct": mape_pct([r.time_measured for r in rs],
+                                          [r.time_sim for r in rs]),
+                "energy_mape_pct": mape_pct([r.energy_measured for r in rs],
+                                            [r.energy_sim for r in rs])}
         report["ops_error_by_kind"] = by_kind
     if partitions and workload.parallel.nanobatches > 1:
         report["partitions"] = [r.to_dict() for r in measure_partitions(

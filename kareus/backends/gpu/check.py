@@ -29,16 +29,13 @@ import click
 
 from kareus.backends.gpu.device import Device
 from kareus.errors import InputError
+from kareus.frontier import change_pct
 from kareus.json_types import JsonObject
 
 
 def _log(lines: list[str], msg: str) -> None:
     lines.append(msg)
     print(msg, flush=True)
-
-
-def _pct(pred: float, meas: float) -> float:
-    return 100.0 * (pred / meas - 1.0)
 
 
 def _readings(dev: Device, *methods: str) -> dict[str, float | None]:
@@ -177,10 +174,11 @@ def run_check(args: CheckArgs) -> CheckRecord:
                                         "avg_power_w": p.total_j / p.time_s / pred.num_gpus},
             simulated_at_max_clock={**Point.from_result(pred_max).to_dict(),
                                     "clock_mhz": preset.clock_max_mhz},
-            error_pct={"time": _pct(p.time_s, m.time_s),
-                       "energy": _pct(p.total_j, m.total_j),
-                       "dynamic_energy": _pct(p.dynamic_j, m.dynamic_j),
-                       "avg_power": _pct(p.total_j / p.time_s, m.total_j / m.time_s)},
+            error_pct={"time": float(change_pct(m.time_s, p.time_s)),
+                       "energy": float(change_pct(m.total_j, p.total_j)),
+                       "dynamic_energy": float(change_pct(m.dynamic_j, p.dynamic_j)),
+                       "avg_power": float(change_pct(m.total_j / m.time_s,
+                                                     p.total_j / p.time_s))},
             positive=all(math.isfinite(x) and x > 0 for x in (point.time_s, point.energy_j)))
         runs.append(run)
         # a kill keeps every finished plan: the record so far, replaced atomically

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -65,6 +65,13 @@ class WindowResult:
     @property
     def energy_per_step_j(self) -> float:
         return self.energy_j / self.steps
+
+
+def per_gpu_step(windows: Sequence[WindowResult]) -> tuple[float, float]:
+    """One step measured on a group of GPUs, one window each: its time (s), the slowest GPU's
+    time per step, and the mean energy per GPU per step (J)."""
+    return (max(w.time_per_step_s for w in windows),
+            float(sum(w.energy_per_step_j for w in windows) / len(windows)))
 
 
 class Meter(Protocol):

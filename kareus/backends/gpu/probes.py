@@ -77,7 +77,7 @@ def window(name: str, step: Callable[[], None], dev: Device, device: str, cfg: M
     res = measure_window(step, CounterMeter([dev], sync=sync), cfg, sync=sync,
                          sampler=ClockSampler(dev, period_s=0.05))
     if res.time_s < 0.5 * cfg.window_s:  # the warm-up overestimated the step: measure again
-        steps = math.ceil(cfg.window_s / (res.time_s / res.steps))
+        steps = math.ceil(cfg.window_s / res.time_per_step_s)
         res = measure_window(step, CounterMeter([dev], sync=sync),
                              replace(cfg, warmup_s=0.0, warmup_steps=1, min_steps=steps),
                              sync=sync, sampler=ClockSampler(dev, period_s=0.05))
@@ -151,8 +151,8 @@ def gemm_ceiling(dev: Device, device: str, cfg: MeasureConfig, n: int = 8192,
     try:
         return window("gemm_bf16" if device == "cuda" else "gemm_fp32_cpu", step, dev, device,
                       cfg, 2.0 * n ** 3 * repeat, "FLOP/s")
-    finally:
-        del a, b, c
+    finally:  # free the GPU memory now (the closure holds the tensors)
+        a = b = c = None  # noqa: F841
 
 
 def copy_bandwidth(dev: Device, device: str, cfg: MeasureConfig, nbytes: int = 4 << 30,
@@ -170,5 +170,5 @@ def copy_bandwidth(dev: Device, device: str, cfg: MeasureConfig, nbytes: int = 4
 
     try:
         return window("hbm_copy", step, dev, device, cfg, 2.0 * nbytes * repeat, "B/s")
-    finally:
-        del src, dst
+    finally:  # free the GPU memory now (the closure holds the tensors)
+        src = dst = None  # noqa: F841

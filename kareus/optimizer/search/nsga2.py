@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from kareus.energy import measured_energy
 from kareus.errors import InputError
 from kareus.optimizer.search.base import Evaluator, SearchResult, resolve_budget
 
@@ -104,7 +105,7 @@ class NSGA2Search:
                 idx = full(x)
                 t, e = evaluator.measure(idx)
                 measured.update(int(f) for f in space.flat(idx))
-                total = e + static_w * t
+                total = measured_energy(e, static_w, t)
                 cols = {"dynamic": (t, e), "total": (t, total), "both": (t, e, total)}
                 out["F"] = np.column_stack(cols[objectives])
 

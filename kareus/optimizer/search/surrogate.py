@@ -41,6 +41,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from kareus.energy import measured_energy
 from kareus.errors import InputError
 from kareus.frontier import hypervolume, pareto_indices
 from kareus.optimizer.search.base import Evaluator, PartitionSpace, SearchResult
@@ -150,7 +151,7 @@ class SurrogateSearch:
             rest = np.setdiff1d(np.arange(space.size), init)
             init = np.concatenate([init, rng.choice(rest, n0 - init.size, replace=False)])
         measure(init)
-        t0, tot0 = t_meas[init], e_meas[init] + static_w * t_meas[init]
+        t0, tot0 = t_meas[init], measured_energy(e_meas[init], static_w, t_meas[init])
         ref_total = (1.1 * float(t0.max()), 1.1 * float(tot0.max()))
         ref_dyn = (1.1 * float(t0.max()), 1.1 * float(e_meas[init].max()))
 
@@ -161,7 +162,7 @@ class SurrogateSearch:
             n = min(self.batch, budget - evaluator.evaluations, int((~measured).sum()))
             done, cand = np.flatnonzero(measured), np.flatnonzero(~measured)
             t_done, e_done = t_meas[done], e_meas[done]
-            tot_done = e_done + static_w * t_done
+            tot_done = measured_energy(e_done, static_w, t_done)
 
             # ---- model: standardised logs = linear trend + extra-trees on the residuals
             y = np.log(np.maximum(np.column_stack([t_done, e_done]), 1e-30))
@@ -172,7 +173,7 @@ class SurrogateSearch:
             resid = np.stack([m.predict(features[cand]) for m in model.estimators_])
             members = np.exp((resid + (trend[cand] @ coef)[None]) * sd + mu)  # (trees, cand, 2)
             tt, ee = members[..., 0], members[..., 1]
-            tot = ee + static_w * tt
+            tot = measured_energy(ee, static_w, tt)
             t_hat, e_hat, tot_hat = tt.mean(axis=0), ee.mean(axis=0), tot.mean(axis=0)
             lt, le, ltot = np.log(tt), np.log(ee), np.log(tot)
             spread = lt.std(axis=0) + ltot.std(axis=0)
