@@ -27,7 +27,7 @@ import pandas as pd
 from kareus.errors import InputError
 from kareus.frontier import pareto_indices
 from kareus.graph import Instruction
-from kareus.hardware.profile import check_clock_sweep
+from kareus.hardware.profile import check_clock_sweep, power_problem
 from kareus.methods.profiling import profile_to_options
 from kareus.methods.tradeoff import (
     Prefilter,
@@ -66,9 +66,9 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     seen = int(profile.stage.nunique())
     if seen != stages:
         raise InputError(f"{source}: profile has {seen} stages, --stages says {stages}")
-    if not (static_power_w > 0 and static_power_w < 1e4):
-        raise InputError(f"--p-static must be a number of watts between 0 and 10,000, got "
-                         f"{static_power_w}")
+    why = power_problem("--p-static", static_power_w)
+    if why:
+        raise InputError(why)
     why = unit_problem(unit_time_s, profile.time.tolist(), exact=True)
     if why:
         raise InputError(f"--unit-ms {why}")

@@ -69,7 +69,7 @@ def tail(work: list[float], sms: int) -> float:
     return (makespan(work, sms) - sum(work) / sms) / (sum(work) / len(work))
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--sms", default=108, show_default=True, help="SMs of the GPU (A100: 108).")
 @click.option("--query-blocks", default=32, show_default=True,
               help="Query blocks per (batch, head): sequence / 128.")
@@ -107,5 +107,7 @@ def main(sms: int, query_blocks: int, overhead: float) -> None:
               f"{math.ceil(n / (sms - k)) / math.ceil(n / sms):20.3f}")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "attention_tail.py"))

@@ -150,7 +150,7 @@ def cross_gpu_table() -> list[dict]:
     return out
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--detail", is_flag=True, help="Print every (stage, instruction).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
 @click.option("--json", "as_json", is_flag=True)
@@ -246,5 +246,7 @@ def _plot(df: pd.DataFrame, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "calibration.py"))

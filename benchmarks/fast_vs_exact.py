@@ -47,7 +47,7 @@ def above_pct(base_t: list[float], base_e: list[float], t: list[float],
     return float(d.max()), float(d.mean()), float(d.min())
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--methods", default="perseus,nanobatch-perseus,kareus", show_default=True)
 def main(methods: str) -> None:
     print(f"{'job':18s} {'method':18s} {'iso-time':>9s} {'iso-energy':>10s} "
@@ -78,5 +78,7 @@ def main(methods: str) -> None:
                   f"{walls['exact']:8.1f} {walls['fast']:7.1f}", flush=True)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "fast_vs_exact.py"))

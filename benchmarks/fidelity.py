@@ -682,7 +682,7 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True)
 @click.option("--fit", "do_fit", is_flag=True, help="Refit the iteration-scale parameters.")
 @click.option("--skip-partition", is_flag=True, help="Skip the partition-law fit (slow).")
@@ -703,11 +703,15 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
 def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None,
          do_fit_megatron: bool, do_fit_nccl: bool, write_preset: bool, only: str,
          write_json: str | None) -> None:
-    sections = {x.strip() for x in only.split(",") if x.strip()}
+    from kareus.errors import InputError
+    from kareus.suite.options import comma_list
+
+    sections = set(comma_list(only, "--only"))
     unknown = sections - set(SECTIONS)
     if unknown:
-        raise click.BadParameter(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
-                                 f"{', '.join(SECTIONS)}", param_hint="--only")
+        raise InputError(f"--only: unknown section(s) {', '.join(sorted(unknown))}; choose from "
+                         f"{', '.join(SECTIONS)}")
+    get_preset(gpu)  # an unknown GPU is refused before any section, whichever run
     if skip_partition:
         sections.discard("partition")
     nccl_law = _nccl(do_fit_nccl, write_preset) if "nccl" in sections or do_fit_nccl else {}
@@ -862,5 +866,7 @@ def _partition(gpu: str) -> None:
                            f", p = {v['tuned_pipelining']:.2f})" for k, v in alone.items()))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "fidelity.py"))

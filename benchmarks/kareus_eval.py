@@ -110,7 +110,7 @@ class _Knobs:
         self.knobs = knobs
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True)
 def main(as_json: bool) -> None:
     report: dict = {"configs": [], "schedules": {}, "gaps": []}
@@ -150,5 +150,7 @@ def main(as_json: bool) -> None:
                    f"({g['points']} frontier points)")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "kareus_eval.py"))

@@ -182,7 +182,7 @@ def fastest_plans(problem: object) -> dict[str, dict[str, object]]:
     return out
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--workload", default="llama3.2-3b", show_default=True)
 @click.option("--tp", default=8, show_default=True, type=int)
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True)
@@ -241,5 +241,7 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
             click.echo(f"      {n:4d} x {what}")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "kareus_gain.py"))

@@ -88,7 +88,7 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
             "best_rank": 1 + int(np.sum(t[held] < t[best]))}
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--only", default=",".join(AXES), show_default=True,
               help="Comma-separated hold-outs to run.")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True)
@@ -112,5 +112,7 @@ def main(only: str, gpu: str) -> None:
                    f"{r['signed_pct']:+.2f} %), their measured fastest ranked {r['best_rank']}")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "partition_holdouts.py"))

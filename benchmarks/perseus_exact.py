@@ -35,7 +35,7 @@ CASES = [("gpt3-175b+a100_sxm_bf16.csv", 83.64, 1.0), ("bloom+a100_sxm_bf16.csv"
 A40_CASES = [("gpt3-175b+a40_bf16.csv", 70.38, 0.1), ("bloom+a40_bf16.csv", 70.38, 0.1)]
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--microbatches", default=12, show_default=True)
 @click.option("--a40", is_flag=True, help="Also the A40 profiles (0.1 ms unit; slow).")
 @click.option("--skip-sim", is_flag=True, help="Skip the simulator's fastest-plan table.")
@@ -102,5 +102,7 @@ def _fastest_table() -> None:
                    f"({100 * (f / d - 1):+.3f} %)")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "perseus_exact.py"))

@@ -21,7 +21,7 @@ from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--workload", default="llama3.2-3b")
 @click.option("--gpu", default=DEFAULT_GPU)
 def main(workload: str, gpu: str) -> None:
@@ -90,5 +90,7 @@ def main(workload: str, gpu: str) -> None:
                f"{e.static_j / 1e3:.2f} kJ = {e.static_j / e.total_j:.1%} of energy")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "sanity.py"))

@@ -118,7 +118,7 @@ def _summary(rows: list[dict], percents: tuple[int, ...]) -> dict:
     return out
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--seeds", default=3, show_default=True, help="Seeds per partition and budget.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print every run and the means as JSON.")
@@ -182,5 +182,7 @@ def _plot(rows: list[dict], path: str, seeds: int) -> None:
     fig.savefig(path, dpi=110)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "search_efficiency.py"))

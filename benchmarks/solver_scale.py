@@ -74,7 +74,7 @@ def run_one(repo: Path, job: str, method: str, timeout_s: float, solver: str | N
             "peak_mib": round(usage.ru_maxrss / 1024, 0)}
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--repo", type=click.Path(exists=True, file_okay=False), default=str(ROOT),
               show_default=True, help="Checkout of the suite to run.")
 @click.option("--timeout-s", type=float, default=600.0, show_default=True)
@@ -100,5 +100,7 @@ def main(repo: str, timeout_s: float, jobs: str, methods: str, solver: str | Non
             w.writerows(rows)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "solver_scale.py"))

@@ -32,7 +32,7 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(out)
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--repeats", default=20, show_default=True)
 def main(repeats: int) -> None:
     gpu = get_preset("a100-sxm4-40gb")
@@ -69,5 +69,7 @@ def main(repeats: int) -> None:
                    f"cold {cold_plan:.1f} ms, warm {warm_plan:.1f} ms")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "speed.py"))

@@ -16,7 +16,8 @@ import click
 
 from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
-from kareus.suite.options import JOB_SHAPE_OPTIONS, PARALLEL_OPTIONS, SET_OPTION
+from kareus.suite.options import (JOB_SHAPE_OPTIONS, PARALLEL_OPTIONS, SET_OPTION, WORKLOAD_HELP,
+                                  comma_list)
 from workloads.parallel import JOB_FIELDS
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 
-WORKLOAD_HELP = ("Model name (see `kareus workloads`), or a Hugging Face config.json or the folder "
-                 "holding one (needs the extra: pip install -e '.[hf]').")
 STRICT_OPTION = click.option(
     "--strict", is_flag=True,
     help="Refuse (exit 2) a layout whose estimated memory exceeds the GPU's, instead of warning.")
@@ -121,7 +120,8 @@ def cli() -> None:
                    "config.json or its folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def workloads(show: str | None, as_json: bool) -> None:
-    """List the workloads and their default (paper testbed) shape, or --show one."""
+    """List the workloads and their default shape (the paper testbed's degrees; layers split
+    by FLOPs), or --show one."""
     from workloads import MODELS, make_workload
 
     if show is not None:
@@ -331,8 +331,10 @@ def optimizers(as_json: bool) -> None:
 @workload_options
 @click.option("--optimizer", "-o", "optimizer_name", required=True, help="Optimizer name.")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
-@click.option("--backend", default="sim", show_default=True, help="sim | gpu")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--backend", default="sim", show_default=True, metavar="[sim|gpu]",
+              help="Where plans run: the simulator, or this machine's GPUs.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Random seed of the optimizers' searches (Kareus's nsga2 and surrogate).")
 @click.option("--time-budget-s", type=float, default=None,
               help="Return the least-energy plan finishing within this iteration time (s).")
 @click.option("--energy-budget-j", type=float, default=None,
@@ -436,7 +438,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "
             f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "
             f"evaluated, {len(run.frontier)} on the frontier")
-    exported = (f"exported plan {extra['exported']['plan_id']} to {export_dir}: freqs_pipeline.py "
+    exported = (f"exported plan {extra['exported']['plan_id']} "
+                f"({run.plans[extra['exported']['plan_id']].label}) to {export_dir}: freqs_pipeline.py "
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
                 if export_dir is not None else None)
     where = ([f"\nwhere plan {extra['breakdown']['plan_id']}'s time and energy go "
@@ -489,11 +492,11 @@ def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: b
     both against the fastest point, the ``chosen`` one marked; without ``all_points`` at most
     :data:`FRONTIER_ROWS`, evenly spread, and a line saying so."""
     from kareus.frontier import change_pct
-    from kareus.suite.tables import spread_indices
+    from kareus.suite.tables import sampled_rows
 
     fastest = points[0]
     picked = [i for i, p in enumerate(points) if chosen is not None and p.plan_id == chosen.plan_id]
-    shown = list(range(len(points))) if all_points else spread_indices(
+    shown = list(range(len(points))) if all_points else sampled_rows(
         len(points), FRONTIER_ROWS, keep=picked)
     columns = ["time s", "energy kJ", "dynamic kJ", "static kJ", "time vs fastest",
                "energy vs fastest"] + (["choice"] if chosen is not None else [])
@@ -640,10 +643,12 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
     on this machine's GPU with --gpu-measure), or fit the partition law to a measured partition
     sweep (--partition-sweep)."""
     from kareus.errors import InputError
+    from kareus.hardware.profile import power_problem
 
     for label, v in (("--static-power", static_power), ("--power-limit", power_limit)):
-        if v is not None and not (v > 0 and v < 1e5):
-            raise InputError(f"{label} must be a number of watts between 0 and 100,000, got {v}")
+        why = None if v is None else power_problem(label, v)
+        if why:
+            raise InputError(why)
     modes = [m for m, on in (("--profile", profile_path), ("--partition-sweep", sweep_path),
                              ("--gpu-measure", gpu_measure)) if on]
     if len(modes) > 1:
@@ -968,7 +973,7 @@ def _gpu_measure(preset: GPUPreset, workload: str, layers: int | None, clocks: s
     clock_list: list[float] | None = None
     if clocks:
         try:
-            clock_list = [float(c) for c in clocks.split(",") if c.strip()]
+            clock_list = [float(c) for c in comma_list(clocks, "--clocks")]
         except ValueError:
             raise InputError(f"--clocks must be comma-separated numbers, got {clocks!r}") from None
     if layers is not None and layers < 1:

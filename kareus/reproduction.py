@@ -41,7 +41,7 @@ import click
 from kareus.atomic import check_writable_dir
 from kareus.errors import AllOptimizersFailed, InputError, JobRefused
 from kareus.hardware.presets import DEFAULT_GPU
-from kareus.suite.options import SET_OPTION, job_shape_options
+from kareus.suite.options import SET_OPTION, WORKLOAD_HELP, job_shape_options
 from kareus.suite.sweep import make_console, run_configs, run_suite
 
 if TYPE_CHECKING:
@@ -59,15 +59,16 @@ def default_results_root() -> Path:
 
 def _resolve_optimizers(optimizers: str | None) -> list[str]:
     from kareus.plugins import optimizer_names
+    from kareus.suite.options import comma_list
 
     registered = optimizer_names()
     if optimizers is None:
         return registered
     # each name once, in the order given
-    names = list(dict.fromkeys(n.strip() for n in optimizers.split(",") if n.strip()))
+    names = list(dict.fromkeys(comma_list(optimizers, "--optimizers")))
     unknown = [n for n in names if n not in registered]
-    if unknown or not names:
-        raise InputError(f"unknown optimizer(s) {', '.join(unknown) or '(none given)'}; "
+    if unknown:
+        raise InputError(f"unknown optimizer(s) {', '.join(unknown)}; "
                          f"registered: {', '.join(registered)}")
     return names
 
@@ -90,21 +91,25 @@ def _print_tables(summary: dict) -> None:
 
 @click.command("reproduce", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--workload", "-w", default=None,
-              help="Workload name (see `kareus workloads`), or a Hugging Face config.json or the "
-                   "folder holding one (pip install -e '.[hf]').")
+              help=WORKLOAD_HELP)
 @click.option("--suite", default=None,
               help="A predefined suite instead of a workload: paper (the paper's "
                    "configurations), static-sweep or scale (what-if studies, docs/results.md), "
                    "smoke (two small configurations, seconds).")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
-@click.option("--backend", default="sim", show_default=True, help="sim | gpu")
+@click.option("--backend", default="sim", show_default=True, metavar="[sim|gpu]",
+              help="Where plans run: the simulator, or this machine's GPUs.")
 @click.option("--optimizers", default=None, help="Comma-separated optimizer names [all].")
-@click.option("--out", default=None, help="Output folder [results/<workload or suite>].")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", default=None,
+              help="Output folder [results/<workload or suite>, beside reproduce.py in a source "
+                   "checkout, else in the current folder].")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Random seed of the optimizers' searches (Kareus's nsga2 and surrogate).")
 @click.option("--force", is_flag=True, help="Recompute cells that already finished.")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
               help="Cells to run in parallel (local process pool, or Ray CPUs).")
-@click.option("--executor", default="local", show_default=True, help="local | ray")
+@click.option("--executor", default="local", show_default=True, metavar="[local|ray]",
+              help="Where cells run: processes on this machine, or a Ray cluster.")
 @SET_OPTION
 @click.option("--allow-clock-control", is_flag=True,
               help="GPU backend: lock SM clocks per instruction (needs admin rights; restored "

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The data model and its formulas: everything else stands on these.
 DATA_MODEL = {"kareus", "kareus.graph", "kareus.plan", "kareus.energy", "kareus.frontier",
-              "kareus.errors", "kareus.atomic", "kareus.progress", "kareus.json_types"}
+              "kareus.errors", "kareus.atomic", "kareus.inputs", "kareus.progress",
+              "kareus.json_types"}
 #: The faces: command lines over the suite. Nothing below them imports them.
 FACES = {"kareus.cli", "kareus.__main__", "kareus.exit_status", "kareus.reproduction",
          "reproduce"}

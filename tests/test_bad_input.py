@@ -98,7 +98,10 @@ def test_reproduce_refuses_an_empty_out_and_names_each_optimizer_once(capsys, tm
     assert "--out: empty path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "", "--out", "x"]) == 2
-    assert "(none given)" in capsys.readouterr().err
+    assert "--optimizers is empty" in capsys.readouterr().err
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "megatron,,perseus",
+                              "--out", "x"]) == 2
+    assert "has an empty item" in capsys.readouterr().err
     assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "megatron,megatron",
                               "--out", str(tmp_path / "twice")]) == 0
     assert "computing 1 cell(s)" in capsys.readouterr().err
@@ -323,3 +326,48 @@ def test_solver_for_an_optimizer_without_one_is_refused_as_set_solver_is(capsys)
     code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "megatron", "--set",
                        "solver=exact", "--json")
     one_line_2(code, err, "--set solver: no optimizer of this run (megatron) has that setting")
+
+
+def test_a_share_above_one_in_a_gpu_file_is_refused(capsys, tmp_path, monkeypatch):
+    """An efficiency is a share of a peak: 1.5 would run the network past its line rate."""
+    from kareus.hardware.presets import BUILTIN_DIR
+
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    preset = json.loads((BUILTIN_DIR / "a100-sxm4-40gb.json").read_text())
+    preset["name"] = "fast-net"
+    preset["links_collectives"]["network_efficiency"]["value"] = 1.5
+    (gpus / "fast-net.json").write_text(json.dumps(preset))
+    monkeypatch.setenv("KAREUS_GPU_DIR", str(gpus))
+    code, _, err = run(capsys, "simulate", "-w", "gpt3-xl", "--gpu", "fast-net", "--dp", "4")
+    one_line_2(code, err, "network_efficiency is a fraction, at most 1, got 1.5")
+
+
+def test_hostile_input_files_are_refused_before_they_are_read(capsys, tmp_path):
+    """A device never ends (/dev/zero) and JSON nested past the parser's recursion limit would
+    end in a traceback: each is one line, exit 2."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for args, fragment in (
+            (("workloads", "--show", str(deep)), "is not valid JSON: nested too deeply"),
+            (("simulate", "-w", str(deep)), "is not valid JSON: nested too deeply"),
+            (("partition", "--spec", "/dev/zero", "--configs", str(deep), "--gpu",
+              "a100-sxm4-40gb"), "/dev/zero: is not a regular file"),
+            (("partition", "--spec", str(deep), "--configs", str(deep), "--gpu",
+              "a100-sxm4-40gb"), "not a JSON spec"),
+            (("calibrate", "--profile", "/dev/zero", "--gpu", "a100-sxm4-40gb"),
+             "profile '/dev/zero' is not a regular file")):
+        code, _, err = run(capsys, *args)
+        one_line_2(code, err, fragment)
+    folder = tmp_path / "model"
+    (folder / "config.json").mkdir(parents=True)
+    code, _, err = run(capsys, "workloads", "--show", str(folder))
+    one_line_2(code, err, "config.json is a folder, not a file")
+
+
+def test_flash_attention_asked_for_with_32_bit_tensors_is_refused(capsys):
+    code, _, err = run(capsys, "simulate", "-w", "gpt3-xl", "--precision", "fp32",
+                       "--attention", "flash")
+    one_line_2(code, err, "--attention flash needs 16-bit tensors")
+    code, _, _ = run(capsys, "simulate", "-w", "gpt3-xl", "--precision", "fp32")
+    assert code == 0  # without --attention the 32-bit job runs the unfused path

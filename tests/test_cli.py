@@ -151,7 +151,7 @@ def test_frontier_says_what_it_exported(capsys, tmp_path):
     code, text, _ = run(capsys, "frontier", "-w", "gpt3-xl", "--tp", "4", "--mbs", "2",
                         "--microbatches", "4", "-o", "megatron", "--export", str(tmp_path / "p"))
     assert code == 0 and text.strip().splitlines()[-1] == (
-        f"exported plan 0 to {tmp_path / 'p'}: freqs_pipeline.py (Zeus's per-instruction "
+        f"exported plan 0 (megatron) to {tmp_path / 'p'}: freqs_pipeline.py (Zeus's per-instruction "
         "clocks), schedules.json (each partition's window and SMs)")
 
 
@@ -168,16 +168,18 @@ def test_gpus_labels_its_flops_as_the_peak_at_the_top_clock(capsys):
     assert "dense bf16 tensor FLOP/s at the top clock" in " ".join(text.split())
 
 
-def test_spread_indices_keeps_both_ends_and_the_kept_ones():
-    from kareus.suite.tables import spread_indices
+def test_sampled_rows_keep_both_ends_and_the_kept_ones_within_the_limit():
+    from kareus.suite.tables import sampled_rows
 
-    assert spread_indices(5, 15) == [0, 1, 2, 3, 4]
-    picked = spread_indices(171, 15)
+    assert sampled_rows(5, 15) == [0, 1, 2, 3, 4]
+    picked = sampled_rows(171, 15)
     assert len(picked) == 15 and picked[0] == 0 and picked[-1] == 170
     assert picked == sorted(set(picked))
     gaps = [b - a for a, b in zip(picked, picked[1:])]
     assert max(gaps) - min(gaps) <= 1  # evenly spread
-    assert 37 in spread_indices(171, 15, keep=[37]) and len(spread_indices(171, 15, [37])) == 16
+    kept = sampled_rows(171, 15, keep=[37])
+    assert 37 in kept and len(kept) == 15 and kept[0] == 0 and kept[-1] == 170
+    assert sampled_rows(100, 3, keep=[50, 60]) == [0, 50, 60, 99]  # the ends and keep win
 
 
 def test_frontier_text_shows_a_spread_with_the_choice_and_all_on_request(capsys):
@@ -189,7 +191,7 @@ def test_frontier_text_shows_a_spread_with_the_choice_and_all_on_request(capsys)
     code, text, _ = run(capsys, *args, "--time-budget-s", str(budget))
     rows = [line for line in text.splitlines() if line.startswith("│")]
     chosen = [r for r in rows if "<-" in r]
-    assert code == 0 and 15 <= len(rows) <= 16 and len(chosen) == 1
+    assert code == 0 and len(rows) == 15 and len(chosen) == 1
     assert rows[0].split("│")[5].strip() == "+0.0 %"  # the fastest point first
     assert f"{len(rows)} of the {len(points)} frontier points shown" in text
     code, text, _ = run(capsys, *args, "--all")

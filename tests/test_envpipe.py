@@ -184,9 +184,14 @@ def test_profile_commands_run_a_pipeline_that_never_fills_with_a_warning(capsys,
 @pytest.mark.parametrize("command", ["perseus", "envpipe"])
 def test_an_empty_profile_or_a_nan_is_named(tmp_path, capsys, command):
     args = ["--stages", "2", "--microbatches", "4", "--p-static", "80", "--json"]
-    assert main([command, "--profile", "/dev/null", *args]) == 2
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert main([command, "--profile", str(empty), *args]) == 2
     err = capsys.readouterr().err
-    assert "profile '/dev/null' is empty" in err and "does not exist" not in err
+    assert f"profile '{empty}' is empty" in err and "does not exist" not in err
+    # a device is refused before it is read (/dev/zero never ends)
+    assert main([command, "--profile", "/dev/zero", *args]) == 2
+    assert "profile '/dev/zero' is not a regular file" in capsys.readouterr().err
     rows = _good_rows()
     rows[3] = (*rows[3][:3], float("nan"), rows[3][4])
     path = _write(tmp_path, rows)

@@ -300,6 +300,10 @@ def test_the_example_plugin_declares_its_settings(installed_example, problem):
     run = harness.run_optimizer("uniform-clock", opt, problem)
     assert run.status == "ok"
     assert len(run.points) == sum(c >= 1000 for c in problem.knobs.clocks_mhz) > 0
+    too_high = load_optimizer("uniform-clock", {"min_clock_mhz": "5000"})
+    run = harness.run_optimizer("uniform-clock", too_high, problem)
+    assert run.status == "failed" and run.refused
+    assert run.error.startswith("no clock of a100-sxm4-40gb is at or above min_clock_mhz 5000")
 
 
 def test_zeus_reads_its_eta_from_the_run(problem):

@@ -86,6 +86,8 @@ def test_stale_reasons_name_what_changed():
     assert stale_reasons(new, new) == []
     old = {**new, "code": {**new["code"], "optimizer": "0" * 16}, "seed": 1}
     assert stale_reasons(old, new) == ["optimizer code changed", "settings changed"]
+    other = cell_key("qwen3-1.7b", "h100-sxm", "sim", "perseus", 0, {}, {})
+    assert stale_reasons(new, other) == ["workload changed", "GPU changed"]
     legacy = {k: v for k, v in new.items() if k != "code"}
     assert stale_reasons(legacy, new) == ["made before cells recorded their code"]
     assert stale_reasons(None, new) == ["unreadable cell"]
@@ -112,8 +114,11 @@ def test_an_edited_plugin_is_recomputed(plugin, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "reusing 2 cell(s) made by kareus-suite" in err and "computing" not in err
     # keep every other clock: a different result from the same suite version, preset and seed
-    plugin.write_text(plugin.read_text().replace("for clock in problem.knobs.clocks_mhz if",
-                                                 "for clock in problem.knobs.clocks_mhz[::2] if"))
+    source = plugin.read_text()
+    edited = source.replace("for c in problem.knobs.clocks_mhz if",
+                            "for c in problem.knobs.clocks_mhz[::2] if")
+    assert edited != source
+    plugin.write_text(edited)
     sys.modules.pop("uniform_clock", None)
     assert reproduce.main(args) == 0
     err = capsys.readouterr().err

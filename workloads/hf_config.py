@@ -27,9 +27,9 @@ Default sequence length (``native_seq``): ``min(max_position_embeddings, 4096)``
 model's context when it is short (GPT-2: 1024) and 4096 otherwise (Llama 3.2 3B: 131072 -> 4096,
 the built-in ``llama3.2-3b``'s default). ``--seq`` overrides it.
 
-Name: the last component of the config's ``_name_or_path`` when it has one, else the folder
-holding the file (a hub cache snapshot ``models--org--name/snapshots/<hash>`` gives ``name``),
-else the file's stem; lower-cased, with characters other than letters, digits, ``.``, ``_`` and
+Name: the last component of the config's ``_name_or_path`` when it has one; else, for a file
+named ``config.json``, the folder holding it (a hub cache snapshot
+``models--org--name/snapshots/<hash>`` gives ``name``); else the file's stem; lower-cased, with characters other than letters, digits, ``.``, ``_`` and
 ``-`` replaced by ``-``, and ``-hf`` appended when it would equal a built-in model's name (so its
 results never overwrite the built-in's ``results/<name>/``).
 
@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
+from kareus.inputs import file_problem, loads_json
 from workloads.errors import WorkloadError
 from workloads.models import MODELS, ModelSpec
 
@@ -87,12 +88,15 @@ def config_file(path: str | os.PathLike[str]) -> Path:
     """The ``config.json`` that ``path`` names (itself, or the one in the folder ``path``)."""
     p = Path(path).expanduser()
     if p.is_dir():
-        if not (p / "config.json").is_file():
+        why = file_problem(p / "config.json")
+        if why == "does not exist":
             raise WorkloadError(f"folder {path} holds no config.json")
+        if why is not None:
+            raise WorkloadError(f"{p / 'config.json'} {why}")
         return p / "config.json"
-    if not p.is_file():
-        raise WorkloadError(f"config file {path} "
-                            f"{'is not a regular file' if p.exists() else 'does not exist'}")
+    why = file_problem(p)
+    if why is not None:
+        raise WorkloadError(f"config file {path} {why}")
     return p
 
 
@@ -108,7 +112,7 @@ def read_raw(path: str | os.PathLike[str]) -> tuple[Path, dict[str, object]]:
     """The config file ``path`` names and its JSON object (raises :class:`WorkloadError`)."""
     file = config_file(path)
     try:
-        raw = json.loads(file.read_text())
+        raw = loads_json(file.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise WorkloadError(f"cannot read {file}: {e}") from None
     except json.JSONDecodeError as e:

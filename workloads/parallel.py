@@ -2,7 +2,9 @@
 
 The default shape of every workload is the Kareus paper's testbed (2 nodes x 8 A100): PP=2, TP=8,
 micro-batch size 8, 8 microbatches, the model's native sequence length, bf16 and full activation
-recomputation (the paper's runs recompute every layer; the default keeps that). A model whose
+recomputation (the paper's runs recompute every layer; the default keeps that). The layers are
+split over the stages by FLOPs (:meth:`Workload.stage_layers`), not as the testbed split them:
+the paper's suite gives its configurations their 15 + 13 explicitly. A model whose
 heads, KV heads or FFN width TP=8 does not divide (a Hugging Face config, e.g. GPT-2's 12 heads)
 gets TP halved until it divides them all (GPT-2: TP=4).
 
@@ -447,7 +449,13 @@ def make_workload(
     cross_entropy: CrossEntropy | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
-    is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`)."""
+    is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`).
+    Flash attention asked for by name with 32-bit tensors is refused: it would silently run the
+    unfused path (:attr:`ParallelConfig.core_attention`), which the default already does."""
+    if attention == "flash" and precision in ("tf32", "fp32"):
+        raise WorkloadError(f"--attention flash needs 16-bit tensors (--precision bf16 or fp16); "
+                            f"with --precision {precision} attention runs the unfused path "
+                            "(leave --attention out, or give --attention unfused)")
     model = get_model(name)
     parallel = ParallelConfig(seq=model.native_seq)
     parallel = replace(parallel, tp=default_tp(model, parallel.tp))

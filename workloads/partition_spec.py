@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Literal
 
 from kareus.graph import Collective, CommOp, ComputeOp, Partition
+from kareus.inputs import file_problem, loads_json
 from workloads.errors import WorkloadError
 from workloads.graph_builder import (attention_op, dropout_op, gemm_op, label_slots, memory_op,
                                      norm_op)
@@ -111,10 +112,11 @@ class PartitionSpec:
     def load(path: str | Path) -> "PartitionSpec":
         """Read and validate a spec file; raises :class:`WorkloadError` with one line."""
         p = str(path)
+        why = file_problem(path)
+        if why is not None:
+            raise _bad(p, "no such file" if why == "does not exist" else why)
         try:
-            raw = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise _bad(p, "no such file") from None
+            raw = loads_json(Path(path).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise _bad(p, f"not a JSON spec ({type(e).__name__})") from None
         return PartitionSpec.from_dict(raw, p)

@@ -50,6 +50,7 @@ from numpy.typing import NDArray
 from kareus.errors import InputError, SweepError
 from kareus.frontier import change_pct, mape_pct
 from kareus.graph import Partition
+from kareus.inputs import file_problem, loads_json
 from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
 from kareus.hardware.presets import GPUPreset
 from kareus.json_types import is_finite_number
@@ -230,8 +231,12 @@ class PartitionCalibration:
     def load(path: str | Path, gpu: str, spec_sha256: str, n_ops: int) -> "PartitionCalibration":
         """Read a calibration file and check it was made for this spec and GPU."""
         p = str(path)
+        why = file_problem(path)
+        if why is not None:
+            raise InputError(f"{p}: no such calibration file" if why == "does not exist"
+                             else f"{p}: {why}")
         try:
-            raw = json.loads(Path(path).read_text())
+            raw = loads_json(Path(path).read_text())
         except FileNotFoundError:
             raise InputError(f"{p}: no such calibration file") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -20,6 +20,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from kareus.errors import SweepError
+from kareus.inputs import file_problem
 
 CONFIG_COLUMNS = ("overlap_start", "overlap_end", "comm_sm_number", "comm_block_size")
 _REPEAT = re.compile(r"^(\d+):(time \(s\)|total energy \(J\))$")
@@ -74,6 +75,9 @@ class PartitionSweep:
 
 
 def _read(path: str | Path) -> pd.DataFrame:
+    why = file_problem(path)
+    if why is not None:
+        raise SweepError(f"{path}: no such file" if why == "does not exist" else f"{path}: {why}")
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kareus.errors import PresetError
+from kareus.inputs import file_problem, loads_json
 
 
 @dataclass(frozen=True)
@@ -455,14 +456,26 @@ _POSITIVE_FIELDS = (
     "network_efficiency", "comm_bw_per_sm_mhz", "comm_default_sms", "tuned_bw_per_sm_mhz",
     "comm_block_default", "comm_max_sms")
 
+#: Preset fields that are shares of a peak, a budget or a whole, so at most 1: a kernel, a link or
+#: the network past its own peak is a typo, not a GPU.
+_FRACTION_FIELDS = (
+    "gemm_efficiency", "attention_efficiency", "attention_bwd_efficiency", "hbm_efficiency",
+    "link_efficiency", "network_efficiency", "mem_sat_sm_fraction", "tuned_link_fraction",
+    "tuned_link_fraction_beside_compute", "iteration_host_fraction", "partial_wave_loss",
+    "reference_gemm_efficiency", "reference_attention_efficiency", "reference_hbm_efficiency")
+
 
 def physical_problem(preset: GPUPreset) -> str:
     """Why ``preset`` describes no GPU that can run ('' if it can): a field of
-    :data:`_POSITIVE_FIELDS` at zero, a clock range upside down or not a whole number of steps,
-    static power at or above the power limit (W), or more communication SMs than the GPU has."""
+    :data:`_POSITIVE_FIELDS` at zero, one of :data:`_FRACTION_FIELDS` above 1, a clock range
+    upside down or not a whole number of steps, static power at or above the power limit (W), or
+    more communication SMs than the GPU has."""
     for name in _POSITIVE_FIELDS:
         if not getattr(preset, name) > 0:
             return f"{name} must be above zero, got {getattr(preset, name)!r}"
+    for name in _FRACTION_FIELDS:
+        if getattr(preset, name) > 1:
+            return f"{name} is a fraction, at most 1, got {getattr(preset, name)!r}"
     if preset.clock_min_mhz > preset.clock_max_mhz:
         return (f"clock_min_mhz {preset.clock_min_mhz:g} is above clock_max_mhz "
                 f"{preset.clock_max_mhz:g}")
@@ -480,8 +493,11 @@ def physical_problem(preset: GPUPreset) -> str:
 
 
 def _read_json(p: Path, what: str) -> object:
+    why = file_problem(p)
+    if why is not None and why != "does not exist":
+        raise PresetError(f"{p}: {why}")
     try:
-        return json.loads(p.read_text())
+        return loads_json(p.read_text())
     except FileNotFoundError:
         raise PresetError(f"{p}: no such {what}") from None
     except json.JSONDecodeError as e:
@@ -753,7 +769,7 @@ def _carried_copies(p: Path, before: dict[str, Any], after: dict[str, Any],
             continue
         try:
             text = q.read_text()
-            raw = json.loads(text)
+            raw = loads_json(text)
             _parse(q, raw, shared)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, PresetError):
             continue

@@ -14,9 +14,22 @@ import numpy as np
 import pandas as pd
 
 from kareus.errors import ProfileError
+from kareus.inputs import file_problem
 
 COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 INSTRUCTIONS = ("forward", "backward")
+#: The most power one GPU may be said to draw (W): a static power or a power limit past this is
+#: a unit mistake (mW given as W), not a GPU.
+MAX_GPU_POWER_W = 1e4
+
+
+def power_problem(option: str, watts: float) -> str | None:
+    """Why ``watts`` cannot be one GPU's power given with ``option`` (one line), or ``None``."""
+    if watts > 0 and watts < MAX_GPU_POWER_W:
+        return None
+    return f"{option} must be watts above 0 and below {MAX_GPU_POWER_W:,.0f}, got {watts:g}"
+
+
 #: The longest time one instruction (a micro-batch's forward or backward on one stage) may take in
 #: a profile (s): anything longer is a unit mistake (ms or µs given as s).
 MAX_INSTRUCTION_S = 3600.0
@@ -31,10 +44,10 @@ def load_profile(path: str | Path) -> pd.DataFrame:
     non-finite values, and duplicate (stage, instruction, frequency) rows.
     """
     path = Path(path)
-    if not path.exists():
-        raise ProfileError(f"profile {str(path)!r} does not exist")
-    if path.is_dir():
-        raise ProfileError(f"profile {str(path)!r} is a folder, not a CSV file")
+    why = file_problem(path)
+    if why is not None:
+        raise ProfileError(f"profile {str(path)!r} "
+                           f"{'is a folder, not a CSV file' if path.is_dir() else why}")
     try:
         df = pd.read_csv(path, skipinitialspace=True)
     except pd.errors.EmptyDataError:

@@ -14,6 +14,24 @@ import click
 from kareus.errors import InputError
 
 
+#: The help of ``-w/--workload`` on every command that takes one.
+WORKLOAD_HELP = ("Workload: a model name (see `kareus workloads`), or a Hugging Face config.json or "
+                 "the folder holding one (needs the extra: pip install -e '.[hf]').")
+
+
+def comma_list(value: str, option: str) -> list[str]:
+    """The items of a comma-separated option value, stripped; :class:`InputError` (one line) for
+    an empty value or an empty item (``a,,b``, a trailing comma)."""
+    from kareus.errors import InputError
+
+    items = [v.strip() for v in value.split(",")]
+    if not any(items):
+        raise InputError(f"{option} is empty; give a comma-separated list")
+    if not all(items):
+        raise InputError(f"{option} {value!r} has an empty item; give a comma-separated list")
+    return items
+
+
 def _stage_layers(ctx: click.Context, param: click.Parameter, value: str | None
                   ) -> tuple[int, ...] | None:
     """``--stage-layers 6,6,7,5`` -> ``(6, 6, 7, 5)``; the count and sum are checked against the

@@ -226,7 +226,10 @@ def made_by() -> dict[str, object]:
 
 
 #: Key fields and what a change in each means, in the order reasons are listed.
-_CHANGES = (("suite_version", "suite version changed"),
+_CHANGES = (("workload", "workload changed"),
+            ("gpu", "GPU changed"),
+            ("backend", "backend changed"),
+            ("suite_version", "suite version changed"),
             ("code.optimizer", "optimizer code changed"),
             ("code.backend", "{backend} code changed"),
             ("code.harness", "harness code changed"),
@@ -249,7 +252,7 @@ def stale_reasons(old: dict | None, new: dict) -> list[str]:
         a, b = old.get(head), new.get(head)
         if sub:
             a, b = (a or {}).get(sub), (b or {}).get(sub)
-        if a != b:
+        if a != b and not (head == "preset" and old.get("gpu") != new.get("gpu")):
             reasons.append(text.format(backend=backend))
     covered = {p.partition(".")[0] for p, _ in _CHANGES}
     if any(old.get(k) != new.get(k) for k in set(old) | set(new) if k not in covered):

@@ -56,16 +56,23 @@ def to_text(t: "Table") -> str:
     return buf.getvalue().rstrip("\n")
 
 
-def spread_indices(count: int, limit: int, keep: Iterable[int] = ()) -> list[int]:
+def sampled_rows(count: int, limit: int, keep: Iterable[int] = ()) -> list[int]:
     """At most ``limit`` (at least 2) of the indices ``0 .. count - 1``, evenly spread, both
-    ends and every index in ``keep`` included (those may take the total past ``limit``), in
-    order; all of them when ``count <= limit``."""
+    ends and every index in ``keep`` included (each kept index takes the place of the nearest
+    spread one; the ends and ``keep`` alone may take the total past ``limit``), in order; all of
+    them when ``count <= limit``."""
     limit = max(limit, 2)
     if count <= limit:
         return list(range(count))
-    step = (count - 1) / max(limit - 1, 1)
+    step = (count - 1) / (limit - 1)
     chosen = {round(i * step) for i in range(limit)} | {0, count - 1}
-    return sorted(chosen | {k for k in keep if 0 <= k < count})
+    kept = {k for k in keep if 0 <= k < count}
+    for k in sorted(kept - chosen):
+        movable = chosen - kept - {0, count - 1}
+        if movable:
+            chosen.discard(min(movable, key=lambda i: (abs(i - k), i)))
+        chosen.add(k)
+    return sorted(chosen)
 
 
 def render(columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,

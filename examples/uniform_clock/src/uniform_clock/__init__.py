@@ -8,12 +8,16 @@ It also shows how a plugin declares settings: a frozen dataclass subclassing
 builds it once from the command line (``kareus frontier -o uniform-clock --set
 min_clock_mhz=900``, or ``reproduce.py --set ...``), converted to the fields' types and checked,
 and passes it to the constructor. A plugin without settings leaves both out.
+
+A job the plugin cannot plan as asked (here: no clock of the GPU at or above ``min_clock_mhz``) is
+refused with :class:`kareus.errors.JobRefused`: one line for the user, exit status 2.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kareus.errors import JobRefused
 from kareus.plan import IterationPlan
 from kareus.plugins import OptimizerSettings, Problem, require
 
@@ -40,5 +44,10 @@ class UniformClock:
         self.settings = settings
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
+        clocks = [c for c in problem.knobs.clocks_mhz if c >= self.settings.min_clock_mhz]
+        if not clocks:
+            raise JobRefused(f"no clock of {problem.gpu.name} is at or above min_clock_mhz "
+                             f"{self.settings.min_clock_mhz:g} MHz (its highest: "
+                             f"{max(problem.knobs.clocks_mhz):g} MHz)")
         return [IterationPlan.uniform(problem.graph, clock, label=f"all at {clock:.0f} MHz")
-                for clock in problem.knobs.clocks_mhz if clock >= self.settings.min_clock_mhz]
+                for clock in clocks]
