@@ -364,13 +364,15 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     """Run one optimizer and print its measured time-energy frontier (or the plan within a
     time or energy budget)."""
     from kareus.errors import InputError
-    from kareus.plugins import load_optimizer
+    from kareus.plugins import ignored_settings, load_optimizer
     from kareus.suite.harness import pick_within, run_optimizer
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
 
     options, set_solver = _frontier_options(optimizer_name, solver, settings)
     opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
+    warn([f"--set {key}: {optimizer_name} does not use it with the other settings given"
+          for key in ignored_settings(optimizer_name, options)])
     if solver is not None and not set_solver:
         _check_has_solver(optimizer_name)  # refused as --set solver=... would be
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):

@@ -305,6 +305,24 @@ def own_settings(name: str, options: Mapping[str, object]) -> dict[str, object]:
         return {}
 
 
+def ignored_settings(name: str, options: Mapping[str, object]) -> list[str]:
+    """The keys of ``options`` that optimizer ``name`` declares but its other settings make
+    irrelevant (:meth:`OptimizerSettings.unused`: ``budget`` under Kareus's exhaustive search),
+    sorted; a command warns about them. ``[]`` for a plugin that cannot be loaded (see
+    :func:`own_settings`); a bad value is :class:`InputError`."""
+    try:
+        declared = optimizer_settings(name) if options else None
+        if declared is None:
+            return []
+        settings = make_settings(declared, options, name)
+    except InputError:
+        raise
+    except Exception:  # a broken or uninstalled plugin: its cell reports it
+        return []
+    unused = settings.unused() if isinstance(settings, OptimizerSettings) else frozenset()
+    return sorted(k for k in options if k in unused)
+
+
 @runtime_checkable
 class ProfileRunner(Protocol):
     """An optimizer that can also run on a measured Zeus-format profile (``kareus perseus``,

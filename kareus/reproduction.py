@@ -144,7 +144,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                overrides: dict[str, int | None], settings: tuple[str, ...] = ()) -> None:
     from kareus.backends import make_backend
     from kareus.hardware.presets import get_preset
-    from kareus.plugins import own_settings
+    from kareus.plugins import ignored_settings, own_settings
     from kareus.suite.executors import check_settings
     from kareus.suite.options import parse_settings
     from kareus.suite.suites import get_suite
@@ -157,6 +157,9 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     options = parse_settings(settings, names)
     for name in names:  # every optimizer's settings, checked before any work; a plugin that
         own_settings(name, options)  # cannot be loaded fails alone, in its cells
+        for key in ignored_settings(name, options):
+            click.echo(f"warning: --set {key}: {name} does not use it with the other settings "
+                       "given", err=True)
     if suite is not None:
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "

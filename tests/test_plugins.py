@@ -260,6 +260,19 @@ def test_a_bad_setting_is_one_input_error(name, options, fragment):
     assert fragment in str(e.value) and len(str(e.value).splitlines()) == 1
 
 
+def test_a_setting_the_others_make_irrelevant_is_named_for_a_warning(capsys):
+    """``--set budget=40`` under the exhaustive search changes nothing: the command says so."""
+    assert plugins.ignored_settings("kareus", {"budget": "40"}) == ["budget"]
+    assert plugins.ignored_settings("kareus", {"search": "nsga2", "budget": "40"}) == []
+    assert plugins.ignored_settings("megatron", {"budget": "40"}) == []
+    from kareus.cli import main
+
+    assert main(["frontier", "-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
+                 "--microbatches", "4", "-o", "kareus", "--set", "budget=40", "--json"]) == 0
+    assert "warning: --set budget: kareus does not use it with the other settings given" in \
+        capsys.readouterr().err
+
+
 def test_the_budget_is_checked_against_the_strategy_s_smallest():
     """The rule the searches enforce at run time (resolve_budget) holds before any work; the
     smallest budgets and the exhaustive search (which ignores it) still pass."""
