@@ -51,6 +51,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from kareus.frontier import change_pct
 from kareus.suite.datasets import kareus_artifact
 from kareus.suite.fidelity import (
     FrontierConfig,
@@ -476,8 +477,8 @@ def _perseus_measured() -> None:
 
 def _locked_clock_record(locked: pd.DataFrame) -> None:
     """Record and print the locked-clock plans' errors (:func:`locked_clock_points`)."""
-    t_err = 100 * (locked.simulated_time_s / locked.measured_time_s - 1)
-    e_err = 100 * (locked.simulated_energy_j / locked.measured_energy_j - 1)
+    t_err = change_pct(locked.measured_time_s, locked.simulated_time_s)
+    e_err = change_pct(locked.measured_energy_j, locked.simulated_energy_j)
     dt = locked.simulated_time_pct - locked.measured_time_pct
     de = locked.simulated_energy_pct - locked.measured_energy_pct
     def span(x: pd.Series) -> list[float]:
@@ -658,7 +659,7 @@ def nanobatch_breakdown(cfg: FrontierConfig, gpu: str) -> list[dict[str, object]
         rows.append({"config": cfg.label, "instruction": direction, "sequential_ms": seq,
                      "exposed_comm_ms": seq - seq_bare, "split_cost_ms": nb_bare - seq_bare,
                      "comm_left_ms": nb - nb_bare, "hidden_ms": (seq - seq_bare) - (nb - nb_bare),
-                     "nanobatched_ms": nb, "net_pct": 100 * (nb / seq - 1)})
+                     "nanobatched_ms": nb, "net_pct": float(change_pct(seq, nb))})
     return rows
 
 

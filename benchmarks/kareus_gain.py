@@ -30,6 +30,7 @@ import collections
 import click
 import numpy as np
 
+from kareus.frontier import change_pct
 from kareus.hardware.presets import DEFAULT_GPU, get_preset, partition_op_factors
 
 #: The two configurations of the comparison: (start, end, SMs), 1024 threads per block.
@@ -107,7 +108,7 @@ def gap_spread(comparison: dict[str, object], best_sms: range = range(6, 13),
 
     def gap(side: int, k_best: int, k_start: int) -> float:
         start, best = table[(0, 6, k_start)], table[(2, 6, k_best)]  # type: ignore[index]
-        return 100 * (start[side] / best[side] - 1)
+        return float(change_pct(best[side], start[side]))
 
     diff = {(kb, ks): gap(0, kb, ks) - gap(1, kb, ks) for kb in best_sms for ks in start_sms}
     worst = max(diff, key=lambda pair: diff[pair])

@@ -29,6 +29,7 @@ import click
 import numpy as np
 from numpy.typing import NDArray
 
+from kareus.frontier import mape_pct
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
 
 #: The hold-outs: name -> what is fitted and what predicted.
@@ -73,7 +74,7 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
     t, e = predict(part, c, law, None, np.array(cal.op_work), np.array(cal.op_host))
 
     def mape(pred: NDArray, meas: NDArray, rows: NDArray[np.bool_]) -> float:
-        return float(100 * np.mean(np.abs(pred[rows] / meas[rows] - 1)))
+        return mape_pct(meas[rows], pred[rows])
 
     test = ~train
     held = np.flatnonzero(test)

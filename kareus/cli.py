@@ -413,7 +413,9 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": run.plans[chosen.plan_id].to_json()}
-    pick = chosen if chosen is not None else run.frontier[0]  # what --export and --breakdown show
+    # what --export and --breakdown show: the choice, else the fastest plan
+    pick = chosen if chosen is not None else run.max_throughput
+    assert pick is not None  # a run that finished has a frontier
     if export_dir is not None:
         _export_plan(export_dir, g, run.plans[pick.plan_id])
         extra["exported"] = {"dir": export_dir, "plan_id": pick.plan_id}
@@ -440,8 +442,9 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "
             f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "
             f"evaluated, {len(run.frontier)} on the frontier")
-    exported = (f"exported plan {extra['exported']['plan_id']} "
-                f"({run.plans[extra['exported']['plan_id']].label}) to {export_dir}: freqs_pipeline.py "
+    label = run.plans[pick.plan_id].label
+    exported = (f"exported plan {pick.plan_id}{f' ({label})' if label else ''} to {export_dir}: "
+                "freqs_pipeline.py "
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
                 if export_dir is not None else None)
     where = ([f"\nwhere plan {extra['breakdown']['plan_id']}'s time and energy go "
@@ -494,9 +497,10 @@ def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: b
     both against the fastest point, the ``chosen`` one marked; without ``all_points`` at most
     :data:`FRONTIER_ROWS`, evenly spread, and a line saying so."""
     from kareus.frontier import change_pct
+    from kareus.frontier import fastest as fastest_index
     from kareus.suite.tables import sampled_rows
 
-    fastest = points[0]
+    fastest = points[fastest_index([p.time_s for p in points], [p.energy_j for p in points])]
     picked = [i for i, p in enumerate(points) if chosen is not None and p.plan_id == chosen.plan_id]
     shown = list(range(len(points))) if all_points else sampled_rows(
         len(points), FRONTIER_ROWS, keep=picked)
@@ -974,8 +978,9 @@ def _gpu_measure(preset: GPUPreset, workload: str, layers: int | None, clocks: s
 
     clock_list: list[float] | None = None
     if clocks:
+        items = comma_list(clocks, "--clocks")
         try:
-            clock_list = [float(c) for c in comma_list(clocks, "--clocks")]
+            clock_list = [float(c) for c in items]
         except ValueError:
             raise InputError(f"--clocks must be comma-separated numbers, got {clocks!r}") from None
     if layers is not None and layers < 1:

@@ -83,12 +83,14 @@ def energy_reduction_pct(reference_energy_j: float, energy_j: float) -> float:
 
 
 def fastest(times: ArrayLike, energies: ArrayLike) -> int:
-    """Index of the fastest point; among points as fast within floating-point slack, the one
-    with the least energy."""
+    """Index of the fastest point (a non-finite time is no point); among points as fast within
+    floating-point slack, the one with the least energy. :class:`ValueError` when no time is
+    finite."""
     t, e = np.asarray(times, float), np.asarray(energies, float)
-    if t.size == 0:
-        raise ValueError("no points")
-    tied = np.flatnonzero(t <= t.min() * (1 + _TOL))
+    finite = np.isfinite(t)
+    if not finite.any():
+        raise ValueError("no point with a finite time")
+    tied = np.flatnonzero(finite & (t <= t[finite].min() * (1 + _TOL)))
     return int(tied[np.lexsort((t[tied], e[tied]))[0]])
 
 
@@ -98,6 +100,8 @@ def _iso_reduction(ref_x: Sequence[float], ref_y: Sequence[float], x: Sequence[f
     least ``y`` among the method's points with ``x`` no larger (by more than the fraction
     ``slack``); ``None`` if there is none. With (x, y) = (time, energy) this is the iso-time
     energy reduction; swapped, iso-energy time."""
+    if not np.isfinite(np.asarray(ref_x, float)).any():
+        return None
     i = fastest(ref_x, ref_y)
     x_ref, y_ref = float(ref_x[i]), float(ref_y[i])
     xs, ys = np.asarray(x, float), np.asarray(y, float)

@@ -16,14 +16,19 @@ from pathlib import Path
 
 
 def file_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` cannot be read as an input file (``"does not exist"``, ``"is a folder, not a
-    file"``, ``"is not a regular file"``); ``None`` when it can."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return None
-    if p.is_dir():
-        return "is a folder, not a file"
-    return "is not a regular file" if p.exists() else "does not exist"
+    """Why ``path`` (as given: a ``~`` is the caller's to expand) cannot be read as an input file
+    (``"does not exist"``, ``"is a folder, not a file"``, ``"is not a regular file"``, ``"cannot
+    be read (...)"`` when the system refuses to look, e.g. a name too long); ``None`` when it
+    can."""
+    p = Path(path)
+    try:
+        if p.is_file():
+            return None
+        if p.is_dir():
+            return "is a folder, not a file"
+        return "is not a regular file" if p.exists() else "does not exist"
+    except OSError as e:  # ENAMETOOLONG, ELOOP: is_file() raises them
+        return f"cannot be read ({e.strerror or type(e).__name__})"
 
 
 def loads_json(text: str) -> object:

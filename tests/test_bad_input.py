@@ -371,3 +371,29 @@ def test_flash_attention_asked_for_with_32_bit_tensors_is_refused(capsys):
     one_line_2(code, err, "--attention flash needs 16-bit tensors")
     code, _, _ = run(capsys, "simulate", "-w", "gpt3-xl", "--precision", "fp32")
     assert code == 0  # without --attention the 32-bit job runs the unfused path
+
+
+def test_input_paths_the_system_will_not_look_at_are_refused(tmp_path):
+    from kareus.inputs import file_problem
+
+    assert file_problem("x" * 300).startswith("cannot be read (")  # ENAMETOOLONG
+    good = tmp_path / "spec.json"
+    good.write_text("{}")
+    (tmp_path / "link.json").symlink_to(good)
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    assert file_problem(tmp_path / "link.json") is None
+    assert file_problem(tmp_path / "zero.json") == "is not a regular file"
+    assert file_problem("~/surely-not-here.json") == "does not exist"  # ``~`` is the caller's
+
+
+def test_an_empty_clock_and_a_power_out_of_range_are_named(capsys, tmp_path):
+    code, _, err = run(capsys, "calibrate", "--gpu", "a100-sxm4-40gb", "--gpu-measure",
+                       "--clocks", "1410,,1200", "-w", "qwen3-1.7b")
+    one_line_2(code, err, "--clocks '1410,,1200' has an empty item")
+    profile = tmp_path / "p.csv"
+    profile.write_text("stage,instruction,frequency,time,energy\n" + "".join(
+        f"0,{ins},{f},1,1\n" for ins in ("forward", "backward") for f in (1200, 1410)))
+    for value in ("0", "20000"):
+        code, _, err = run(capsys, "perseus", "--profile", str(profile), "--stages", "1",
+                           "--microbatches", "2", "--p-static", value)
+        one_line_2(code, err, "--p-static must be watts above 0 and below 10,000")

@@ -197,3 +197,19 @@ def test_frontier_text_shows_a_spread_with_the_choice_and_all_on_request(capsys)
     code, text, _ = run(capsys, *args, "--all")
     assert code == 0 and sum(line.startswith("│") for line in text.splitlines()) == len(points)
     assert "frontier points shown" not in text
+
+
+def test_one_fastest_point_when_times_tie_within_rounding():
+    """Two plans as fast within floating-point noise: the JSON's max_throughput and the table's
+    'vs fastest' baseline are the same point, the one with less energy."""
+    from kareus.backends.base import Point
+    from kareus.cli import _frontier_table
+    from kareus.suite.records import frontier_object
+
+    points = [Point(1.0, 10.0, 5.0, 5.0, 0), Point(1.0 + 2e-16, 9.0, 4.0, 5.0, 1),
+              Point(1.2, 8.0, 2.0, 6.0, 2)]
+    obj = frontier_object(workload="w", optimizer="o", backend="sim", gpu="g", num_gpus=1,
+                          gpus_per_stage=1, points=points)
+    assert obj["max_throughput"]["energy_j"] == 9.0
+    rows = [r for r in _frontier_table(points, None, True).splitlines() if r.startswith("│")]
+    assert "-0.0 %" not in rows[1] and rows[1].rstrip("│ ").endswith("+0.0 %")

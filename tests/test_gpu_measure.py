@@ -176,3 +176,10 @@ def test_atomic_writes_keep_a_files_mode(tmp_path):
     os.chmod(path, 0o600)
     write_json_atomic(path, {"a": 2})
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_group_s_step_is_its_slowest_gpu_s_time_and_mean_energy():
+    from kareus.backends.gpu.measure import WindowResult, per_gpu_step
+
+    t, e = per_gpu_step([WindowResult(2.0, 600.0, 4), WindowResult(3.0, 1000.0, 5)])
+    assert t == pytest.approx(0.6) and e == pytest.approx((150.0 + 200.0) / 2)

@@ -134,7 +134,7 @@ class PartitionSpec:
                              "(two nanobatches)")
         seq = _int(spec, "seq_len", "", path)
         dtype = spec["dtype"]
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise _bad(path, f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
         ops = _ops(spec["ops"], path)
         kind, group, nbytes = _comm(comm, tp, (nano, seq, hidden, DTYPE_BYTES[dtype]), path)

@@ -456,12 +456,14 @@ _POSITIVE_FIELDS = (
     "network_efficiency", "comm_bw_per_sm_mhz", "comm_default_sms", "tuned_bw_per_sm_mhz",
     "comm_block_default", "comm_max_sms")
 
-#: Preset fields that are shares of a peak, a budget or a whole, so at most 1: a kernel, a link or
-#: the network past its own peak is a typo, not a GPU.
+#: Preset fields that are shares of a peak, a budget, a whole or a rate alone, so at most 1: a
+#: kernel, a link or the network past its own peak is a typo, not a GPU.
 _FRACTION_FIELDS = (
     "gemm_efficiency", "attention_efficiency", "attention_bwd_efficiency", "hbm_efficiency",
     "link_efficiency", "network_efficiency", "mem_sat_sm_fraction", "tuned_link_fraction",
     "tuned_link_fraction_beside_compute", "iteration_host_fraction", "partial_wave_loss",
+    "comm_rate_beside_memory", "comm_rate_beside_gemm", "comm_rate_beside_attention",
+    "library_rate_beside",
     "reference_gemm_efficiency", "reference_attention_efficiency", "reference_hbm_efficiency")
 
 

@@ -129,7 +129,9 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
                                  [p.energy_j for p in run.points])
         run.frontier = [run.points[i] for i in keep]
         idx = fr.spread_indices([p.time_s for p in run.frontier], SPREAD)
-        run.spread = sorted({run.frontier[0].plan_id, *(run.frontier[i].plan_id for i in idx)})
+        fastest = run.max_throughput
+        assert fastest is not None
+        run.spread = sorted({fastest.plan_id, *(run.frontier[i].plan_id for i in idx)})
         for p in run.points:
             plan = run.plans[p.plan_id]
             if plan.meta.get("zeus_choice"):
