@@ -235,6 +235,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
     check_precision(w, preset)
     fits = w.memory_warnings(preset.memory_bytes, strict)
     fill = w.pipeline_fill_warnings()
+    positions = w.position_warnings()
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
     plan = IterationPlan.uniform(graph, preset.clock_max_mhz, label="megatron")
@@ -251,6 +252,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
         points=[Point.from_result(result)], details=details,
         parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
         stage_layers=list(w.stage_layers()), memory_warnings=fits, pipeline_warnings=fill,
+        position_warnings=positions,
         **({"breakdown": [sb.to_dict() for sb in stages]} if breakdown else {}),
     )
 
@@ -265,7 +267,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
             f"  avg power / GPU  {details['avg_power_per_gpu_w']:.0f} W",
             f"  MFU              {details['mfu']:.1%}",
         ]
-        lines += [f"  warning: {m}" for m in fits + fill]
+        lines += [f"  warning: {m}" for m in fits + fill + positions]
         if stages:
             lines += ["", _breakdown_text(stages, result.gpus_per_stage)]
         return "\n".join(lines)

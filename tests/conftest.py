@@ -31,6 +31,16 @@ def llama_cp2():
     return build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=2))
 
 
+def artifact_or_skip(name: str):
+    """Path of a file of the shared Kareus artifact, or skip (a user's clone has no shared/)."""
+    from kareus.suite.datasets import kareus_artifact
+
+    path = kareus_artifact(name)
+    if path is None:
+        pytest.skip(f"shared/kareus_artifact/{name} not available")
+    return path
+
+
 def profile_or_skip(name: str):
     """Path of a shared Perseus profile, or skip (a user's clone has no shared/ folder)."""
     path = perseus_profile(name)

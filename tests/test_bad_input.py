@@ -10,7 +10,7 @@ from kareus import reproduction
 from kareus.atomic import check_writable_dir
 from kareus.cli import main
 from kareus.errors import InputError
-from tests.conftest import profile_or_skip
+from tests.conftest import artifact_or_skip, profile_or_skip
 from workloads import make_workload
 from workloads.parallel import ParallelConfig
 
@@ -135,12 +135,8 @@ def test_calibrate_refuses_options_its_mode_does_not_read(capsys, tmp_path):
 
 
 def test_partition_calibration_checks_its_files_before_the_fit(capsys, tmp_path):
-    from kareus.suite.datasets import kareus_artifact
-
-    spec = str(kareus_artifact("attention_partition/spec.json"))
-    sweep = kareus_artifact("attention_partition/default_clock.csv")
-    if not sweep.is_file():
-        pytest.skip("shared Kareus artifact not available")
+    spec = str(artifact_or_skip("attention_partition/spec.json"))
+    sweep = artifact_or_skip("attention_partition/default_clock.csv")
     base = ["calibrate", "--gpu", "a100-sxm4-40gb", "--spec", spec]
     out = str(tmp_path / "cal.json")
     code, _, err = run(capsys, *base, "--partition-sweep", str(sweep), "--out", out,
@@ -221,12 +217,8 @@ def test_a_shared_dir_that_is_not_a_folder_is_refused(tmp_path, monkeypatch):
 
 
 def test_a_partition_sweep_too_small_for_the_law_is_refused(capsys, tmp_path):
-    from kareus.suite.datasets import kareus_artifact
-
-    spec = str(kareus_artifact("attention_partition/spec.json"))
-    sweep = kareus_artifact("attention_partition/default_clock.csv")
-    if not sweep.is_file():
-        pytest.skip("shared Kareus artifact not available")
+    spec = str(artifact_or_skip("attention_partition/spec.json"))
+    sweep = artifact_or_skip("attention_partition/default_clock.csv")
     rows = pd.read_csv(sweep)
     seq, win = rows[rows.overlap_start < 0], rows[(rows.overlap_start == 0)
                                                   & (rows.overlap_end == 6)]
@@ -253,12 +245,9 @@ def test_a_partition_sweep_too_small_for_the_law_is_refused(capsys, tmp_path):
 ])
 def test_a_malformed_partition_calibration_file_is_refused(capsys, tmp_path, edit, fragment):
     from kareus.backends.partition_calibration import PartitionCalibration
-    from kareus.suite.datasets import kareus_artifact
     from workloads.partition_spec import PartitionSpec
 
-    spec_path = kareus_artifact("attention_partition/spec.json")
-    if not spec_path.is_file():
-        pytest.skip("shared Kareus artifact not available")
+    spec_path = artifact_or_skip("attention_partition/spec.json")
     spec = PartitionSpec.load(spec_path)
     n = len(spec.partition().compute)
     record = PartitionCalibration(gpu="a100-sxm4-40gb", spec_sha256=spec.sha256, clock_mhz=None,
@@ -397,3 +386,12 @@ def test_an_empty_clock_and_a_power_out_of_range_are_named(capsys, tmp_path):
         code, _, err = run(capsys, "perseus", "--profile", str(profile), "--stages", "1",
                            "--microbatches", "2", "--p-static", value)
         one_line_2(code, err, "--p-static must be watts above 0 and below 10,000")
+
+
+def test_a_sequence_past_the_learned_positions_is_warned_about(capsys):
+    code, out, _ = run(capsys, "simulate", "-w", "gpt3-xl", "--seq", "4096", "--json")
+    assert code == 0 and json.loads(out)["position_warnings"] == [
+        "--seq 4096 is longer than the 2048 positions gpt3-xl learned: the model itself cannot "
+        "run it (the simulator does, as if its table were longer)"]
+    code, out, _ = run(capsys, "simulate", "-w", "llama3.2-3b", "--seq", "8192", "--json")
+    assert code == 0 and json.loads(out)["position_warnings"] == []  # RoPE sets no table

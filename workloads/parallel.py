@@ -303,8 +303,21 @@ class Workload:
 
     def job_warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
         """Every warning a command prints before it runs the job: :meth:`memory_warnings`
-        (raising with ``strict``), then :meth:`pipeline_fill_warnings`."""
-        return self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
+        (raising with ``strict``), :meth:`pipeline_fill_warnings`, then
+        :meth:`position_warnings`."""
+        return (self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
+                + self.position_warnings())
+
+    def position_warnings(self) -> list[str]:
+        """A message when the sequence is longer than the positions a model with learned
+        absolute positions (GPT-2, GPT-3) has a table for (empty otherwise, and for RoPE or
+        ALiBi, which set no such limit)."""
+        m, seq = self.model, self.parallel.seq
+        if m.rope or m.alibi or seq <= m.native_seq:
+            return []
+        return [f"--seq {seq} is longer than the {m.native_seq} positions {self.name} learned: "
+                "the model itself cannot run it (the simulator does, as if its table were "
+                "longer)"]
 
 
 
