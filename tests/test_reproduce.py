@@ -9,7 +9,7 @@ import reproduce
 
 # TP8 with 16k-token nanobatches: big enough that overlap pays (smaller partitions are
 # host-bound: the fuser issues each op from Python; see docs/simulator.md)
-SMALL = ["--tp", "8", "--pp", "2", "--mbs", "8", "--microbatches", "4", "--seq", "4096"]
+SMALL = ["--tp", "8", "--pp", "2", "--mbs", "8", "--microbatches", "4", "--seq", "2048"]
 
 
 def test_reproduce_writes_every_result(tmp_path, capsys):
