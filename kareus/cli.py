@@ -377,15 +377,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
           for key in ignored_settings(optimizer_name, options)])
     if solver is not None and not set_solver:
         _check_has_solver(optimizer_name)  # refused as --set solver=... would be
-    for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
-        if v is not None and not v > 0:
-            raise InputError(f"{label} must be positive, got {v}")
-    if breakdown and backend != "sim":
-        raise InputError(f"--breakdown needs the simulator backend (--backend sim), not {backend}")
-    if export_dir is not None:
-        from kareus.atomic import check_writable_dir
-
-        check_writable_dir(export_dir, "--export")
+    _check_frontier_outputs(time_budget_s, energy_budget_j, breakdown, backend, export_dir)
     from kareus.suite.progress import terminal_progress
 
     with terminal_progress(not as_json) as progress:
@@ -455,6 +447,23 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     _emit(obj, as_json, lambda: "\n".join(
         [head, _frontier_table(run.frontier, chosen, all_points)]
         + ([exported] if exported else []) + where))
+
+
+def _check_frontier_outputs(time_budget_s: float | None, energy_budget_j: float | None,
+                            breakdown: bool, backend: str, export_dir: str | None) -> None:
+    """``kareus frontier``'s checks of what it is asked to pick and write, before any work:
+    positive budgets, ``--breakdown`` only on the simulator, a writable ``--export`` folder."""
+    from kareus.errors import InputError
+
+    for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
+        if v is not None and not v > 0:
+            raise InputError(f"{label} must be positive, got {v}")
+    if breakdown and backend != "sim":
+        raise InputError(f"--breakdown needs the simulator backend (--backend sim), not {backend}")
+    if export_dir is not None:
+        from kareus.atomic import check_writable_dir
+
+        check_writable_dir(export_dir, "--export")
 
 
 def _frontier_options(optimizer_name: str, solver: str | None, settings: tuple[str, ...]

@@ -237,6 +237,11 @@ class IterationGraph:
         grad_buckets: Gradient buckets per stage (1 without overlap).
         nanobatch_refusal: Why the iteration cannot be nanobatched (e.g. a micro-batch size the
             nanobatches do not divide); empty when it can.
+        job: The job the graph was built from, as plain JSON data (the workload's ``name`` and
+            the fields of its ``model`` and ``parallel`` layout,
+            :meth:`workloads.parallel.Workload.to_dict`), so a backend that runs the model (the
+            GPU backend) can run a graph it is handed; empty for a graph built otherwise. Not
+            compared: graphs of the same work are equal.
     """
 
     workload: str
@@ -251,6 +256,7 @@ class IterationGraph:
     grad_buckets: dict[int, int] = field(default_factory=dict)
     nanobatch_refusal: str = ""
     p2p_across_nodes: tuple[bool, ...] = ()
+    job: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def num_gpus(self) -> int:

@@ -31,9 +31,7 @@ from kareus.backends.gpu.serialize import (
     NCCL_MAX_CTAS,
     Job,
     reduced_workload,
-    workload_from_dict,
     workload_from_graph,
-    workload_to_dict,
 )
 from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError, PlanError
@@ -227,7 +225,7 @@ def test_workload_and_plan_round_trips(name, kw):
     w = make_workload(name, **kw)
     g = build_iteration_graph(w)
     assert build_iteration_graph(workload_from_graph(g)) == g
-    assert workload_from_dict(json.loads(json.dumps(workload_to_dict(w)))) == w
+    assert Workload.from_dict(json.loads(json.dumps(w.to_dict()))) == w
     key = g.instruction_graphs[(0, "forward")].partitions[0].key
     plan = IterationPlan.uniform(g, 1410.0, True, {key: PartitionSchedule(9, 2, 3)},
                                  power_limit_w=300.0, label="x")
@@ -246,9 +244,10 @@ def test_reduced_workload_is_recovered_from_its_graph():
     assert workload_from_graph(g) == w
     with pytest.raises(InputError):
         reduced_workload("qwen3-1.7b", 1, pp=2)
-    custom = build_iteration_graph(Workload(TINY, ParallelConfig(tp=1, pp=1, mbs=2, seq=32)))
-    with pytest.raises(InputError, match="bind"):
-        workload_from_graph(custom)
+    custom = Workload(TINY, ParallelConfig(tp=1, pp=1, mbs=2, seq=32))
+    assert workload_from_graph(build_iteration_graph(custom)) == custom  # the graph records it
+    with pytest.raises(InputError, match="bind"):  # a graph built otherwise records no job
+        workload_from_graph(replace(build_iteration_graph(custom), job={}))
 
 
 class _FakeLauncher(GPUBackend):

@@ -24,6 +24,7 @@ from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.plan import IterationPlan
 from workloads import MODELS, get_model, make_workload, workload_ref
 from workloads.graph_builder import build_iteration_graph
+from workloads.parallel import Workload
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LLAMA = FIXTURES / "llama3.2-3b"
@@ -333,20 +334,16 @@ def test_gpu_backend_runs_a_config_workload(hf, monkeypatch):
     from kareus.backends.gpu import GPUBackend
     from kareus.backends.gpu.serialize import (
         reduced_workload,
-        workload_from_dict,
         workload_from_graph,
-        workload_to_dict,
     )
     from kareus.suite import problem as problem_mod
 
     w = reduced_workload(str(FIXTURES / "qwen3-tiny"), 2, tp=1, pp=1, mbs=2, seq=32,
                          microbatches=2)
     assert w.name == "qwen3-tiny" and w.model.layers == 2
-    assert workload_from_dict(json.loads(json.dumps(workload_to_dict(w)))) == w
+    assert Workload.from_dict(json.loads(json.dumps(w.to_dict()))) == w
     graph = build_iteration_graph(w)
-    with pytest.raises(Exception, match="cannot tell which model"):
-        workload_from_graph(graph)
-    assert workload_from_graph(graph, {w.name: w.model}) == w
+    assert workload_from_graph(graph) == w  # the graph records the config's model itself
 
     backend = GPUBackend(get_preset("h200"), device="cpu", dtype="float32", fake_device=True)
     monkeypatch.setattr(problem_mod, "make_backend", lambda name, gpu, **kw: backend)

@@ -745,7 +745,7 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
         p2p_across_nodes=across,
         stage_tail=tails, model_flops=model_flops(w),
         overlap_grad_reduce=p.overlap_grad_reduce and p.dp > 1, grad_buckets=buckets,
-        nanobatch_refusal=p.nanobatch_refusal,
+        nanobatch_refusal=p.nanobatch_refusal, job=w.to_dict(),
     )
 
 

@@ -17,8 +17,11 @@ Placement is Megatron-LM's: global rank ``r = tp_rank + TP·(cp_rank + CP·(dp_r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
+
+from kareus.json_types import JsonObject, construct
 
 from workloads.errors import WorkloadError
 from workloads.catalog import get_model
@@ -203,6 +206,34 @@ class Workload:
         if not self.name:
             object.__setattr__(self, "name", self.model.name)
         validate(self.model, self.parallel)
+
+    def to_dict(self) -> JsonObject:
+        """The workload as plain JSON data: ``name``, and every field of ``model`` and
+        ``parallel`` (what a GPU job file and an iteration graph carry)."""
+        par: JsonObject = asdict(self.parallel)
+        if self.parallel.layer_split is not None:
+            par["layer_split"] = list(self.parallel.layer_split)
+        return {"name": self.name, "model": asdict(self.model), "parallel": par}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, object]) -> "Workload":
+        """The workload :meth:`to_dict` gave; :class:`WorkloadError` (one line) for a field
+        missing, unknown or of the wrong type, or a job that does not validate."""
+        for part in ("model", "parallel"):
+            if not isinstance(d.get(part), Mapping):
+                raise WorkloadError(f"a workload's {part} must be a JSON object, got "
+                                    f"{type(d.get(part)).__name__}")
+        par = dict(d["parallel"])  # type: ignore[call-overload]
+        split = par.get("layer_split")
+        if split is not None:
+            if not isinstance(split, (list, tuple)):
+                raise WorkloadError(f"layer_split must be a list, got {split!r}")
+            par["layer_split"] = tuple(split)
+        name = d.get("name", "")
+        if not isinstance(name, str):
+            raise WorkloadError(f"a workload's name must be a string, got {name!r}")
+        return Workload(model=construct(ModelSpec, d["model"]),  # type: ignore[arg-type]
+                        parallel=construct(ParallelConfig, par), name=name)
 
     def stage_layers(self) -> tuple[int, ...]:
         """Transformer layers per pipeline stage.

@@ -185,12 +185,12 @@ class GPUBackend:
         return graph
 
     def workload_for(self, graph: IterationGraph) -> Workload:
-        """The workload ``graph`` describes (bound, or recovered from the graph); raises
+        """The workload ``graph`` describes (bound, or the one the graph records); raises
         :class:`InputError` for what the GPU backend cannot run (context parallelism)."""
         w = next((w for g, w in self._bound if g is graph), None) or \
             next((w for g, w in self._bound if g == graph), None)
         if w is None:
-            w = workload_from_graph(graph, {b.name: b.model for _, b in self._bound})
+            w = workload_from_graph(graph)
             self._bound.append((graph, w))
         check_supported(w)
         return w
