@@ -50,9 +50,9 @@ from numpy.typing import NDArray
 from kareus.errors import InputError, SweepError
 from kareus.frontier import change_pct, mape_pct
 from kareus.graph import Partition
-from kareus.inputs import file_problem, loads_json
 from kareus.hardware.partition_sweep import PartitionConfigs, PartitionSweep
 from kareus.hardware.presets import GPUPreset
+from kareus.inputs import file_problem, loads_json
 from kareus.json_types import is_finite_number
 from kareus.progress import SILENT, Progress, ProgressTask
 

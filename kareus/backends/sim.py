@@ -744,12 +744,9 @@ class SimulatorBackend:
         total_t, total_e = self._instruction_at(ig, plan, f_idx)
         extra = self.segment_parts(ig.extra, f_idx)
         if plan.nanobatched and ig.partitions:
-            parts = {"overlapped": (total_t - sum(t for t, _ in extra.values()),
-                                    total_e - sum(e for _, e in extra.values()))}
-            for kind, (t, e) in extra.items():
-                parts[kind] = (t, e)
-            parts["host_wait"] = (0.0, 0.0)
-            return parts
+            return {"overlapped": (total_t - sum(t for t, _ in extra.values()),
+                                   total_e - sum(e for _, e in extra.values())),
+                    **extra, "host_wait": (0.0, 0.0)}
         parts = self.segment_parts(ig.sequential, f_idx, ig.layers)
         parts = {kind: (t + extra[kind][0], e + extra[kind][1]) for kind, (t, e) in parts.items()}
         parts["host_wait"] = (total_t - sum(t for t, _ in parts.values()), 0.0)

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from kareus.frontier import change_pct, iso_time_energy_reduction, reduction_pct
 from kareus.errors import InputError
+from kareus.frontier import change_pct, iso_time_energy_reduction, reduction_pct
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.progress import SILENT, Progress
 from workloads.graph_builder import build_iteration_graph

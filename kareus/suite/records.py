@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kareus.frontier import fastest
 from kareus.backends.base import IterationResult, Point
+from kareus.frontier import fastest
 from kareus.hardware.presets import GPUPreset
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kareus.frontier import change_pct
 from kareus.atomic import atomic_path, atomic_write_text
+from kareus.frontier import change_pct
 from kareus.plugins import Problem
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import frontier_object

@@ -32,8 +32,8 @@ from kareus.backends.gpu.backend import GPUBackend
 from kareus.backends.gpu.results import InstructionResult, PlanResult
 from kareus.energy import measured_energy
 from kareus.errors import InputError
-from kareus.graph import Direction
 from kareus.frontier import change_pct, mape_pct
+from kareus.graph import Direction
 from kareus.hardware.presets import GPUPreset
 from kareus.hardware.profile import validate_profile
 from kareus.json_types import JsonObject, record_dict
