@@ -43,19 +43,6 @@ def in_envelope(ins: Instruction, stages: int, microbatches: int) -> bool:
             or (ins.direction == "backward" and ins.microbatch == microbatches - 1))
 
 
-def envelope_time(durations: Mapping[Instruction, float], stages: int, microbatches: int,
-                  p2p_s: float = 0.0) -> float:
-    """Length of the envelope path (s): the first forward through every stage, all of the last
-    stage, the last backward back through every stage, and the transfers between stages."""
-    last = stages - 1
-    t = sum(durations[Instruction(s, 0, "forward")] + durations[Instruction(s, microbatches - 1,
-                                                                             "backward")]
-            for s in range(last))
-    t += sum(durations[Instruction(last, m, d)] for m in range(microbatches)
-             for d in ("forward", "backward"))
-    return t + 2 * last * p2p_s
-
-
 @dataclass(frozen=True)
 class EnvPipeRun:
     """What :func:`envpipe_run` ends with.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kareus.errors import InputError
-from kareus.plan import IterationPlan
+from kareus.plan import CHOICE, IterationPlan
 from kareus.plugins import OptimizerSettings, Problem, require
 
 
@@ -54,5 +54,5 @@ class ZeusPowerLimit:
         pick = min(range(len(plans)), key=costs.__getitem__)
         plans[pick] = IterationPlan(plans[pick].instructions, plans[pick].power_limit_w,
                                     plans[pick].label + " (Zeus choice)",
-                                    meta={"zeus_choice": True, "eta": eta})
+                                    meta={CHOICE: True, "eta": eta})
         return plans

@@ -43,7 +43,7 @@ def above_pct(base_t: list[float], base_e: list[float], t: list[float],
     t_, e_ = np.asarray(t), np.asarray(e)
     inside = (t_ >= bt.min()) & (t_ <= bt.max())
     base = np.interp(t_[inside], bt, be)
-    d = 100.0 * (e_[inside] - base) / base
+    d = fr.change_pct(base, e_[inside])
     return float(d.max()), float(d.mean()), float(d.min())
 
 

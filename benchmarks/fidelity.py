@@ -608,7 +608,7 @@ def roofline_fastest(cfg: FrontierConfig, gpu: str) -> float:
     p = get_preset(gpu)
     w = make_workload(cfg.model, **cfg.overrides())
     g = build_iteration_graph(w)
-    peak = p.sms * p.flops_per_clk_per_sm * p.clock_max_mhz * 1e6
+    peak = p.peak_flops
     stage = []
     for s in range(g.stages):
         t = 0.0
@@ -804,8 +804,8 @@ def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None,
         RECORD["artifact"].setdefault("fastest_time_s", {})[cfg.label] = {
             "measured": round(meas, 3), "simulated": round(sim, 3), "roofline": round(roof, 3)}
         click.echo(f"{cfg.label:34s} measured {meas:.3f}  simulator {sim:.3f} "
-                   f"({100 * (sim / meas - 1):+.1f} %)  roofline {roof:.3f} "
-                   f"({100 * (roof / meas - 1):+.1f} %)")
+                   f"({change_pct(meas, sim):+.1f} %)  roofline {roof:.3f} "
+                   f"({change_pct(meas, roof):+.1f} %)")
 
     if predictions_csv is not None:
         from pathlib import Path

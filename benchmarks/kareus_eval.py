@@ -21,7 +21,7 @@ from collections import defaultdict
 import click
 import numpy as np
 
-from kareus.frontier import pareto_indices, spread_indices
+from kareus.frontier import change_pct, pareto_indices, spread_indices
 from kareus.methods.exact import min_energy_within
 from kareus.methods.tradeoff import SlackReclaimer, evaluate_on_options, solve
 from kareus.optimizer.kareus import kareus_options
@@ -92,9 +92,9 @@ def optimality_gaps() -> list[dict]:
             better = reclaim(step.knobs)
             t2, e2 = evaluate_on_options(_Knobs(better), thin, stages, micro, ps)
             ex = min_energy_within(thin, stages, micro, ps, t)
-            gaps.append(100 * (e - ex.energy_j) / ex.energy_j)
+            gaps.append(change_pct(ex.energy_j, e))
             ex2 = ex if t2 >= t else min_energy_within(thin, stages, micro, ps, t2)
-            after.append(100 * (e2 - ex2.energy_j) / ex2.energy_j)
+            after.append(change_pct(ex2.energy_j, e2))
         out.append({"instance": f"{workload} {stages} stages x {micro} microbatches"
                                 f"{' CP2' if layout.get('cp') else ''}, 8 options per type",
                     "gap_mean_pct": float(np.mean(gaps)), "gap_max_pct": float(np.max(gaps)),

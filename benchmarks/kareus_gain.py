@@ -30,7 +30,7 @@ import collections
 import click
 import numpy as np
 
-from kareus.frontier import change_pct
+from kareus.frontier import change_pct, reduction_pct
 from kareus.hardware.presets import DEFAULT_GPU, get_preset, partition_op_factors
 
 #: The two configurations of the comparison: (start, end, SMs), 1024 threads per block.
@@ -198,8 +198,8 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
         (mb, sb), (ms, ss) = cmp_["best"], cmp_["at_start"]  # type: ignore[misc]
         click.echo("partition sweep, 1024 threads (ms, measured / simulated):")
         click.echo(f"  (2, 6) 9 SMs  {mb:.3f} / {sb:.3f}")
-        click.echo(f"  (0, 6) 20 SMs {ms:.3f} / {ss:.3f}   gap: measured {100 * (ms / mb - 1):+.2f} %,"
-                   f" simulated {100 * (ss / sb - 1):+.2f} %")
+        click.echo(f"  (0, 6) 20 SMs {ms:.3f} / {ss:.3f}   gap: measured {change_pct(mb, ms):+.2f} %,"
+                   f" simulated {change_pct(sb, ss):+.2f} %")
         table = cmp_["table"]
         for s, e in ((0, 6), (2, 6), (6, 6)):
             click.echo(f"  ({s}, {e}) by SMs: " + "  ".join(
@@ -236,8 +236,8 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
     base = plans["megatron"]
     click.echo("\nfastest plans against Megatron-LM:")
     for name, p in plans.items():
-        click.echo(f"  {name:18s} {p['time_s']:.4f} s  time -{100 * (1 - p['time_s'] / base['time_s']):.1f} %"
-                   f"  energy -{100 * (1 - p['energy_j'] / base['energy_j']):.1f} %")
+        click.echo(f"  {name:18s} {p['time_s']:.4f} s  time -{reduction_pct(base['time_s'], p['time_s']):.1f} %"
+                   f"  energy -{reduction_pct(base['energy_j'], p['energy_j']):.1f} %")
         for what, n in p["schedules"].most_common(4):  # type: ignore[attr-defined]
             click.echo(f"      {n:4d} x {what}")
 

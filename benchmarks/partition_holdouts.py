@@ -29,7 +29,7 @@ import click
 import numpy as np
 from numpy.typing import NDArray
 
-from kareus.frontier import mape_pct
+from kareus.frontier import change_pct, mape_pct
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
 
 #: The hold-outs: name -> what is fitted and what predicted.
@@ -79,12 +79,12 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
     test = ~train
     held = np.flatnonzero(test)
     best = held[np.argmin(sweep.time_s[held])]
-    err = t[test] / sweep.time_s[test] - 1
+    err = change_pct(sweep.time_s[test], t[test])
     return {"fit_s": time.perf_counter() - t0,
             "fit_time_pct": mape(t, sweep.time_s, train),
             "fit_energy_pct": mape(e, sweep.energy_j, train),
             "time_pct": mape(t, sweep.time_s, test), "energy_pct": mape(e, sweep.energy_j, test),
-            "max_pct": float(100 * np.max(np.abs(err))), "signed_pct": float(100 * np.mean(err)),
+            "max_pct": float(np.max(np.abs(err))), "signed_pct": float(np.mean(err)),
             "rows": int(test.sum()), "block_exponent": float(law.tuned_block_exponent),
             "best_rank": 1 + int(np.sum(t[held] < t[best]))}
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.envpipe import envpipe_on_profile  # noqa: E402
 from baselines.profiles import perseus_on_profile  # noqa: E402
+from kareus.frontier import change_pct  # noqa: E402
 from kareus.hardware.profile import load_profile  # noqa: E402
 from kareus.suite.datasets import perseus_profile  # noqa: E402
 from tests.perseus_reference import reference_frontier  # noqa: E402
@@ -99,7 +100,7 @@ def _fastest_table() -> None:
         fastest = be.evaluate_plan(g, Perseus().optimize(problem)[-1])
         d, f = default.energy.time_s, fastest.energy.time_s
         click.echo(f"{label:36s} default {d:8.4f} s   Perseus fastest {f:8.4f} s "
-                   f"({100 * (f / d - 1):+.3f} %)")
+                   f"({change_pct(d, f):+.3f} %)")
 
 
 if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands

@@ -18,7 +18,6 @@ from kareus import reproduction
 from kareus.hardware.presets import DEFAULT_GPU, get_preset
 from kareus.suite.options import (JOB_SHAPE_OPTIONS, PARALLEL_OPTIONS, SET_OPTION, WORKLOAD_HELP,
                                   comma_list)
-from workloads.parallel import JOB_FIELDS
 
 if TYPE_CHECKING:
     from kareus.backends.breakdown import StageBreakdown
@@ -163,7 +162,7 @@ def _show_workload(name: str, as_json: bool) -> None:
     obj = {
         "name": w.name, "source": None if name in MODELS else workload_ref(name),
         "model": asdict(m), "params": m.total_params(),
-        "default_parallel": {k: getattr(p, k) for k in JOB_FIELDS},
+        "default_parallel": p.job_fields(),
         "num_gpus": p.num_gpus, "stage_layers": list(w.stage_layers()),
     }
 
@@ -250,7 +249,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
         workload=w.name, optimizer="megatron", backend=sim.name, gpu=preset.name,
         num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,
         points=[Point.from_result(result)], details=details,
-        parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
+        parallel=w.parallel.job_fields(),
         stage_layers=list(w.stage_layers()), memory_warnings=fits, pipeline_warnings=fill,
         position_warnings=positions,
         **({"breakdown": [sb.to_dict() for sb in stages]} if breakdown else {}),
@@ -430,7 +429,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                           backend=problem.backend.name, gpu=problem.gpu.name,
                           num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage,
                           points=run.frontier, evaluated_plans=len(run.points),
-                          parallel={k: getattr(w.parallel, k) for k in JOB_FIELDS},
+                          parallel=w.parallel.job_fields(),
                           stage_layers=list(w.stage_layers()), **extra)
 
     head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "

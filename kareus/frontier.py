@@ -72,16 +72,6 @@ def mape_pct(reference: ArrayLike, value: ArrayLike) -> float:
     return float(err.mean()) if err.size else float("nan")
 
 
-def time_reduction_pct(reference_time_s: float, time_s: float) -> float:
-    """``100·(T_ref − T)/T_ref`` (%)."""
-    return reduction_pct(reference_time_s, time_s)
-
-
-def energy_reduction_pct(reference_energy_j: float, energy_j: float) -> float:
-    """``100·(E_ref − E)/E_ref`` (%)."""
-    return reduction_pct(reference_energy_j, energy_j)
-
-
 def fastest(times: ArrayLike, energies: ArrayLike) -> int:
     """Index of the fastest point (a non-finite time is no point); among points as fast within
     floating-point slack, the one with the least energy. :class:`ValueError` when no time is
@@ -94,6 +84,25 @@ def fastest(times: ArrayLike, energies: ArrayLike) -> int:
     return int(tied[np.lexsort((t[tied], e[tied]))[0]])
 
 
+def least_energy(times: ArrayLike, energies: ArrayLike) -> int:
+    """Index of the least-energy point (a non-finite energy is no point); among points as
+    frugal within floating-point slack, the fastest. :class:`ValueError` when no energy is
+    finite."""
+    return fastest(energies, times)
+
+
+def best_within(x: ArrayLike, y: ArrayLike, limit: float) -> int | None:
+    """Index of the point with the least ``y`` among those with ``x`` no larger than ``limit``
+    (within floating-point slack; ties: least ``x``; a non-finite ``y`` is no point), or
+    ``None`` when none qualifies. With (x, y) = (time s, energy J): the least energy within a
+    time budget; swapped, the fastest point within an energy budget."""
+    xs, ys = np.asarray(x, float), np.asarray(y, float)
+    ok = np.flatnonzero((xs <= limit * (1 + _TOL)) & np.isfinite(ys))
+    if not ok.size:
+        return None
+    return int(ok[fastest(ys[ok], xs[ok])])
+
+
 def _iso_reduction(ref_x: Sequence[float], ref_y: Sequence[float], x: Sequence[float],
                    y: Sequence[float], slack: float = 0.0) -> float | None:
     """At the reference point with the least ``x`` (ties: least ``y``), the reduction (%) of the
@@ -104,11 +113,8 @@ def _iso_reduction(ref_x: Sequence[float], ref_y: Sequence[float], x: Sequence[f
         return None
     i = fastest(ref_x, ref_y)
     x_ref, y_ref = float(ref_x[i]), float(ref_y[i])
-    xs, ys = np.asarray(x, float), np.asarray(y, float)
-    ok = xs <= x_ref * (1 + slack) * (1 + _TOL)
-    if not ok.any():
-        return None
-    return reduction_pct(y_ref, float(ys[ok].min()))
+    j = best_within(x, y, x_ref * (1 + slack))
+    return None if j is None else reduction_pct(y_ref, float(np.asarray(y, float)[j]))
 
 
 def iso_time_energy_reduction(ref_times: Sequence[float], ref_energies: Sequence[float],
@@ -125,6 +131,16 @@ def iso_energy_time_reduction(ref_times: Sequence[float], ref_energies: Sequence
     """Iso-energy time reduction (%) of a method vs a reference frontier (see module docstring);
     ``None`` when no point of the method uses as little energy as the reference's lowest."""
     return _iso_reduction(ref_energies, ref_times, energies, times)
+
+
+def even_indices(count: int, limit: int) -> list[int]:
+    """At most ``limit`` (at least 2) of the indices ``0 .. count - 1``, evenly spread by
+    position, both ends included, in order; all of them when ``count <= limit``. (By time
+    instead: :func:`spread_indices`.)"""
+    limit = max(limit, 2)
+    if count <= limit:
+        return list(range(count))
+    return sorted({round(k * (count - 1) / (limit - 1)) for k in range(limit)})
 
 
 def spread_indices(times: ArrayLike, count: int) -> NDArray[np.int64]:

@@ -207,6 +207,12 @@ class InstructionPlan:
                                                    for k, v in parts.items()}))
 
 
+#: The :attr:`IterationPlan.meta` key an optimizer sets (to ``True``) on the one plan it singles
+#: out as its own pick (e.g. Zeus's power limit at its η); the harness reports that plan as the
+#: run's ``choice``.
+CHOICE = "choice"
+
+
 @dataclass(frozen=True)
 class IterationPlan:
     """A complete plan for one iteration.
@@ -215,6 +221,7 @@ class IterationPlan:
         instructions: Plan of every instruction of the 1F1B DAG.
         power_limit_w: Board power limit to apply (``None``: the GPU's default).
         label: Free-form description (e.g. which optimizer step produced it).
+        meta: The optimizer's notes on the plan, in this process only (e.g. :data:`CHOICE`).
     """
 
     instructions: Mapping[Instruction, InstructionPlan]

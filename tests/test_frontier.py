@@ -39,9 +39,24 @@ def test_a_method_against_itself_is_zero_and_worse_is_negative():
 
 
 def test_max_throughput_deltas():
-    assert fr.time_reduction_pct(10.0, 9.0) == pytest.approx(10.0)
-    assert fr.energy_reduction_pct(200.0, 210.0) == pytest.approx(-5.0)
+    assert fr.reduction_pct(10.0, 9.0) == pytest.approx(10.0)
+    assert fr.reduction_pct(200.0, 210.0) == pytest.approx(-5.0)
     assert fr.fastest([3.0, 1.0, 1.0], [1.0, 5.0, 4.0]) == 2
+
+
+def test_least_energy_breaks_ties_by_time_and_skips_non_finite_energies():
+    assert fr.least_energy([3.0, 1.0, 2.0], [4.0, 4.0, 5.0]) == 1
+    assert fr.least_energy([1.0, 2.0], [float("nan"), 7.0]) == 1
+
+
+def test_best_within_a_budget():
+    t, e = [1.0, 2.0, 3.0, 4.0], [9.0, 6.0, 6.0, 2.0]
+    assert fr.best_within(t, e, 3.0) == 1  # least energy by 3 s; of the tie the faster
+    # a time over the budget by floating-point noise only is within it
+    assert fr.best_within([1.0, 3.0 * (1 + 1e-12)], [9.0, 1.0], 3.0) == 1
+    assert fr.best_within(t, e, 0.5) is None
+    assert fr.best_within(e, t, 6.0) == 1  # swapped: the fastest within 6 J
+    assert fr.best_within([1.0, 2.0], [float("nan"), 3.0], 1.5) is None
 
 
 def test_iso_time_with_slack_admits_slightly_slower_points():
@@ -69,3 +84,10 @@ def test_spread_and_hypervolume():
     assert fr.hypervolume([1.0], [1.0], (3.0, 2.0)) == pytest.approx(2.0)
     assert fr.hypervolume([1.0, 2.0], [2.0, 1.0], (3.0, 3.0)) == pytest.approx(3.0)
     assert fr.hypervolume([4.0], [1.0], (3.0, 3.0)) == 0.0
+
+
+def test_even_indices_keep_both_ends_and_the_limit():
+    assert fr.even_indices(5, 10) == [0, 1, 2, 3, 4]
+    assert fr.even_indices(11, 3) == [0, 5, 10]
+    assert fr.even_indices(100, 1) == [0, 99]  # at least the two ends
+    assert len(fr.even_indices(1000, 15)) == 15

@@ -182,7 +182,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     from kareus.backends.gpu.measure import MeasureConfig
     from kareus.backends.gpu.runner import execute
     from kareus.backends.gpu.serialize import Job
-    from kareus.plan import InstructionPlan, IterationPlan, PartitionSchedule
+    from kareus.plan import InstructionPlan, IterationPlan
 
     dist.init_process_group("gloo")
     result: dict = {}

@@ -11,7 +11,7 @@ import pytest
 from kareus.backends.sim import SimulatorBackend
 from kareus.cli import main
 from kareus.errors import PlanError
-from kareus.hardware.presets import get_preset
+from kareus.hardware.presets import BUILTIN_DIR, get_preset
 from kareus.plan import LIBRARY_DEFAULT, InstructionPlan, IterationPlan
 from workloads import WorkloadError, make_workload
 from workloads.graph_builder import build_iteration_graph
@@ -337,11 +337,12 @@ def test_bad_job_shape_exits_2_with_one_line(args, needle, capsys):
     assert len(err.strip().splitlines()) == 1 and needle in err
 
 
-def test_a_precision_the_gpu_cannot_run_is_refused(monkeypatch, capsys):
-    from kareus.hardware import presets
-
-    no_bf16 = replace(presets.PRESETS["a40"], name="no-bf16", precisions=("fp16", "fp32"))
-    monkeypatch.setitem(presets.PRESETS, "no-bf16", no_bf16)
+def test_a_precision_the_gpu_cannot_run_is_refused(monkeypatch, capsys, tmp_path):
+    raw = json.loads((BUILTIN_DIR / "a40.json").read_text())
+    raw["name"] = "no-bf16"
+    raw["compute"]["precisions"]["value"] = ["fp16", "fp32"]
+    (tmp_path / "no-bf16.json").write_text(json.dumps(raw))
+    monkeypatch.setenv("KAREUS_GPU_DIR", str(tmp_path))
     assert main(["simulate", "-w", "gpt3-xl", "--gpu", "no-bf16"]) == 2
     assert "cannot run bf16" in capsys.readouterr().err
 
@@ -501,7 +502,6 @@ def test_the_command_line_simulates_a_measured_run_as_the_fidelity_check_does(
     """A user's own Megatron-LM job through the front door (a GPT-2 style config.json, the job's
     flags, a GPU file with the cluster's network; docs/getting-started.md, "Your own cluster")
     gets the very iteration time that benchmarks/fidelity.py gives the same vTrain run."""
-    from kareus.hardware.presets import BUILTIN_DIR
     from kareus.suite.megatron_runs import VTRAIN_GPU, VTRAIN_NETWORK, run_workload
 
     pytest.importorskip("transformers")

@@ -103,7 +103,7 @@ def test_unknown_cut_back_end_is_refused():
 def test_fold_keeps_warmup_and_drain_and_repeats_one_steady_microbatch(stages, microbatches):
     solved = folded_microbatches(stages, microbatches)
     assert solved == max(2 * stages + 2, 32) < microbatches
-    source = fold_map(stages, microbatches, solved)
+    source = fold_map(microbatches, solved)
     mapped = [source(m) for m in range(microbatches)]
     head = (solved - 1) // 2
     tail = solved - head - 1
@@ -117,7 +117,7 @@ def test_fold_keeps_warmup_and_drain_and_repeats_one_steady_microbatch(stages, m
 def test_short_pipelines_are_not_folded():
     assert folded_microbatches(2, 8) == 8
     assert folded_microbatches(8, 32) == 32
-    source = fold_map(2, 8, 8)
+    source = fold_map(8, 8)
     assert [source(m) for m in range(8)] == list(range(8))
 
 

@@ -324,7 +324,7 @@ def test_zeus_reads_its_eta_from_the_run(problem):
         p = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=2, mbs=2, microbatches=4,
                          options={"eta": eta})
         run = harness.run_all(p, ["zeus-power-limit"])["zeus-power-limit"]
-        plan = run.plans[run.choice["plan_id"]]
+        plan = run.plans[run.choice.point.plan_id]
         return plan.meta["eta"], plan.power_limit_w
 
     (eta0, fast), (eta1, frugal) = choice("0"), choice("1")

@@ -129,6 +129,11 @@ class ParallelConfig:
     elementwise: Elementwise = "fused"
     cross_entropy: CrossEntropy = "fused"
 
+    def job_fields(self) -> dict[str, object]:
+        """The job's shape as commands and result files report it (``--json``'s and
+        ``summary.json``'s ``parallel``): the :data:`JOB_FIELDS` and their values."""
+        return {k: getattr(self, k) for k in JOB_FIELDS}
+
     @property
     def num_gpus(self) -> int:
         """All GPUs of the job."""

@@ -583,9 +583,9 @@ def reload_presets() -> None:
 
 def __getattr__(name: str) -> object:
     # ``PRESETS`` is read on first use, not at import, so that a malformed user file is a
-    # one-line error of the command that needed it.
+    # one-line error of the command that needed it. Read-only: the cache is shared.
     if name == "PRESETS":
-        return _loaded()[0]
+        return MappingProxyType(_loaded()[0])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -48,6 +48,7 @@ import networkx as nx
 
 from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
+from kareus.frontier import even_indices
 from kareus.graph import Direction, Instruction, dag_dependencies, one_f_one_b
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def folded_microbatches(stages: int, microbatches: int) -> int:
     return min(microbatches, max(2 * stages + 2, FOLD_MIN_MICROBATCHES))
 
 
-def fold_map(stages: int, microbatches: int, solved: int) -> Callable[[int], int]:
+def fold_map(microbatches: int, solved: int) -> Callable[[int], int]:
     """The microbatch of the solved (folded) DAG whose options microbatch ``m`` takes."""
     head = (solved - 1) // 2
     tail = solved - head - 1
@@ -274,7 +275,7 @@ def _layout(nodes: Sequence[tuple[Instruction, object]], stages: int, microbatch
             solved: int) -> StepLayout:
     """Every instruction of the ``microbatches`` iteration and its node in the solved DAG."""
     position = {ins: k for k, (ins, _) in enumerate(nodes)}
-    source = fold_map(stages, microbatches, solved)
+    source = fold_map(microbatches, solved)
     instructions = tuple(ins for seq in one_f_one_b(stages, microbatches).values() for ins in seq)
     return StepLayout(instructions, tuple(
         position[Instruction(ins.stage, source(ins.microbatch), ins.direction)]
@@ -641,8 +642,7 @@ def spread_steps(steps: Sequence[SolverStep], limit: int | None) -> list[SolverS
         return list(steps)
     if limit < 2:
         return [steps[-1]]
-    picks = sorted({round(k * (len(steps) - 1) / (limit - 1)) for k in range(limit)})
-    return [steps[k] for k in picks]
+    return [steps[k] for k in even_indices(len(steps), limit)]
 
 
 def plans_from_steps(steps: Sequence[SolverStep],

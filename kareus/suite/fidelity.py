@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 from kareus.energy import dynamic_from_measured
 from kareus.errors import InputError
 from kareus.frontier import (change_pct, fastest, iso_energy_time_reduction,
-                             iso_time_energy_reduction)
+                             iso_time_energy_reduction, least_energy)
 from kareus.methods.profiling import profile_instructions
 from kareus.methods.tradeoff import solve, solver_energy
 from kareus.plan import InstructionPlan
@@ -72,7 +72,7 @@ def endpoints(time_s: ArrayLike, energy_j: ArrayLike) -> dict[str, float]:
     t, e = np.asarray(time_s, dtype=float), np.asarray(energy_j, dtype=float)
     if t.size == 0:
         raise InputError("an empty frontier has no endpoints")
-    i, j = fastest(t, e), int(np.argmin(e))
+    i, j = fastest(t, e), least_energy(t, e)
     return {"T_min": float(t[i]), "E_at_T_min": float(e[i]), "E_min": float(e[j]),
             "T_at_E_min": float(t[j])}
 

@@ -18,9 +18,9 @@ from typing import Literal
 
 from kareus import frontier as fr
 from kareus.errors import InputError, JobRefused, PlanError, PluginError
-from kareus.plan import IterationPlan
+from kareus.plan import CHOICE, IterationPlan
 from kareus.plugins import Optimizer, Problem
-from kareus.suite.records import Point
+from kareus.suite.records import Choice, Point
 
 #: Plans spread over each frontier in addition to the fastest one.
 SPREAD = 10
@@ -54,7 +54,7 @@ class OptimizerRun:
     frontier: list[Point] = field(default_factory=list)
     spread: list[int] = field(default_factory=list)
     plans: list[IterationPlan] = field(default_factory=list, repr=False)
-    choice: dict | None = None
+    choice: Choice | None = None
     refused: bool = False
 
     @property
@@ -134,8 +134,8 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
         run.spread = sorted({fastest.plan_id, *(run.frontier[i].plan_id for i in idx)})
         for p in run.points:
             plan = run.plans[p.plan_id]
-            if plan.meta.get("zeus_choice"):
-                run.choice = {**p.to_dict(), "plan_id": p.plan_id, "label": plan.label}
+            if plan.meta.get(CHOICE):
+                run.choice = Choice(p, plan.label)
     return run
 
 
@@ -154,8 +154,8 @@ def compare(runs: Mapping[str, OptimizerRun], baseline: str = "megatron",
         if base is not None and base.max_throughput is not None:
             b = base.max_throughput
             out["max_throughput_vs_megatron"][name] = {
-                "time_reduction_pct": fr.time_reduction_pct(b.time_s, mt.time_s),
-                "energy_reduction_pct": fr.energy_reduction_pct(b.energy_j, mt.energy_j),
+                "time_reduction_pct": fr.reduction_pct(b.time_s, mt.time_s),
+                "energy_reduction_pct": fr.reduction_pct(b.energy_j, mt.energy_j),
             }
         if ref is not None and ref.frontier:
             rt = [p.time_s for p in ref.frontier]
@@ -176,19 +176,20 @@ def pick_within(run: OptimizerRun, *, time_budget_s: float | None = None,
     if (time_budget_s is None) == (energy_budget_j is None):
         raise InputError("give exactly one of --time-budget-s and --energy-budget-j")
     pts = run.frontier
+    times, energies = [p.time_s for p in pts], [p.energy_j for p in pts]
     if time_budget_s is not None:
-        ok = [p for p in pts if p.time_s <= time_budget_s]
-        if not ok:
+        i = fr.best_within(times, energies, time_budget_s)
+        if i is None:
             raise InputError(f"no {run.name} plan finishes within {time_budget_s:.4g} s; the "
-                             f"fastest takes {pts[0].time_s:.4g} s")
-        return min(ok, key=lambda p: (p.energy_j, p.time_s))
+                             f"fastest takes {pts[fr.fastest(times, energies)].time_s:.4g} s")
+        return pts[i]
     assert energy_budget_j is not None  # exactly one budget is given
-    ok = [p for p in pts if p.energy_j <= energy_budget_j]
-    if not ok:
-        least = min(p.energy_j for p in pts)
+    i = fr.best_within(energies, times, energy_budget_j)
+    if i is None:
+        least = pts[fr.least_energy(times, energies)].energy_j
         raise InputError(f"no {run.name} plan uses at most {energy_budget_j:.6g} J; the most "
                          f"frugal uses {least:.6g} J")
-    return min(ok, key=lambda p: (p.time_s, p.energy_j))
+    return pts[i]
 
 
 def load_and_run(name: str, problem: Problem,

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kareus.errors import InputError
-from kareus.frontier import change_pct, iso_time_energy_reduction, reduction_pct
+from kareus.frontier import change_pct, iso_time_energy_reduction, least_energy, reduction_pct
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.progress import SILENT, Progress
 from workloads.graph_builder import build_iteration_graph
@@ -227,7 +227,7 @@ def savings(time_s: np.ndarray, energy_j: np.ndarray, t0: float, e0: float
     +1 % of its time, and by the least-energy point overall (and that point's time change)."""
     t, e = np.asarray(time_s, float), np.asarray(energy_j, float)
     near = iso_time_energy_reduction([t0], [e0], t, e, time_slack=0.01)
-    j = int(np.argmin(e))
+    j = least_energy(t, e)
     return {"saved_within_1pct_time_pct": float("nan") if near is None else near,
             "saved_least_energy_pct": reduction_pct(e0, float(e[j])),
             "time_at_least_energy_pct": float(change_pct(t0, t[j]))}

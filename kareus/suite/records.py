@@ -5,10 +5,24 @@ the backend interface (:mod:`kareus.backends.base`), which produces the results 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kareus.backends.base import IterationResult, Point
 from kareus.frontier import fastest
 from kareus.hardware.presets import GPUPreset
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan an optimizer singles out as its own pick (:data:`kareus.plan.CHOICE`): its
+    measured point and its label."""
+
+    point: Point
+    label: str
+
+    def to_dict(self) -> dict[str, object]:
+        """The contract's ``choice``: the point's fields, ``plan_id`` and ``label``."""
+        return {**self.point.to_dict(), "plan_id": self.point.plan_id, "label": self.label}
 
 
 def frontier_object(*, workload: str, optimizer: str, backend: str, gpu: str, num_gpus: int,

@@ -27,7 +27,6 @@ from kareus.frontier import change_pct
 from kareus.plugins import Problem
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import frontier_object
-from workloads.parallel import JOB_FIELDS
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
@@ -46,13 +45,14 @@ def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
             workload=w.name, optimizer=name, backend=problem.backend.name, gpu=problem.gpu.name,
             num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage, points=run.frontier,
             status=run.status, error=run.error, evaluated_plans=len(run.points),
-            spread_plan_ids=run.spread, choice=run.choice, **extra,
+            spread_plan_ids=run.spread,
+            choice=None if run.choice is None else run.choice.to_dict(), **extra,
         )
     p = w.parallel
     return {
         "workload": w.name, "backend": problem.backend.name, "gpu": problem.gpu.name,
         "num_gpus": g.num_gpus, "gpus_per_stage": g.gpus_per_stage,
-        "parallel": {k: getattr(p, k) for k in JOB_FIELDS},
+        "parallel": p.job_fields(),
         "stage_layers": list(w.stage_layers()),
         "optimizers": optimizers, "comparison": dict(comparison), **meta,
     }
@@ -374,47 +374,44 @@ def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
     one panel per threads-per-block value, one colour per window. ``frame`` has columns
     ``overlap_start, overlap_end, comm_sm_number, comm_block_size, measured_s, predicted_s``;
     windows absent from it are skipped."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import seaborn as sns
+    from matplotlib.figure import Figure
 
-    sns.set_theme(style="whitegrid")
+    from kareus.suite.style import figure_style
+
     key = list(zip(frame.overlap_start, frame.overlap_end))
     df = frame.assign(window=[f"({s}, {e})" for s, e in key],
                       keep=[k in set(windows) for k in key])
     df = df[df.keep]
     blocks = sorted(df.comm_block_size.unique())
-    fig, axes = plt.subplots(1, max(1, len(blocks)), figsize=(6.5 * max(1, len(blocks)), 5),
-                             sharey=True, squeeze=False)
     order = [f"({s}, {e})" for s, e in windows if f"({s}, {e})" in set(df.window)]
     palette = dict(zip(order, sns.color_palette("tab10", len(order))))
-    for ax, b in zip(axes[0], blocks):
-        sub = df[df.comm_block_size == b].sort_values("comm_sm_number")
-        for w in order:
-            d = sub[sub.window == w]
-            ax.plot(d.comm_sm_number, d.predicted_s * 1e3, color=palette[w], lw=1.6,
-                    label=f"{w} predicted")
-            ax.scatter(d.comm_sm_number, d.measured_s * 1e3, color=palette[w], s=18,
-                       label=f"{w} measured")
-        ax.set_title(f"{b} threads per block", fontsize=10)
-        ax.set_xlabel("SMs given to the all-reduce")
-        ax.set_ylabel("partition time (ms, log scale)")
-        ax.set_yscale("log")
-        ticks = [2, 2.5, 3, 4, 5, 6, 8, 10, 12]
-        ax.set_yticks(ticks)
-        ax.set_yticklabels([f"{v:g}" for v in ticks])
-        ax.minorticks_off()
-        ax.set_xticks(sorted(sub.comm_sm_number.unique())[::2])
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    axes[0][-1].legend(handles, labels, fontsize=7, ncol=2, title="window (launch, wait)",
-                       title_fontsize=8)
-    fig.suptitle(title + "\nmarkers: measured (mean of repeats); lines: the fitted partition law",
-                 fontsize=10)
-    fig.tight_layout()
-    _savefig(fig, path)
-    plt.close(fig)
+    with figure_style():
+        fig = Figure(figsize=(6.5 * max(1, len(blocks)), 5), layout="constrained")
+        axes = fig.subplots(1, max(1, len(blocks)), sharey=True, squeeze=False)
+        for ax, b in zip(axes[0], blocks):
+            sub = df[df.comm_block_size == b].sort_values("comm_sm_number")
+            for w in order:
+                d = sub[sub.window == w]
+                ax.plot(d.comm_sm_number, d.predicted_s * 1e3, color=palette[w], lw=1.6,
+                        label=f"{w} predicted")
+                ax.scatter(d.comm_sm_number, d.measured_s * 1e3, color=palette[w], s=18,
+                           label=f"{w} measured")
+            ax.set_title(f"{b} threads per block", fontsize=10)
+            ax.set_xlabel("SMs given to the all-reduce")
+            ax.set_ylabel("partition time (ms, log scale)")
+            ax.set_yscale("log")
+            ticks = [2, 2.5, 3, 4, 5, 6, 8, 10, 12]
+            ax.set_yticks(ticks)
+            ax.set_yticklabels([f"{v:g}" for v in ticks])
+            ax.minorticks_off()
+            ax.set_xticks(sorted(sub.comm_sm_number.unique())[::2])
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        axes[0][-1].legend(handles, labels, fontsize=7, ncol=2, title="window (launch, wait)",
+                           title_fontsize=8)
+        fig.suptitle(title + "\nmarkers: measured (mean of repeats); lines: the fitted "
+                     "partition law", fontsize=10)
+        _savefig(fig, path)
 
 
 def check_figure_path(path: str | Path, option: str) -> None:

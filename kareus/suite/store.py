@@ -21,7 +21,7 @@ from pathlib import Path
 from kareus.atomic import atomic_write_text
 from kareus.json_types import is_finite_number
 from kareus.suite.harness import OptimizerRun
-from kareus.suite.records import Point
+from kareus.suite.records import Choice, Point
 
 
 def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> dict:
@@ -30,7 +30,8 @@ def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> 
     return {
         "key": key, "made_by": made_by, "name": run.name, "status": run.status, "error": run.error,
         "points": [{**p.to_dict(), "plan_id": p.plan_id} for p in run.points],
-        "frontier": [p.plan_id for p in run.frontier], "spread": run.spread, "choice": run.choice,
+        "frontier": [p.plan_id for p in run.frontier], "spread": run.spread,
+        "choice": None if run.choice is None else run.choice.to_dict(),
         "wall_s": round(run.wall_s, 3), "optimize_s": round(run.optimize_s, 3),
         **({"refused": True} if run.refused else {}),
     }
@@ -59,6 +60,17 @@ def _point(p: object) -> Point:
                  _number(p.get("static_energy_j"), "static_energy_j"), plan_id)
 
 
+def _choice(c: object) -> Choice | None:
+    if c is None:
+        return None
+    if not isinstance(c, dict) or not isinstance(c.get("label"), str):
+        raise MalformedCell("choice is not an object with a label")
+    try:
+        return Choice(_point(c), c["label"])
+    except MalformedCell as e:
+        raise MalformedCell(f"choice's {e}") from None
+
+
 def record_to_run(record: dict) -> OptimizerRun:
     """Rebuild an :class:`OptimizerRun` (without plans) from a record; :class:`MalformedCell`
     when it does not hold one (a hand-edited or foreign file)."""
@@ -71,12 +83,7 @@ def record_to_run(record: dict) -> OptimizerRun:
         missing = [i for i in frontier if not isinstance(i, int) or i not in by_id]
         if missing:
             raise MalformedCell(f"frontier names plan(s) {missing[:3]} that no point has")
-        choice = record.get("choice")
-        if choice is not None:
-            if not isinstance(choice, dict) or not isinstance(choice.get("label"), str):
-                raise MalformedCell("choice is not an object with a label")
-            _number(choice.get("time_s"), "choice's time_s", positive=True)
-            _number(choice.get("energy_j"), "choice's energy_j")
+        choice = _choice(record.get("choice"))
         spread = record["spread"]
         if not isinstance(spread, list) or not all(isinstance(i, int) and i in by_id
                                                    for i in spread):

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from io import StringIO
 from typing import TYPE_CHECKING
 
+from kareus.frontier import even_indices
+
 if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
@@ -61,11 +63,9 @@ def sampled_rows(count: int, limit: int, keep: Iterable[int] = ()) -> list[int]:
     ends and every index in ``keep`` included (each kept index takes the place of the nearest
     spread one; the ends and ``keep`` alone may take the total past ``limit``), in order; all of
     them when ``count <= limit``."""
-    limit = max(limit, 2)
-    if count <= limit:
-        return list(range(count))
-    step = (count - 1) / (limit - 1)
-    chosen = {round(i * step) for i in range(limit)} | {0, count - 1}
+    chosen = set(even_indices(count, limit))
+    if len(chosen) == count:
+        return sorted(chosen)
     kept = {k for k in keep if 0 <= k < count}
     for k in sorted(kept - chosen):
         movable = chosen - kept - {0, count - 1}
