@@ -29,9 +29,10 @@ import pandas as pd
 
 from baselines.profiles import check_arguments, frequencies_record
 from kareus.energy import iteration_energy
+from kareus.errors import JobRefused
 from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
 from kareus.methods.profiling import profile_instructions, profile_to_options
-from kareus.methods.tradeoff import Option, replay_knobs
+from kareus.methods.tradeoff import Option, replay_knobs, whole_dag_problem
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
 
@@ -179,6 +180,9 @@ class EnvPipe:
 
     def optimize(self, problem: Problem) -> list[IterationPlan]:
         g, backend = problem.graph, problem.backend
+        too_long = whole_dag_problem(g.stages, g.microbatches, "EnvPipe")
+        if too_long:
+            raise JobRefused(too_long)
         plan_at = {c: InstructionPlan.make(c) for c in problem.knobs.clocks_mhz}
         options = profile_instructions(backend, g, sorted(plan_at),
                                        lambda c: plan_at[clock_knob(c)])

@@ -36,17 +36,11 @@ from kareus.methods.tradeoff import (
     solver_energy,
     solver_span,
     unit_problem,
+    whole_dag_problem,
 )
 from kareus.progress import SILENT, Progress
 
 
-#: Most (microbatch, stage) pairs ``kareus perseus`` / ``kareus envpipe`` accept: the exact
-#: Phillips-Dessouky solve has as many steps as the iteration has time units, each over the
-#: whole DAG, so its time grows with the square of the pairs.
-MAX_PROFILE_SLOTS = 8192
-#: Measured reference for the estimate in the refusal: the exact solve of the published
-#: gpt3-175b A100 profile, 8 stages x 12 microbatches at 1 ms, took about 4 s (one core).
-REFERENCE_SLOTS, REFERENCE_SOLVE_S = 96, 4.0
 
 
 def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatches: int,
@@ -56,13 +50,9 @@ def check_arguments(profile: pd.DataFrame, source: str, stages: int, microbatche
     check_clock_sweep(profile, source)
     if stages < 1 or microbatches < 1:
         raise InputError("--stages and --microbatches must be positive integers")
-    slots = stages * microbatches
-    if slots > MAX_PROFILE_SLOTS:
-        hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600
-        raise InputError(f"--stages {stages} x --microbatches {microbatches} = {slots:,} "
-                         f"(microbatch, stage) pairs; the solve's work grows with their square "
-                         f"(Perseus's exact solve: about {hours:,.0f} h here); at most "
-                         f"{MAX_PROFILE_SLOTS:,}")
+    too_long = whole_dag_problem(stages, microbatches, "Perseus's exact solve")
+    if too_long:
+        raise InputError(f"--stages x --microbatches: {too_long}")
     seen = int(profile.stage.nunique())
     if seen != stages:
         raise InputError(f"{source}: profile has {seen} stages, --stages says {stages}")

@@ -159,11 +159,16 @@ def cross_gpu_table() -> list[dict]:
 @click.option("--cross-gpu", is_flag=True,
               help="Also carry each GPU's voltage curve to the other (knee at the same fraction "
                    "of the top clock or the same MHz) and predict its profiles.")
+@click.option("--write", "write_json", default=None, type=click.Path(dir_okay=False),
+              help="Also record the fits and hold-outs as the 'power-curves' entry of this JSON "
+                   "file (results/fidelity/summary.json: the docs render them from it).")
 def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None,
-         cross_gpu: bool) -> None:
+         cross_gpu: bool, write_json: str | None) -> None:
     windows = None if top_window is None else top_window_extrapolation(top_window)
     carried = cross_gpu_table() if cross_gpu else None
     report, table, frames = run()
+    if write_json is not None:
+        _write_record(write_json, report)
     if as_json:
         out = {"summary": report, "per_instruction": table.to_dict("records")}
         if windows is not None:
@@ -213,6 +218,23 @@ def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None
                        f"energy {c['hold_energy_mape_pct']:5.2f}")
     if plot:
         _plot(frames, plot)
+
+
+def _write_record(path: str, report: list[dict]) -> None:
+    """Merge the fits and hold-outs into the JSON file ``path`` as its ``power-curves`` entry
+    (with the date and the command); the file's other entries are kept."""
+    import datetime
+    from pathlib import Path
+
+    from kareus.atomic import atomic_write_json
+
+    p = Path(path)
+    data = json.loads(p.read_text()) if p.is_file() else {}
+    data["power-curves"] = {"date": datetime.date.today().isoformat(),
+                            "command": f"python benchmarks/calibration.py --write {path}",
+                            "rows": report}
+    atomic_write_json(p, dict(sorted(data.items())))
+    click.echo(f"(wrote power-curves to {path})", err=True)
 
 
 def _plot(df: pd.DataFrame, path: str) -> None:

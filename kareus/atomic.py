@@ -68,8 +68,9 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
         raise InputError(f"{option}: empty path; name a folder")
     path = Path(path)
     probed = Path(os.path.abspath(path))  # '..' resolved: each folder made is one to remove
-    created = [p for p in (probed, *probed.parents) if not p.exists()]
+    created: list[Path] = []
     try:
+        created = [p for p in (probed, *probed.parents) if not p.exists()]
         if probed.exists() and not probed.is_dir():
             raise NotADirectoryError(20, "it is a file, not a folder")
         probed.mkdir(parents=True, exist_ok=True)

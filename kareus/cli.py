@@ -334,7 +334,7 @@ def optimizers(as_json: bool) -> None:
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
 @click.option("--backend", default="sim", show_default=True, metavar="[sim|gpu]",
               help="Where plans run: the simulator, or this machine's GPUs.")
-@click.option("--seed", default=0, show_default=True, type=int,
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Random seed of the optimizers' searches (Kareus's nsga2 and surrogate).")
 @click.option("--time-budget-s", type=float, default=None,
               help="Return the least-energy plan finishing within this iteration time (s).")
@@ -463,6 +463,11 @@ def _check_frontier_outputs(time_budget_s: float | None, energy_budget_j: float 
         from kareus.atomic import check_writable_dir
 
         check_writable_dir(export_dir, "--export")
+        for name in EXPORT_FILES:
+            target = Path(export_dir) / name
+            if target.is_dir():
+                raise InputError(f"--export {export_dir!r}: {name} there is a folder; the export "
+                                 "writes a file of that name")
 
 
 def _frontier_options(optimizer_name: str, solver: str | None, settings: tuple[str, ...]
@@ -491,15 +496,19 @@ def _check_has_solver(optimizer_name: str) -> None:
                          f"({', '.join(have)} have one)")
 
 
+#: The files ``kareus frontier --export`` writes in its folder.
+EXPORT_FILES = ("freqs_pipeline.py", "schedules.json")
+
+
 def _export_plan(export_dir: str, graph: IterationGraph, plan: IterationPlan) -> None:
     """``--export``: ``plan`` for deployment, atomically: ``freqs_pipeline.py`` (Zeus's
     per-instruction clocks) and ``schedules.json`` (each partition's window and SMs)."""
     from kareus.atomic import atomic_write_text
     from kareus.suite.export import partition_schedules, zeus_solution_text
 
-    atomic_write_text(Path(export_dir) / "freqs_pipeline.py", zeus_solution_text(graph, plan))
-    atomic_write_text(Path(export_dir) / "schedules.json",
-                      json.dumps(partition_schedules(graph, plan), indent=2) + "\n")
+    zeus_file, schedules_file = (Path(export_dir) / name for name in EXPORT_FILES)
+    atomic_write_text(zeus_file, zeus_solution_text(graph, plan))
+    atomic_write_text(schedules_file, json.dumps(partition_schedules(graph, plan), indent=2) + "\n")
 
 
 def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: bool) -> str:
@@ -573,14 +582,21 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
            if points else None}
 
     def text() -> str:
+        from kareus.suite.tables import sampled_rows
+
         what = "solver steps" if kwargs.get("all_iterations") else "frontier points"
         step = "iteration" if optimizer == "perseus" else "steps"
-        return render([step, "time s", "energy J", "replayed time s", "replayed energy J"],
-                      ([p.get(step, ""), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}",
-                        f"{p['replayed_time_s']:.4f}", f"{p['replayed_energy_j']:.2f}"]
-                       for p in points),
-                      title=f"{optimizer} on {profile_path}: {len(points)} "
-                            f"{what if optimizer == 'perseus' else 'point'}")
+        shown = sampled_rows(len(points), FRONTIER_ROWS)
+        table = render([step, "time s", "energy J", "replayed time s", "replayed energy J"],
+                       ([p.get(step, ""), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}",
+                         f"{p['replayed_time_s']:.4f}", f"{p['replayed_energy_j']:.2f}"]
+                        for p in (points[i] for i in shown)),
+                       title=f"{optimizer} on {profile_path}: {len(points)} "
+                             f"{what if optimizer == 'perseus' else 'point'}")
+        if len(shown) < len(points):
+            table += (f"\n{len(shown)} of the {len(points)} shown, evenly spread; --json prints "
+                      "every one")
+        return table
 
     _emit(obj, as_json, text)
 
@@ -713,6 +729,11 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
                        write_preset)
 
 
+#: The largest fit error (time or energy MAPE, %) ``kareus calibrate --profile --write-preset``
+#: writes into a preset; the published profiles fit within 3 %.
+MAX_WRITTEN_FIT_MAPE_PCT = 10.0
+
+
 def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
                        static_power: float | None, power_limit: float | None, as_json: bool,
                        write_preset: bool) -> None:
@@ -739,6 +760,15 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
                           ("sm_dyn_power_w", "hbm_dyn_power_w", "knee_mhz", "v_ratio")},
     }
     if write_preset:
+        worst = max(res.time_mape_pct, res.energy_mape_pct)
+        if not worst <= MAX_WRITTEN_FIT_MAPE_PCT:
+            from kareus.errors import InputError
+
+            raise InputError(f"--write-preset: the fit misses {profile_path} by {worst:.1f} % "
+                             f"(time {res.time_mape_pct:.1f} %, energy "
+                             f"{res.energy_mape_pct:.1f} % MAPE; at most "
+                             f"{MAX_WRITTEN_FIT_MAPE_PCT:g} % is written): the profile does not "
+                             "follow a GPU's clock law (check its columns and units)")
         source = f"fitted: `kareus calibrate --profile {_where(profile_path)}`"
         changes = {"sm_dyn_power_w": (round(fitted.sm_dyn_power_w, 1), source),
                    "knee_mhz": (round(fitted.knee_mhz, 1), source),

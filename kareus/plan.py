@@ -130,6 +130,12 @@ class InstructionPlan:
     @staticmethod
     def make(clock_mhz: float, nanobatched: bool = False,
              schedules: Mapping[str, PartitionSchedule] | None = None) -> "InstructionPlan":
+        """The plan; ``schedules`` is keyed by the partitions' :attr:`~kareus.graph.Partition.key`
+        strings (:class:`PlanError` for another key)."""
+        bad = next((k for k in (schedules or {}) if not isinstance(k, str)), None)
+        if bad is not None:
+            raise PlanError(f"a partition schedule's key must be its partition's key string "
+                            f"(Partition.key), not a {type(bad).__name__}")
         return InstructionPlan(float(clock_mhz), nanobatched,
                                tuple(sorted((schedules or {}).items())))
 
@@ -259,6 +265,10 @@ class IterationPlan:
         if not isinstance(self.instructions, Mapping):
             raise PlanError(f"instructions must map Instruction to InstructionPlan, got "
                             f"{type(self.instructions).__name__}")
+        bad = next((k for k in self.instructions if not isinstance(k, Instruction)), None)
+        if bad is not None:
+            raise PlanError(f"a plan's keys must be kareus.graph.Instruction (stage, microbatch, "
+                            f"direction; graph.schedule() lists them), not {bad!r}")
         order = [ins for seq in graph.schedule().values() for ins in seq]
         missing = [ins for ins in order if ins not in self.instructions]
         if missing:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -364,12 +365,21 @@ class OptimizerEntry(Protocol):
         ...
 
 
+#: What an optimizer's name may be: it names the optimizer's result files (``cells/NAME.json``).
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+
+
 def registered_optimizers() -> dict[str, OptimizerEntry]:
     """Entry points registered under :data:`ENTRY_POINT_GROUP`, by name (sorted); not loaded.
     Raises :class:`InputError` where two installed packages register one name for different
-    classes (which one ran would depend on the install order)."""
+    classes (which one ran would depend on the install order), or a name is not a
+    :data:`PLAIN_NAME`."""
     found: dict[str, OptimizerEntry] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if not PLAIN_NAME.fullmatch(ep.name):
+            raise InputError(f"optimizer name {ep.name!r} (registered by {ep.value}) is not a "
+                             "plain name (letters, digits, '.', '_' and '-', not starting with "
+                             "'.'): result files are named after it; rename it")
         if ep.name in found and found[ep.name].value != ep.value:
             raise InputError(f"optimizer name {ep.name!r} is registered twice, by "
                              f"{found[ep.name].value} and {ep.value}; rename or uninstall one")
@@ -399,7 +409,7 @@ def _optimizer_class(name: str) -> Callable[..., object]:
         raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
     try:
         return eps[name].load()
-    except Exception as e:  # noqa: BLE001 - whatever the plugin's import raises
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the plugin's import raises
         raise PluginError(f"plugin {name!r} ({eps[name].value}) cannot be loaded: "
                           f"{type(e).__name__}: {e}".splitlines()[0]) from e
 
@@ -413,7 +423,7 @@ def nanobatched_only(name: str) -> bool:
         return bool(getattr(_optimizer_class(name), "nanobatched_only", False))
     except InputError:
         raise
-    except Exception:  # noqa: BLE001 - a broken plugin
+    except (Exception, SystemExit):  # noqa: BLE001 - a broken plugin
         return False
 
 

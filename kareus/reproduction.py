@@ -103,7 +103,7 @@ def _print_tables(summary: dict) -> None:
 @click.option("--out", default=None,
               help="Output folder [results/<workload or suite>, beside reproduce.py in a source "
                    "checkout, else in the current folder].")
-@click.option("--seed", default=0, show_default=True, type=int,
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Random seed of the optimizers' searches (Kareus's nsga2 and surrogate).")
 @click.option("--force", is_flag=True, help="Recompute cells that already finished.")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,

@@ -395,3 +395,76 @@ def test_a_sequence_past_the_learned_positions_is_warned_about(capsys):
         "run it (the simulator does, as if its table were longer)"]
     code, out, _ = run(capsys, "simulate", "-w", "llama3.2-3b", "--seq", "8192", "--json")
     assert code == 0 and json.loads(out)["position_warnings"] == []  # RoPE sets no table
+
+
+def test_a_clock_step_that_makes_a_billion_clocks_is_refused(capsys, tmp_path, monkeypatch):
+    """Every optimizer sweeps the clock grid: a step of 1e-6 MHz would make 1.5 billion clocks
+    (24 GB, minutes) from a file that otherwise looks right."""
+    from kareus.hardware.presets import BUILTIN_DIR
+
+    raw = json.loads((BUILTIN_DIR / "a40.json").read_text())
+    raw["name"] = "tiny-steps"
+    raw["compute"]["clock_step_mhz"]["value"] = 1e-6
+    (tmp_path / "tiny-steps.json").write_text(json.dumps(raw))
+    monkeypatch.setenv("KAREUS_GPU_DIR", str(tmp_path))
+    code, _, err = run(capsys, "simulate", "-w", "gpt3-xl", "--gpu", "tiny-steps")
+    one_line_2(code, err, "1,530,000,001 lockable clocks")
+
+
+def test_a_negative_seed_is_refused_before_any_cell(capsys, tmp_path):
+    code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "kareus", "--seed", "-1")
+    one_line_2(code, err, "--seed")
+    assert reproduction.main(["-w", "gpt3-xl", "--seed", "-1", "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
+
+
+def test_names_too_long_for_the_system_are_refused_in_one_line(capsys, tmp_path):
+    long = "x" * 300
+    for args, fragment in ((["simulate", "-w", long], "File name too long"),
+                           (["frontier", "-w", "gpt3-xl", "-o", "megatron", "--export",
+                             str(tmp_path / long)], "--export"),
+                           (["perseus", "--profile", str(tmp_path / long), "--stages", "2",
+                             "--microbatches", "4", "--p-static", "80"], "File name too long")):
+        code, _, err = run(capsys, *args)
+        one_line_2(code, err, fragment)
+    assert reproduction.main(["-w", "gpt3-xl", "--out", str(tmp_path / long)]) == 2
+
+
+def test_an_export_over_a_folder_of_the_same_name_writes_nothing(capsys, tmp_path):
+    (tmp_path / "schedules.json").mkdir()
+    code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "megatron", "--export",
+                       str(tmp_path))
+    one_line_2(code, err, "schedules.json there is a folder")
+    assert [p.name for p in tmp_path.iterdir()] == ["schedules.json"]
+
+
+@pytest.mark.parametrize("optimizer, args, fragment", [
+    ("envpipe", ["--microbatches", "100000"], "(EnvPipe: about"),
+    ("perseus", ["--solver", "exact", "--microbatches", "5000"], "--solver exact: 2 stages"),
+])
+def test_a_whole_dag_procedure_past_its_size_is_refused(capsys, optimizer, args, fragment):
+    """As the profile commands do: their work grows with the square of the pipeline's pairs."""
+    code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", optimizer, "--pp", "2",
+                       "--tp", "8", "--mbs", "1", *args)
+    one_line_2(code, err, fragment)
+
+
+def test_a_hugging_face_config_without_kv_heads_gets_transformers_default(capsys, tmp_path):
+    """transformers' Qwen2 config gives 32 KV heads when the file gives none; the refusal says
+    where the 32 comes from."""
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 16,
+        "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 2816}))
+    code, _, err = run(capsys, "simulate", "-w", str(tmp_path))
+    one_line_2(code, err, "gives no num_key_value_heads, and transformers' qwen2 default, 32")
+
+
+def test_a_partition_config_past_int64_is_named_as_written(capsys, tmp_path):
+    spec = artifact_or_skip("attention_partition/spec.json")
+    configs = tmp_path / "configs.csv"
+    configs.write_text("overlap_start,overlap_end,comm_sm_number,comm_block_size\n"
+                       "0,6,9,99999999999999999999\n")
+    code, _, err = run(capsys, "partition", "--spec", str(spec),
+                       "--configs", str(configs), "--gpu", "a100-sxm4-40gb", "--clock", "1200")
+    one_line_2(code, err, "comm_block_size 99999999999999999999 is out of range")

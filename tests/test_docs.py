@@ -8,6 +8,7 @@ after new results, rerun the renderer and commit.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,18 @@ def test_the_renderer_s_command_line_asks_before_it_writes(capsys, monkeypatch):
     assert docs_render.main(["--chek"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--chek" in err
+
+
+def test_the_per_instruction_plan_example_in_the_architecture_doc_runs() -> None:
+    """docs/architecture.md's worked example builds a plan that validates on a nanobatched job."""
+    from kareus.suite.problem import make_problem
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S)
+                 if "PartitionSchedule(" in b)
+    namespace: dict = {}
+    exec(textwrap.dedent(block), namespace)
+    problem = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=4, pp=2, mbs=2, microbatches=4)
+    (plan,) = namespace["optimize"](None, problem)
+    plan.validate(problem.graph, problem.gpu)
+    assert problem.backend.evaluate_plan(problem.graph, plan).time_s > 0

@@ -128,6 +128,36 @@ def test_gradient_buckets_count_a_rank_s_own_parameters():
         assert build_iteration_graph(w).grad_buckets == {0: buckets, 1: buckets}
 
 
+def test_context_parallel_ranks_reduce_their_gradients_with_the_data_parallel_ones():
+    """Megatron-LM reduces gradients over DP x CP (each CP rank's come from its share of the
+    sequence): CP4 alone syncs as DP4 does, over the same 4 ranks two nodes apart, and the
+    distributed optimizer shards its step over all of them."""
+    cp = build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=4, pp=1, dp=1))
+    dp = build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=1, pp=1, dp=4, mbs=2))
+    a, b = cp.stage_tail[0][0].comm, dp.stage_tail[0][0].comm
+    assert (a.name, a.group, a.nodes, a.ranks_per_node, a.bytes) == \
+        (b.name, b.group, b.nodes, b.ranks_per_node, b.bytes) == \
+        ("dp_allreduce_grads", 4, 2, 2, a.bytes)
+    both = make_workload("llama3.2-3b", tp=4, cp=2, pp=1, dp=2, distributed_optimizer=True)
+    alone = make_workload("llama3.2-3b", tp=4, cp=1, pp=1, dp=4, mbs=2, distributed_optimizer=True)
+    step = [build_iteration_graph(w).stage_tail[0][1].compute[0] for w in (both, alone)]
+    assert step[0].bytes == pytest.approx(step[1].bytes)
+    assert both.memory_estimate_bytes()[0] < make_workload(
+        "llama3.2-3b", tp=4, cp=2, pp=1, dp=1, distributed_optimizer=True
+    ).memory_estimate_bytes()[0]
+
+
+@pytest.mark.parametrize("model", ["qwen3-1.7b", "llama3.2-3b", "gpt3-xl"])
+def test_tied_embeddings_on_one_stage_are_one_matrix(model):
+    """With the embedding and the output layer on one stage, a tied model holds, synchronises
+    and steps its vocabulary matrix once: the stage's parameters times TP are the model's."""
+    w = make_workload(model, tp=8 if model != "gpt3-xl" else 4, pp=1, dp=2)
+    m = w.model
+    assert m.tied_embeddings
+    # the model's count adds the final norm, which the layers' share leaves out
+    assert w.stage_params(0) * w.parallel.tp == pytest.approx(m.total_params() - m.hidden)
+
+
 def test_odd_micro_batches_run_sequential_plans_only():
     w = make_workload("llama3.2-3b", mbs=3)
     assert _time(w).energy.time_s > 0

@@ -197,3 +197,14 @@ def test_everyone_calls_the_one_validation(graph, a100, sim):
         with pytest.raises(PlanError) as e2:
             sim.evaluate_plan(graph, plan)
         assert fragment in str(e2.value), name
+
+
+def test_keys_of_the_wrong_kind_are_named_in_one_line(graph, a100):
+    """A plugin author's likely slips: partitions, not their key strings, as schedule keys; an
+    instruction type (stage, direction), not an Instruction, as a plan key."""
+    parts = graph.instruction_graphs[(0, "forward")].partitions
+    with pytest.raises(PlanError, match="Partition.key"):
+        InstructionPlan.make(1410.0, True, {p: PartitionSchedule() for p in parts})
+    plan = IterationPlan({(0, "forward"): InstructionPlan.make(1410.0)})
+    with pytest.raises(PlanError, match=r"must be kareus.graph.Instruction .*\(0, 'forward'\)"):
+        plan.validate(graph, a100)

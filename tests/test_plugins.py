@@ -522,3 +522,30 @@ def test_when_every_optimizer_fails_the_message_names_the_workload(broken_plugin
     err = capsys.readouterr().err
     assert code == 1
     assert "first: constructor-raises on gpt3-xl: " in err and "on some_folder" not in err
+
+
+@pytest.mark.parametrize("name", ["../../escape", "sub/dir", ".hidden", "a b"])
+def test_a_name_that_is_not_a_plain_file_name_is_refused(monkeypatch, name):
+    """Results are files named after the optimizer: a name could write outside --out."""
+    from importlib.metadata import EntryPoint
+
+    eps = [EntryPoint(name, "evil:Gen", plugins.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: eps)
+    with pytest.raises(InputError, match="is not a plain name"):
+        plugins.registered_optimizers()
+
+
+def test_a_plugin_that_exits_on_import_fails_alone(monkeypatch):
+    """sys.exit() in a plugin's module is its fault (exit 1), not the run's exit status."""
+    from importlib.metadata import EntryPoint
+
+    class Exits(EntryPoint):
+        def load(self):
+            raise SystemExit(5)
+
+    eps = [EntryPoint("megatron", "baselines.megatron:Megatron", plugins.ENTRY_POINT_GROUP),
+           Exits("exits", "gone:Gone", plugins.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: eps)
+    with pytest.raises(PluginError, match="cannot be loaded: SystemExit: 5"):
+        plugins.load_optimizer("exits")
+    assert plugins.nanobatched_only("exits") is False

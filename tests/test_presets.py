@@ -193,6 +193,25 @@ def test_calibrate_profile_above_the_knee_leaves_the_voltage_curve_in_the_preset
     assert "kept from the preset, not fitted: knee_mhz, v_ratio" in capsys.readouterr().out
 
 
+def test_calibrate_profile_does_not_write_a_fit_that_misses_the_profile(user_dir, capsys,
+                                                                          tmp_path):
+    """A profile whose time rises with the clock and whose energy falls (columns swapped, say)
+    follows no GPU's law: the fit misses it, and `--write-preset` refuses to write that fit."""
+    from tests.test_calibration import synthetic_profile
+
+    _copy("a100-sxm4-40gb", "my-a100", user_dir)
+    P.reload_presets()
+    before = (user_dir / "my-a100.json").read_text()
+    good = synthetic_profile(P.get_preset("my-a100"), 855)
+    inverted = good.assign(time=good.energy / 300.0, energy=good.time * 300.0)
+    inverted.to_csv(profile := tmp_path / "inverted.csv", index=False)
+    assert main(["calibrate", "--profile", str(profile), "--gpu", "my-a100",
+                 "--write-preset"]) == 2
+    err = capsys.readouterr().err
+    assert "--write-preset: the fit misses" in err and len(err.strip().splitlines()) == 1
+    assert (user_dir / "my-a100.json").read_text() == before
+
+
 # --- The shared file: the host's and the framework's values, once ------------------------------
 
 SHARED_FIELDS = ("host_eager_op_s", "host_issue_call_s", "iteration_host_fraction",

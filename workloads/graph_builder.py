@@ -661,23 +661,12 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     return tuple(segs)
 
 
-def stage_params(w: Workload, stage: int, layers: int) -> float:
-    """Parameters one GPU of ``stage`` holds (its 1/TP share of its layers, the embedding on the
-    first stage, the output layer on the last)."""
-    m, p = w.model, w.parallel
-    params = layers * m.layer_params() / p.tp
-    if stage == 0:
-        params += m.embedding_params() / p.tp
-    if stage == p.pp - 1:
-        params += m.vocab * m.hidden / p.tp
-    return params
-
-
-def _stage_tail(w: Workload, stage: int, layers: int) -> tuple[Segment, ...]:
+def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
     """What a stage runs after its last backward: the data-parallel gradient synchronisation
     still exposed and the optimizer step, as Megatron-LM runs them.
 
-    - Gradients (:data:`~workloads.parallel.GRAD_BYTES` per element) are all-reduced over DP, or
+    - Gradients (:data:`~workloads.parallel.GRAD_BYTES` per element) are all-reduced over the
+      ranks that hold the same parameters (DP x CP, :attr:`ParallelConfig.grad_sync_ranks`), or
       reduce-scattered with the distributed optimizer, which all-gathers the updated
       parameters after its step.
     - Without ``overlap_grad_reduce`` the reduction runs whole after the last backward. With it,
@@ -685,23 +674,26 @@ def _stage_tail(w: Workload, stage: int, layers: int) -> tuple[Segment, ...]:
       in the simulator decides how much stays exposed); the tail keeps the collective with the
       bucket count in its name so the backend can tell.
     - Adam reads the gradient, master weight and two moments and writes them back with the
-      working-precision weight, on this rank's shard (1/DP with the distributed optimizer).
+      working-precision weight, on this rank's shard (1/(DP x CP) with the distributed
+      optimizer).
     """
     p = w.parallel
-    params = stage_params(w, stage, layers)
-    shard = params / p.dp if p.distributed_optimizer else params
+    ranks = p.grad_sync_ranks
+    params = w.stage_params(stage)
+    shard = params / ranks if p.distributed_optimizer else params
     grad_b = GRAD_BYTES[p.precision]
     master = 0 if p.precision in ("fp32", "tf32") else 4
     step = memory_op("optimizer_step", shard * (grad_b + 2 * master + 4 * 4 + p.element_bytes),
                      flops=12.0 * shard)
-    if p.dp == 1:
+    if ranks == 1:
         return (Segment(label_slots([step]), None),)
-    place = p.group_placement(p.dp, p.tp * p.cp)
+    place = p.group_placement(ranks, p.tp)
     if p.distributed_optimizer:
-        sync = _comm("dp_reducescatter_grads", "reduce_scatter", grad_b * params, p.dp, place)
-        gather = _comm("dp_allgather_params", "all_gather", p.element_bytes * params, p.dp, place)
+        sync = _comm("dp_reducescatter_grads", "reduce_scatter", grad_b * params, ranks, place)
+        gather = _comm("dp_allgather_params", "all_gather", p.element_bytes * params, ranks,
+                       place)
         return (Segment((), sync), Segment(label_slots([step]), gather))
-    sync = _comm("dp_allreduce_grads", "all_reduce", grad_b * params, p.dp, place)
+    sync = _comm("dp_allreduce_grads", "all_reduce", grad_b * params, ranks, place)
     return (Segment((), sync), Segment(label_slots([step]), None))
 
 
@@ -736,15 +728,15 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                                                          * m.hidden), 2,
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
         across = p.stage_boundaries_across_nodes()
-    tails = {s: _stage_tail(w, s, n) for s, n in enumerate(w.stage_layers())}
-    buckets = {s: max(1, math.ceil(stage_params(w, s, n) / grad_bucket_params(p.dp)))
-               if p.overlap_grad_reduce else 1 for s, n in enumerate(w.stage_layers())}
+    tails = {s: _stage_tail(w, s) for s in range(p.pp)}
+    buckets = {s: max(1, math.ceil(w.stage_params(s) / grad_bucket_params(p.grad_sync_ranks)))
+               if p.overlap_grad_reduce else 1 for s in range(p.pp)}
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,
         p2p_across_nodes=across,
         stage_tail=tails, model_flops=model_flops(w),
-        overlap_grad_reduce=p.overlap_grad_reduce and p.dp > 1, grad_buckets=buckets,
+        overlap_grad_reduce=p.overlap_grad_reduce and p.grad_sync_ranks > 1, grad_buckets=buckets,
         nanobatch_refusal=p.nanobatch_refusal, job=w.to_dict(),
     )
 

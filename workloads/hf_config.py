@@ -21,7 +21,9 @@ use. Supported are dense decoder-only families:
   the layer is costed and built as the sequential pre-norm block, which has the same matrices.
 
 ``head_dim`` is the config's when it gives one, else ``hidden_size / num_attention_heads``;
-``num_key_value_heads`` defaults to the number of heads (no GQA).
+``num_key_value_heads`` is what transformers' config class gives when the file omits it (the
+model transformers would build): the number of heads for Llama and GPT families (no GQA), the
+class's own default for others (Mistral 8, Qwen2 and Qwen3 32).
 
 Default sequence length (``native_seq``): ``min(max_position_embeddings, 4096)``, i.e. the
 model's context when it is short (GPT-2: 1024) and 4096 otherwise (Llama 3.2 3B: 131072 -> 4096,
@@ -81,20 +83,25 @@ def looks_like_path(name: str) -> bool:
     """Whether ``name`` (not a built-in model) names a file or folder rather than a model."""
     if not name.strip():
         return False  # an empty name names nothing (not the current folder)
-    return os.sep in name or "/" in name or name.endswith(".json") or Path(name).exists()
+    if os.sep in name or "/" in name or name.endswith(".json"):
+        return True
+    try:
+        return Path(name).exists()
+    except OSError:  # a name too long to look up can only have been meant as a path
+        return True
 
 
 def config_file(path: str | os.PathLike[str]) -> Path:
     """The ``config.json`` that ``path`` names (itself, or the one in the folder ``path``)."""
     p = Path(path).expanduser()
-    if p.is_dir():
+    why = file_problem(p)
+    if why == "is a folder, not a file":
         why = file_problem(p / "config.json")
         if why == "does not exist":
             raise WorkloadError(f"folder {path} holds no config.json")
         if why is not None:
             raise WorkloadError(f"{p / 'config.json'} {why}")
         return p / "config.json"
-    why = file_problem(p)
     if why is not None:
         raise WorkloadError(f"config file {path} {why}")
     return p
@@ -275,6 +282,9 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
     family = cfg.model_type
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    if "num_key_value_heads" not in raw and heads % kv_heads:
+        raise WorkloadError(f"{file}: gives no num_key_value_heads, and transformers' {family} "
+                            f"default, {kv_heads}, does not divide its {heads} attention heads")
     head_dim = getattr(cfg, "head_dim", None) if raw.get("head_dim") is not None else None
     if head_dim is None:
         if hidden % heads:

@@ -46,15 +46,15 @@ ELEMENT_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 #: reduces fp16 gradients by default; fp32 / tf32 train in fp32.
 GRAD_BYTES: dict[str, int] = {"bf16": 4, "fp16": 2, "tf32": 4, "fp32": 4}
 #: Parameters per gradient bucket with ``overlap_grad_reduce``: Megatron-core's default
-#: ``bucket_size``, ``max(40 M, 1 M x DP)`` of the rank's own (TP-sharded) parameters
-#: (``DistributedDataParallel``; :func:`grad_bucket_params`).
+#: ``bucket_size``, ``max(40 M, 1 M x DP)`` of the rank's own (TP-sharded) parameters, DP counting
+#: the context-parallel ranks too (``DistributedDataParallel``; :func:`grad_bucket_params`).
 GRAD_BUCKET_PARAMS = 40_000_000
 GRAD_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
 
 def grad_bucket_params(dp: int) -> int:
-    """Parameters of one gradient bucket on a rank of a ``dp``-way data-parallel group
-    (Megatron-core's default ``bucket_size``)."""
+    """Parameters of one gradient bucket on a rank of a ``dp``-way gradient-reducing group
+    (:attr:`ParallelConfig.grad_sync_ranks`; Megatron-core's default ``bucket_size``)."""
     return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp)
 #: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP with the
 #: distributed optimizer); mixed precision keeps the master copy, fp32 training does not.
@@ -185,6 +185,14 @@ class ParallelConfig:
         g, n = self.gpus_per_stage, self.gpus_per_node
         return tuple((b * g) % n + 2 * g > n for b in range(self.pp - 1))
 
+    @property
+    def grad_sync_ranks(self) -> int:
+        """Ranks that hold the same parameters and reduce their gradients together:
+        Megatron-LM's data-parallel group with context parallelism (DP x CP; each CP rank's
+        weight gradients come from its own share of the sequence). The distributed optimizer
+        shards over it."""
+        return self.dp * self.cp
+
     def group_placement(self, size: int, stride: int) -> tuple[int, int]:
         """``(nodes, ranks_per_node)`` of a group of ``size`` ranks ``stride`` apart under
         Megatron-LM's placement (TP innermost, then CP, DP, PP; ``gpus_per_node`` consecutive
@@ -240,6 +248,18 @@ class Workload:
         return Workload(model=construct(ModelSpec, d["model"]),  # type: ignore[arg-type]
                         parallel=construct(ParallelConfig, par), name=name)
 
+    def stage_params(self, stage: int) -> float:
+        """Parameters one GPU of ``stage`` holds: its 1/TP share of its layers, the embedding on
+        the first stage and the output layer on the last (one matrix with the embedding when
+        they are tied and one stage holds both)."""
+        m, p = self.model, self.parallel
+        params = self.stage_layers()[stage] * m.layer_params() / p.tp
+        if stage == 0:
+            params += m.embedding_params() / p.tp
+        if stage == p.pp - 1 and (not m.tied_embeddings or p.pp > 1):
+            params += m.vocab * m.hidden / p.tp
+        return params
+
     def stage_layers(self) -> tuple[int, ...]:
         """Transformer layers per pipeline stage.
 
@@ -291,12 +311,9 @@ class Workload:
         tokens = p.tokens_per_gpu
         out: dict[int, float] = {}
         for s, n in enumerate(layers):
-            params = n * m.layer_params() / p.tp
-            if s == 0:
-                params += m.embedding_params() / p.tp
-            if s == p.pp - 1 and (not m.tied_embeddings or p.pp > 1):
-                params += m.vocab * m.hidden / p.tp
-            optimizer = _OPTIMIZER_BYTES[p.precision] / (p.dp if p.distributed_optimizer else 1)
+            params = self.stage_params(s)
+            optimizer = _OPTIMIZER_BYTES[p.precision] / (p.grad_sync_ranks
+                                                         if p.distributed_optimizer else 1)
             states = params * (p.element_bytes + GRAD_BYTES[p.precision] + optimizer)
             in_flight = min(p.pp - s, p.microbatches)
             eb = p.element_bytes

@@ -99,6 +99,11 @@ def _shown(value: object) -> str:
     return repr(item() if callable(item) else value)
 
 
+#: Larger than any window index, SM count or block size, small enough for int64 (the range
+#: checks below name the real limits).
+_MAX_CONFIG_VALUE = 2**31
+
+
 def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads: int,
              op_names: Sequence[str] = ()) -> PartitionConfigs:
     missing = [c for c in CONFIG_COLUMNS if c not in df.columns]
@@ -109,13 +114,18 @@ def _configs(df: pd.DataFrame, path: str, n_ops: int, max_sms: int, max_threads:
         raise SweepError(f"{path}: no rows")
     cols = {}
     for c in CONFIG_COLUMNS:
-        v = pd.to_numeric(df[c], errors="coerce")
-        bad = ~np.isfinite(v.to_numpy(dtype=float)) | (v.to_numpy(dtype=float) % 1 != 0)
+        v = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(v) | (v % 1 != 0)
         if bad.any():
             row = int(np.flatnonzero(bad)[0]) + 2
             raise SweepError(f"{path}: row {row}: {c} must be an integer, got "
                              f"{_shown(df[c].iloc[row - 2])}")
-        cols[c] = v.to_numpy(dtype=np.int64)
+        huge = np.abs(v) > _MAX_CONFIG_VALUE
+        if huge.any():  # every valid value is small; a huge one would wrap in int64
+            row = int(np.flatnonzero(huge)[0]) + 2
+            raise SweepError(f"{path}: row {row}: {c} {_shown(df[c].iloc[row - 2])} is out of "
+                             "range")
+        cols[c] = v.astype(np.int64)
     s, e = cols["overlap_start"], cols["overlap_end"]
     k, b = cols["comm_sm_number"], cols["comm_block_size"]
     for i in range(len(df)):

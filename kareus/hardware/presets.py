@@ -447,6 +447,10 @@ def _parse(path: Path, raw: object, shared: Shared | None = None
     return preset, factors
 
 
+#: The most clock steps a preset's range may hold: every optimizer sweeps the grid, and real GPUs
+#: have about a hundred lockable clocks (A100: 81 from 210 to 1410 MHz in 15 MHz steps).
+MAX_CLOCK_STEPS = 10_000
+
 #: Preset fields that must be above zero: a GPU without SMs, clocks, memory, bandwidth or a power
 #: budget, or a kernel class without efficiency, cannot run anything.
 _POSITIVE_FIELDS = (
@@ -485,6 +489,10 @@ def physical_problem(preset: GPUPreset) -> str:
     if abs(steps - round(steps)) > 1e-6:
         return (f"clock_max_mhz {preset.clock_max_mhz:g} is not clock_min_mhz "
                 f"{preset.clock_min_mhz:g} plus whole {preset.clock_step_mhz:g} MHz steps")
+    if steps > MAX_CLOCK_STEPS:
+        return (f"clock_step_mhz {preset.clock_step_mhz:g} makes {round(steps) + 1:,} lockable "
+                f"clocks from {preset.clock_min_mhz:g} to {preset.clock_max_mhz:g} MHz; at most "
+                f"{MAX_CLOCK_STEPS + 1:,} (GPUs step by about 15 MHz)")
     if preset.static_power_w >= preset.power_limit_w:
         return (f"static power {preset.static_power_w:g} W is not below the power limit "
                 f"{preset.power_limit_w:g} W")

@@ -47,7 +47,7 @@ def load_profile(path: str | Path) -> pd.DataFrame:
     why = file_problem(path)
     if why is not None:
         raise ProfileError(f"profile {str(path)!r} "
-                           f"{'is a folder, not a CSV file' if path.is_dir() else why}")
+                           f"{'is a folder, not a CSV file' if why.startswith('is a folder') else why}")
     try:
         df = pd.read_csv(path, skipinitialspace=True)
     except pd.errors.EmptyDataError:

@@ -28,6 +28,7 @@ from kareus.methods.tradeoff import (
     solver_span,
     time_unit,
     unit_problem,
+    whole_dag_problem,
 )
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import OptimizerSettings, require
@@ -108,6 +109,10 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     why = unit_problem(unit, [o.time_s for opts in options.values() for o in opts], exact=not fast)
     if why:
         raise JobRefused(f"--set unit_ms={settings.unit_ms:g}: {why}")
+    too_long = "" if fast else whole_dag_problem(graph.stages, graph.microbatches,
+                                                 "the exact solve")
+    if too_long:
+        raise JobRefused(f"--solver exact: {too_long}; the fast solver folds long pipelines")
     solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
     span = solver_span(options, graph.stages, solved, p2p)
     if fast:

@@ -583,6 +583,27 @@ def plan_budget(instructions: int) -> int:
 
 #: Solver steps the fast solver's time unit keeps a solve under (see time_unit).
 MAX_STEPS = 8000
+
+#: Most (microbatch, stage) pairs a procedure over the whole 1F1B DAG accepts (Perseus's exact
+#: solve, EnvPipe): it takes a step per time unit (or per clock raised), each over the whole DAG,
+#: so its work grows with the square of the pairs.
+MAX_WHOLE_DAG_SLOTS = 8192
+#: Measured reference for the estimate in the refusal: the exact solve of the published
+#: gpt3-175b A100 profile, 8 stages x 12 microbatches at 1 ms, took about 4 s (one core).
+REFERENCE_SLOTS, REFERENCE_SOLVE_S = 96, 4.0
+
+
+def whole_dag_problem(stages: int, microbatches: int, what: str) -> str:
+    """Why ``what`` (e.g. "Perseus's exact solve") cannot run over the whole DAG of ``stages``
+    x ``microbatches`` pairs in reasonable time ("" when it can): more than
+    :data:`MAX_WHOLE_DAG_SLOTS`, with an estimate of its time (h)."""
+    slots = stages * microbatches
+    if slots <= MAX_WHOLE_DAG_SLOTS:
+        return ""
+    hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600
+    return (f"{stages} stages x {microbatches} microbatches = {slots:,} (microbatch, stage) "
+            f"pairs; the solve's work grows with their square ({what}: about {hours:,.0f} h "
+            f"here); at most {MAX_WHOLE_DAG_SLOTS:,}")
 #: Most time units the slowest instruction may span in an exact solve (Perseus's): it trades
 #: iteration time one unit per step, so its work grows as the unit shrinks (on the shared GPT-3
 #: 175B A100 profile, whose slowest instruction takes 150 ms: 2.8 s at 1 ms, 48 s at 0.03 ms).

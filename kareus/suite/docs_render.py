@@ -285,6 +285,39 @@ def render_locked_clocks(root: Path) -> str:
             f"points |\n")
 
 
+#: How the power-curve table names the GPUs and the profiles' models.
+_SHORT_NAMES = {"a100-sxm4-80gb": "A100", "a40": "A40", "gpt3-175b": "GPT-3", "bloom": "Bloom"}
+
+
+def render_power_curves(root: Path) -> str:
+    """The SM power curve fitted on one Perseus profile and its hold-out on the other model, for
+    the earlier law (*before*) and the current one (*after*), from results/fidelity/summary.json's
+    ``power-curves`` entry (``benchmarks/calibration.py --write``)."""
+    v = _fidelity(root).get("power-curves")
+    if not v:
+        return ("Not recorded yet: run `python benchmarks/calibration.py --write "
+                "results/fidelity/summary.json`.\n")
+    by = {(r["gpu"], r["fit"], r["test"], r["law"]): r for r in v["rows"]}
+    rows = ["| GPU | fit → predict | fitted (current law): knee, V ratio, ceiling, cap | time "
+            "before | time after | energy before | energy after |",
+            "|---|---|---|---|---|---|---|"]
+
+    def pair(r: dict, what: str) -> str:
+        return f"{r[f'hold_{what}_mape_pct']:.2f} / {r[f'hold_{what}_max_pct']:.2f}"
+
+    for (gpu, fit, test, law), after in by.items():
+        before = by.get((gpu, fit, test, "before"))
+        if law != "after" or before is None:
+            continue
+        name = _SHORT_NAMES.get
+        fitted = (f"{after['knee_mhz']:.0f} MHz, {after['v_ratio']:.3f}, "
+                  f"{after['ceiling_mhz']:.0f} MHz, {after['cap_w']:.0f} W")
+        rows.append(f"| {name(gpu, gpu)} | {name(fit, fit)} → {name(test, test)} | {fitted} | "
+                    f"{pair(before, 'time')} | {pair(after, 'time')} | "
+                    f"{pair(before, 'energy')} | {pair(after, 'energy')} |")
+    return "\n".join(rows) + f"\n\nMeasured {v['date']}, `{v['command']}`.\n"
+
+
 def render_megatron_scaling(root: Path) -> str:
     """The Megatron-LM paper's published weak scaling against the simulator, model by model, from
     results/fidelity/summary.json."""
@@ -414,6 +447,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "power-limits": render_power_limits,
     "locked-clocks": render_locked_clocks,
     "megatron-scaling": render_megatron_scaling,
+    "power-curves": render_power_curves,
 }
 
 

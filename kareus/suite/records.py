@@ -27,14 +27,19 @@ class Choice:
 
 def frontier_object(*, workload: str, optimizer: str, backend: str, gpu: str, num_gpus: int,
                     gpus_per_stage: int, points: Sequence[Point], **extra: object) -> dict:
-    """The contract's frontier-like object: points sorted by time, and the fastest point."""
+    """The contract's frontier-like object: points sorted by time, each with its ``plan_id`` (the
+    index of its plan among those the optimizer returned), and the fastest point."""
     ordered = sorted(points, key=lambda p: (p.time_s, p.energy_j))
+
+    def entry(p: Point) -> dict[str, object]:
+        return {**p.to_dict(), "plan_id": p.plan_id}
+
     obj: dict[str, object] = {
         "workload": workload, "optimizer": optimizer, "backend": backend, "gpu": gpu,
         "num_gpus": num_gpus, "gpus_per_stage": gpus_per_stage,
-        "points": [p.to_dict() for p in ordered],
-        "max_throughput": ordered[fastest([p.time_s for p in ordered],
-                                          [p.energy_j for p in ordered])].to_dict()
+        "points": [entry(p) for p in ordered],
+        "max_throughput": entry(ordered[fastest([p.time_s for p in ordered],
+                                                [p.energy_j for p in ordered])])
         if ordered else None,
     }
     obj.update(extra)

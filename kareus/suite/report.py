@@ -89,15 +89,18 @@ REFERENCES = {"max_throughput_vs_megatron": "megatron", "frontier_vs_perseus": "
 
 
 def na_reason(summary: Mapping, block: str, name: str) -> str:
-    """Why ``name`` has no value in comparison ``block``: the method did not run or failed, its
-    reference (Megatron-LM, Perseus) did not run or failed, or no point of the method reaches
-    the reference's time or energy ("not attainable")."""
+    """Why ``name`` has no value in comparison ``block``: the method did not run, failed or
+    refused the job, its reference (Megatron-LM, Perseus) did not run, failed or refused, or no
+    point of the method reaches the reference's time or energy ("not attainable")."""
     from kareus.suite.style import method_style
 
     def state(n: str) -> str | None:
         obj = summary["optimizers"].get(n)
-        return "not run" if obj is None or obj["status"] == "missing" else \
-            "failed" if obj["status"] != "ok" else None
+        if obj is None or obj["status"] == "missing":
+            return "not run"
+        if obj["status"] != "ok":
+            return "refused" if obj.get("refused") else "failed"
+        return None
 
     ref = REFERENCES[block]
     if state(name):
@@ -164,9 +167,11 @@ def comparison_markdown(summary: Mapping) -> str:
         "method's points using no more energy. " + NA_NOTE + ".", "",
         frontier_table(summary).to_markdown(index=False, disable_numparse=True), "",
     ]
-    failed = {n: o["error"] for n, o in summary["optimizers"].items() if o["status"] != "ok"}
+    failed = {n: o for n, o in summary["optimizers"].items() if o["status"] != "ok"}
     if failed:
-        lines += ["## Failed optimizers", ""] + [f"- `{n}`: {e}" for n, e in failed.items()] + [""]
+        lines += ["## Failed or refused optimizers", ""] + [
+            f"- `{n}`{' (refused the job)' if o.get('refused') else ''}: {o['error']}"
+            for n, o in failed.items()] + [""]
     made = sorted({(o["made_by"].get("suite"), o["made_by"].get("git_commit"))
                    for o in summary["optimizers"].values() if o.get("made_by")},
                   key=lambda m: (str(m[0]), str(m[1])))
@@ -517,7 +522,7 @@ def _headline_lines(fr_: pd.DataFrame, headlines: Mapping[str, float]) -> list[s
     k_energy = [v for v in fr_.get("kareus iso-energy ΔT %", []) if v == v and v is not None]
     big = fr_[fr_.config.str.startswith("llama3.3-70b")]
     lines = ["## Beside the paper's headline numbers", "",
-             "| metric | paper | this suite |", "|---|---|---|",
+             "| metric | Kareus paper (OSDI '26), measured | this suite, simulated |", "|---|---|---|",
              f"| best iso-time energy reduction vs Perseus | up to "
              f"{headlines['iso_time_energy_reduction_pct_max']} % | "
              f"{max(k_time):.1f} % |" if k_time else "",
