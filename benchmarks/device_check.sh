@@ -29,4 +29,4 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 exec timeout --signal=TERM --kill-after=20 "${DEVICE_CHECK_LIMIT_S:-480}" \
-    "$PY" -m kareus.backends.gpu.device_check --out "$OUT" "$@"
+    "$PY" -m benchmarks.device_check.phases --out "$OUT" "$@"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kareus.backends.gpu import device_check
+from benchmarks.device_check import phases as device_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_rerun_skips_finished_phases_and_only_reruns(dry_run, tmp_path):
 @pytest.mark.slow
 def test_a_killed_run_keeps_finished_phases(tmp_path):
     """The driver writes each phase's record as it ends: a run stopped after `env` keeps it."""
-    proc = subprocess.Popen([sys.executable, "-m", "kareus.backends.gpu.device_check", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.device_check.phases", "--out",
                              str(tmp_path), "--fake", "--only", "env,power"],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     for line in proc.stdout:

@@ -48,7 +48,7 @@ def snap_to_grid(mhz: float, preset: GPUPreset) -> float:
     return preset.clock_min_mhz + steps * preset.clock_step_mhz
 
 
-def _observed_clock(backend: GPUBackend, requested: float) -> float:
+def observed_clock(backend: GPUBackend, requested: float) -> float:
     """The clock a measurement ran at: the request when clocks are locked, else the mean SM clock
     sampled during the window (the request if nothing was sampled)."""
     if backend.allow_clock_control:
@@ -68,7 +68,7 @@ def measure_profile(backend: GPUBackend, workload: Workload, clocks_mhz: Sequenc
         for clock in clocks_mhz:
             cost = backend.evaluate_instruction(graph, key, InstructionPlan.make(clock,
                                                                                  nanobatched))
-            f = snap_to_grid(_observed_clock(backend, clock), backend.gpu)
+            f = snap_to_grid(observed_clock(backend, clock), backend.gpu)
             rows.append({"stage": key[0], "instruction": key[1], "frequency": int(round(f)),
                          "time": cost.time_s,
                          "energy": measured_energy(cost.dynamic_energy_j,
@@ -179,7 +179,7 @@ def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
                     continue
                 seen.add((part.key, op.name))
                 t, dyn = backend.measure_partition_op(part, i, clock_mhz)
-                obs = snap_to_grid(_observed_clock(backend, clock_mhz), backend.gpu)
+                obs = snap_to_grid(observed_clock(backend, clock_mhz), backend.gpu)
                 ts = sim.kernel_time(op, obs, backend.gpu.sms)
                 _, p_total = sim.kernel_power(op, obs)
                 rows.append(OpMeasurement(
@@ -226,7 +226,7 @@ def measure_partitions(backend: GPUBackend, workload: Workload, clocks_mhz: Sequ
         f = np.asarray(clocks_mhz, dtype=float)
         k = np.asarray(comm_sms, dtype=np.int64)
         got = backend.evaluate_partition(part, f, k, windows)
-        obs = snap_to_grid(_observed_clock(backend, float(f[0])), backend.gpu) \
+        obs = snap_to_grid(observed_clock(backend, float(f[0])), backend.gpu) \
             if not backend.allow_clock_control else None
         # the GPU backend runs a partition's executions back to back, as an iteration does: the
         # simulator's in-iteration host share, not the partition sweep's (harness) one

@@ -1,7 +1,7 @@
 """The fault test: a measuring process killed mid-measurement (SIGTERM, then SIGKILL) must leave
 what it finished intact, no partial file, its GPU memory freed and the card's settings unchanged.
 
-The child (``python -m kareus.backends.gpu.fault OUT_DIR DEVICE``) holds a buffer on the GPU and
+The child (``python -m benchmarks.device_check.fault OUT_DIR DEVICE``) holds a buffer on the GPU and
 measures GEMM windows back to back, rewriting ``OUT_DIR/windows.json`` atomically after each; the
 parent (:func:`run_fault_test`) kills it once two windows are on disk and checks the rest.
 """
@@ -100,7 +100,7 @@ def one_kill(sig: signal.Signals, folder: Path, device: str, card: WatchedCard,
     folder.mkdir(parents=True, exist_ok=True)
     mem0 = card.memory_used_bytes()
     env = {**os.environ, "KAREUS_NVML_GUARD": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "kareus.backends.gpu.fault", str(folder),
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.device_check.fault", str(folder),
                              device], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()

@@ -1,7 +1,7 @@
 """The device check: one prepared run on one lent GPU, in phases, each writing its record the
 moment it ends (run by ``benchmarks/device_check.sh``; ``--fake`` is the CPU dry run).
 
-    python -m kareus.backends.gpu.device_check --out OUTDIR [--only P,Q | --from P] [--fake]
+    python -m benchmarks.device_check.phases --out OUTDIR [--only P,Q | --from P] [--fake]
 
 Before anything else the NVML setter guard is activated and verified
 (:mod:`~kareus.backends.gpu.nvml_guard`), and the card's settings are read
@@ -15,7 +15,7 @@ pytest     ``pytest -m gpu tests/test_gpu_cuda.py`` under the guard, no clock co
 workload   gpt3-xl and llama3.2-3b, 2 layers, TP1 PP1 on the GPU backend: the iteration,
            each instruction, each op, beside the simulator at the observed clock
 contention a communication-like kernel on k SMs beside a GEMM, attention, an elementwise op
-fault      SIGTERM and SIGKILL mid-measurement (:mod:`~kareus.backends.gpu.fault`)
+fault      SIGTERM and SIGKILL mid-measurement (:mod:`~benchmarks.device_check.fault`)
 summary    per-phase status, settings after and their difference, guard attempts
 ========== ============================================================================
 
@@ -137,7 +137,7 @@ def phase_env(run: Run) -> JsonObject:
     """Versions, the card, the guard and the energy counter's update period."""
     import torch
 
-    from kareus.backends.gpu.probes import counter_update_period
+    from benchmarks.device_check.probes import counter_update_period
 
     nvml, dev = run.card.nvml, run.card.dev
 
@@ -179,7 +179,7 @@ def _zeus_version() -> str:
 
 def phase_power(run: Run) -> JsonObject:
     """Idle and spin-wait power; GEMM and HBM ceilings with their power and clock."""
-    from kareus.backends.gpu import probes
+    from benchmarks.device_check import probes
     from kareus.backends.gpu.measure import MeasureConfig
 
     c, dev, device = run.cfg, run.card.dev, run.card.device
@@ -203,7 +203,7 @@ def phase_pytest(run: Run) -> JsonObject:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=run.cfg.pytest_limit_s,
-                              cwd=Path(__file__).resolve().parents[3])
+                              cwd=Path(__file__).resolve().parents[2])
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         rc = 124
@@ -241,7 +241,7 @@ def phase_workload(run: Run) -> JsonObject:
     """Each model: the default plan's iteration, each instruction and each op at the card's
     clock, beside the simulator's h200 prediction at the clock observed."""
     from kareus.backends.base import Point
-    from kareus.backends.gpu.calibrate import _observed_clock, measure_ops, snap_to_grid
+    from kareus.backends.gpu.calibrate import observed_clock, measure_ops, snap_to_grid
     from kareus.backends.gpu.results import PlanResult
     from kareus.backends.gpu.serialize import reduced_workload
     from kareus.backends.sim import SimulatorBackend
@@ -263,7 +263,7 @@ def phase_workload(run: Run) -> JsonObject:
             g = backend.bind(w)
             plan = IterationPlan.uniform(g, preset.clock_max_mhz, label="megatron")
             res = backend.evaluate_plan(g, plan)
-            f = snap_to_grid(_observed_clock(backend, preset.clock_max_mhz), preset)
+            f = snap_to_grid(observed_clock(backend, preset.clock_max_mhz), preset)
             pred = sim.evaluate_plan(g, IterationPlan.uniform(g, f))
             rank0 = backend.last_run[0]
             measured, simulated = Point.from_result(res), Point.from_result(pred)
@@ -275,7 +275,7 @@ def phase_workload(run: Run) -> JsonObject:
             for key in sorted(g.instruction_graphs):
                 cost = backend.evaluate_instruction(g, key, InstructionPlan.make(
                     preset.clock_max_mhz))
-                fi = snap_to_grid(_observed_clock(backend, preset.clock_max_mhz), preset)
+                fi = snap_to_grid(observed_clock(backend, preset.clock_max_mhz), preset)
                 sc = sim.evaluate_instruction(g, key, InstructionPlan.make(fi))
                 instructions.append({
                     "stage": key[0], "direction": key[1], "clock_mhz": fi,
@@ -304,7 +304,7 @@ def phase_workload(run: Run) -> JsonObject:
 
 def phase_contention(run: Run) -> JsonObject:
     """A communication-like kernel on k SMs beside three ops, against the simulator's law."""
-    from kareus.backends.gpu.contention import CommLike, ContentionRow, measure_case, op_cases
+    from benchmarks.device_check.contention import CommLike, ContentionRow, measure_case, op_cases
     from kareus.backends.gpu.serialize import reduced_workload
     from kareus.backends.sim import SimulatorBackend
 
@@ -332,7 +332,7 @@ def phase_fault(run: Run) -> JsonObject:
     """SIGTERM and SIGKILL mid-measurement; settings compared around each."""
     import signal
 
-    from kareus.backends.gpu.fault import one_kill
+    from benchmarks.device_check.fault import one_kill
     from kareus.backends.gpu.settings import difference
 
     import tempfile
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: bad input exits 2 with one line, never a traceback."""
     try:
         return int(main_command.main(args=argv, prog_name="python -m "
-                                     "kareus.backends.gpu.device_check", standalone_mode=False))
+                                     "benchmarks.device_check.phases", standalone_mode=False))
     except click.ClickException as e:
         e.show()
         return 2
