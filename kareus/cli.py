@@ -320,12 +320,19 @@ def _breakdown_text(stages: Sequence[StageBreakdown], gpus_per_stage: int) -> st
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def optimizers(as_json: bool) -> None:
-    """List the registered optimizers (built-ins and installed plugins)."""
-    from kareus.plugins import optimizer_names, registered_optimizers
+    """List the registered optimizers (built-ins and installed plugins), each loaded once so that
+    a plugin that cannot be imported says so here rather than in a run."""
+    from kareus.plugins import load_error, optimizer_names, registered_optimizers
 
     eps = registered_optimizers()
-    rows = [{"name": n, "target": eps[n].value} for n in optimizer_names()]
-    _emit(rows, as_json, lambda: "\n".join(f"{r['name']:20s} {r['target']}" for r in rows))
+    rows: list[dict[str, object]] = []
+    for n in optimizer_names():
+        why = load_error(n)
+        rows.append({"name": n, "target": eps[n].value, "loads": not why,
+                     **({"error": why} if why else {})})
+    _emit(rows, as_json, lambda: "\n".join(
+        f"{r['name']:20s} {r['target']}" + (f"  (cannot be loaded: {r['error']})"
+                                           if not r["loads"] else "") for r in rows))
 
 
 @cli.command()
@@ -436,7 +443,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
             f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "
             f"evaluated, {len(run.frontier)} on the frontier")
     label = run.plans[pick.plan_id].label
-    exported = (f"exported plan {pick.plan_id}{f' ({label})' if label else ''} to {export_dir}: "
+    named = f' ("{label}")' if label else ""
+    exported = (f"exported plan_id {pick.plan_id}{named} to {export_dir}: "
                 "freqs_pipeline.py "
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
                 if export_dir is not None else None)

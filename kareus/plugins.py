@@ -414,6 +414,16 @@ def _optimizer_class(name: str) -> Callable[..., object]:
                           f"{type(e).__name__}: {e}".splitlines()[0]) from e
 
 
+def load_error(name: str) -> str:
+    """Why the registered optimizer ``name`` cannot be loaded ("" when it can): its module's
+    import error, in one line."""
+    try:
+        _optimizer_class(name)
+    except PluginError as e:
+        return str(e)
+    return ""
+
+
 def nanobatched_only(name: str) -> bool:
     """Whether the optimizer ``name`` plans only nanobatched execution (a class attribute
     ``nanobatched_only = True``), so that a job whose micro-batch does not split into nanobatches

@@ -410,6 +410,16 @@ def test_a_plugin_s_own_fault_is_a_plugin_error_not_the_user_s(broken_plugins):
         load_optimizer("declares", {"clock_mhz": "fast"})  # the user's value stays exit 2
 
 
+def test_the_optimizer_list_says_which_plugin_cannot_be_loaded(broken_plugins, capsys):
+    assert main(["optimizers", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["megatron"]["loads"] and "error" not in rows["megatron"]
+    assert not rows["broken"]["loads"]
+    assert "cannot be loaded: ImportError" in rows["broken"]["error"]
+    assert main(["optimizers"]) == 0
+    assert "broken_plugin:Broken  (cannot be loaded: " in capsys.readouterr().out
+
+
 def test_frontier_with_a_broken_plugin_is_one_line_exit_1(broken_plugins, capsys):
     for name in ("malformed", "unresolvable", "broken", "constructor-raises"):
         assert main(["frontier", *XL, "-o", name]) == 1
