@@ -7,6 +7,7 @@ folder and renames it into place once it is complete; :func:`atomic_write_text`,
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -81,9 +82,11 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
         raise InputError(f"{option} {str(path)!r}: cannot write results there "
                          f"({e.strerror or e})") from None
     finally:
-        for folder in created:  # deepest first
+        for folder in created:  # deepest first; a failed mkdir left the deepest ones unmade
             try:
                 folder.rmdir()
-            except OSError:
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENAMETOOLONG):
+                    continue
                 break
     return path

@@ -594,7 +594,8 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
 
         what = "solver steps" if kwargs.get("all_iterations") else "frontier points"
         step = "iteration" if optimizer == "perseus" else "steps"
-        shown = sampled_rows(len(points), FRONTIER_ROWS)
+        shown = (list(range(len(points))) if kwargs.get("all_iterations")
+                 else sampled_rows(len(points), FRONTIER_ROWS))
         table = render([step, "time s", "energy J", "replayed time s", "replayed energy J"],
                        ([p.get(step, ""), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}",
                          f"{p['replayed_time_s']:.4f}", f"{p['replayed_energy_j']:.2f}"]
@@ -769,7 +770,8 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
     }
     if write_preset:
         worst = max(res.time_mape_pct, res.energy_mape_pct)
-        if not worst <= MAX_WRITTEN_FIT_MAPE_PCT:
+        if not (res.time_mape_pct <= MAX_WRITTEN_FIT_MAPE_PCT
+                and res.energy_mape_pct <= MAX_WRITTEN_FIT_MAPE_PCT):  # a NaN is no fit either
             from kareus.errors import InputError
 
             raise InputError(f"--write-preset: the fit misses {profile_path} by {worst:.1f} % "

@@ -88,6 +88,8 @@ def least_energy(times: ArrayLike, energies: ArrayLike) -> int:
     """Index of the least-energy point (a non-finite energy is no point); among points as
     frugal within floating-point slack, the fastest. :class:`ValueError` when no energy is
     finite."""
+    if not np.isfinite(np.asarray(energies, float)).any():
+        raise ValueError("no point with a finite energy")
     return fastest(energies, times)
 
 

@@ -428,6 +428,12 @@ def test_names_too_long_for_the_system_are_refused_in_one_line(capsys, tmp_path)
         code, _, err = run(capsys, *args)
         one_line_2(code, err, fragment)
     assert reproduction.main(["-w", "gpt3-xl", "--out", str(tmp_path / long)]) == 2
+    capsys.readouterr()
+    # folders made on the way to a refused one are removed again
+    code, _, err = run(capsys, "frontier", "-w", "gpt3-xl", "-o", "megatron", "--export",
+                       str(tmp_path / "a" / long / "b"))
+    one_line_2(code, err, "--export")
+    assert not (tmp_path / "a").exists()
 
 
 def test_an_export_over_a_folder_of_the_same_name_writes_nothing(capsys, tmp_path):

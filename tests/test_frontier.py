@@ -47,6 +47,8 @@ def test_max_throughput_deltas():
 def test_least_energy_breaks_ties_by_time_and_skips_non_finite_energies():
     assert fr.least_energy([3.0, 1.0, 2.0], [4.0, 4.0, 5.0]) == 1
     assert fr.least_energy([1.0, 2.0], [float("nan"), 7.0]) == 1
+    with pytest.raises(ValueError, match="no point with a finite energy"):
+        fr.least_energy([1.0], [float("nan")])
 
 
 def test_best_within_a_budget():

@@ -4,6 +4,7 @@ parallel synchronisation, odd micro-batch sizes, and the refusals of impossible 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -121,11 +122,14 @@ def test_overlapped_grad_reduction_hides_most_of_it():
 
 def test_gradient_buckets_count_a_rank_s_own_parameters():
     """Megatron-core's buckets hold ``max(40 M, 1 M x DP)`` of the rank's (TP-sharded)
-    parameters: Llama 3.2 3B at TP8 PP2 holds 238 M and 213 M a GPU on its two stages, so 6
-    buckets each at DP2 and 2 at DP128 (128 M a bucket)."""
+    parameters, DP without CP, on the first pipeline stage only (the others reduce in one
+    piece): Llama 3.2 3B at TP8 PP2 holds 238 M a GPU on its first stage, so 6 buckets at DP2
+    and 2 at DP128 (128 M a bucket), and CP2 does not change them."""
     for dp, buckets in ((2, 6), (128, 2)):
         w = make_workload("llama3.2-3b", tp=8, pp=2, dp=dp, overlap_grad_reduce=True)
-        assert build_iteration_graph(w).grad_buckets == {0: buckets, 1: buckets}
+        assert build_iteration_graph(w).grad_buckets == {0: buckets, 1: 1}
+    w = make_workload("llama3.2-3b", tp=4, cp=2, pp=2, dp=128, overlap_grad_reduce=True)
+    assert build_iteration_graph(w).grad_buckets[0] == math.ceil(w.stage_params(0) / 128e6)
 
 
 def test_context_parallel_ranks_reduce_their_gradients_with_the_data_parallel_ones():

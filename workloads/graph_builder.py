@@ -729,8 +729,10 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
         across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s) for s in range(p.pp)}
-    buckets = {s: max(1, math.ceil(w.stage_params(s) / grad_bucket_params(p.grad_sync_ranks)))
-               if p.overlap_grad_reduce else 1 for s in range(p.pp)}
+    # Megatron-core sizes buckets by DP alone (CP not counted) and turns bucketing off on every
+    # stage but the first, whose reduction is the one on the critical path
+    buckets = {s: max(1, math.ceil(w.stage_params(s) / grad_bucket_params(p.dp)))
+               if p.overlap_grad_reduce and s == 0 else 1 for s in range(p.pp)}
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,

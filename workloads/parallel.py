@@ -46,17 +46,18 @@ ELEMENT_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 #: reduces fp16 gradients by default; fp32 / tf32 train in fp32.
 GRAD_BYTES: dict[str, int] = {"bf16": 4, "fp16": 2, "tf32": 4, "fp32": 4}
 #: Parameters per gradient bucket with ``overlap_grad_reduce``: Megatron-core's default
-#: ``bucket_size``, ``max(40 M, 1 M x DP)`` of the rank's own (TP-sharded) parameters, DP counting
-#: the context-parallel ranks too (``DistributedDataParallel``; :func:`grad_bucket_params`).
+#: ``bucket_size``, ``max(40 M, 1 M x DP)`` of the rank's own (TP-sharded) parameters, DP without
+#: the context-parallel ranks (``DistributedDataParallel``; :func:`grad_bucket_params`); only the
+#: first pipeline stage buckets its gradients, the others reduce them in one piece.
 GRAD_BUCKET_PARAMS = 40_000_000
 GRAD_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
 
 def grad_bucket_params(dp: int) -> int:
-    """Parameters of one gradient bucket on a rank of a ``dp``-way gradient-reducing group
-    (:attr:`ParallelConfig.grad_sync_ranks`; Megatron-core's default ``bucket_size``)."""
+    """Parameters of one gradient bucket on a rank of a ``dp``-way data-parallel group
+    (Megatron-core's default ``bucket_size``; context-parallel ranks not counted)."""
     return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp)
-#: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP with the
+#: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP x CP with the
 #: distributed optimizer); mixed precision keeps the master copy, fp32 training does not.
 _OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 12, "tf32": 8, "fp32": 8}
 #: CUDA context, NCCL buffers, allocator fragmentation (bytes); a rough allowance.
@@ -88,8 +89,9 @@ class ParallelConfig:
         precision: ``bf16`` / ``fp16`` (16-bit tensors, tensor cores), ``tf32`` (fp32 tensors,
             TF32 tensor-core matmuls) or ``fp32`` (no tensor cores).
         distributed_optimizer: Megatron-LM's distributed optimizer: gradients are
-            reduce-scattered over DP, each rank steps its shard, and parameters are all-gathered;
-            without it gradients are all-reduced and every rank steps every parameter.
+            reduce-scattered over DP x CP, each rank steps its shard, and parameters are
+            all-gathered; without it gradients are all-reduced and every rank steps every
+            parameter.
         attention: The core attention's implementation: ``"flash"`` (one fused kernel:
             Transformer Engine, FlashAttention) or ``"unfused"`` (Megatron-LM's path before
             flash attention, and plain PyTorch GPT models: the score matrix in HBM).
@@ -102,7 +104,8 @@ class ParallelConfig:
             :mod:`workloads.graph_builder`). Simulator-only: the GPU backend runs fused kernels.
         overlap_grad_reduce: Bucketed gradient reduction overlapped with the backward pass
             (Megatron-LM's ``--overlap-grad-reduce``, buckets of :func:`grad_bucket_params`
-            of the rank's parameters); without it one reduction runs after the last backward.
+            of the rank's parameters on the first stage, one piece on the others, as
+            Megatron-core buckets); without it one reduction runs after the last backward.
         cross_entropy: The loss over the vocabulary: ``"fused"`` (one kernel each way:
             Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it; close in
             bytes to PyTorch's log-softmax loss, which Hugging Face code calls) or ``"unfused"`` (Megatron-LM's
@@ -301,7 +304,7 @@ class Workload:
 
     def memory_estimate_bytes(self) -> dict[int, float]:
         """Rough peak memory per GPU for each stage (bytes): weights, gradients, Adam states
-        (sharded over DP with the distributed optimizer), stored activations of the
+        (sharded over DP x CP with the distributed optimizer), stored activations of the
         microbatches in flight (1F1B keeps ``pp - stage`` of them: each layer's input under full
         recomputation, everything but the core attention under selective, everything under
         none), one layer's working set during recomputation/backward, the logits on the last

@@ -81,7 +81,7 @@ JOB_SHAPE_OPTIONS = [
     click.option("--distributed-optimizer", is_flag=True, callback=_flag_or_none,
                  help="Megatron-LM's distributed optimizer (reduce-scatter + all-gather)."),
     click.option("--overlap-grad-reduce", is_flag=True, callback=_flag_or_none,
-                 help="Bucketed DP gradient reduction overlapped with the backward."),
+                 help="Bucketed gradient reduction (DP x CP) overlapped with the backward."),
     click.option("--attention", type=click.Choice(["flash", "unfused"]), default=None,
                  help="Core attention: one flash kernel [flash], or Megatron-LM's unfused path "
                       "(which tf32 and fp32 always run: flash needs 16-bit tensors)."),
