@@ -162,6 +162,30 @@ def test_tied_embeddings_on_one_stage_are_one_matrix(model):
     assert w.stage_params(0) * w.parallel.tp == pytest.approx(m.total_params() - m.hidden)
 
 
+def test_tied_embeddings_across_stages_all_reduce_their_gradient():
+    """With PP > 1 a tied model's first and last stages each hold the vocabulary matrix, and each
+    pair of ranks holding it all-reduces its gradient after the data-parallel reduction
+    (Megatron-LM's embedding group): GPT-3 2.7B at TP2 DP8 PP2 puts the pair 16 ranks apart, on
+    two nodes, and only those two stages pay; an untied model (Llama 3.3 70B) and one stage do
+    not."""
+    w = make_workload("gpt3-2.7b", tp=2, pp=2, dp=8, mbs=1, microbatches=4)
+    g = build_iteration_graph(w)
+    m = w.model
+    for stage in (0, 1):
+        names = [seg.comm.name for seg in g.stage_tail[stage] if seg.comm is not None]
+        assert names == ["dp_allreduce_grads", "pp_allreduce_embedding_grads"]
+        emb = g.stage_tail[stage][1].comm
+        assert (emb.collective, emb.group, emb.nodes, emb.ranks_per_node) == ("all_reduce", 2, 2, 1)
+        assert emb.bytes == pytest.approx(4 * m.vocab * m.hidden / 2)  # bf16's fp32 gradients, TP2
+    four = build_iteration_graph(make_workload("gpt3-2.7b", tp=2, pp=4, dp=4, mbs=1,
+                                               microbatches=4))
+    assert [len(four.stage_tail[s]) for s in range(4)] == [3, 2, 2, 3]
+    for untied in (make_workload("llama3.3-70b", tp=8, pp=2, dp=1),
+                   make_workload("gpt3-2.7b", tp=2, pp=1, dp=8)):
+        assert not any(seg.comm is not None and "embedding" in seg.comm.name
+                       for tail in build_iteration_graph(untied).stage_tail.values() for seg in tail)
+
+
 def test_odd_micro_batches_run_sequential_plans_only():
     w = make_workload("llama3.2-3b", mbs=3)
     assert _time(w).energy.time_s > 0

@@ -673,11 +673,18 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
       buckets are reduced during the last microbatch's backward (:func:`overlapped_grad_sync`
       in the simulator decides how much stays exposed); the tail keeps the collective with the
       bucket count in its name so the backend can tell.
+    - With tied embeddings and more than one stage, the first stage's input embedding and the
+      last stage's output layer are two copies of one matrix: after the data-parallel
+      reduction, each pair of ranks holding them (Megatron-LM's embedding group, ``(pp - 1) x
+      TP x CP x DP`` ranks apart) all-reduces that matrix's gradient
+      (``_allreduce_word_embedding_grads``), over the network when the two stages sit on
+      different nodes. The last stage, done with its backwards first, waits there for the
+      first, so the iteration ends with the first stage's tail as before.
     - Adam reads the gradient, master weight and two moments and writes them back with the
       working-precision weight, on this rank's shard (1/(DP x CP) with the distributed
       optimizer).
     """
-    p = w.parallel
+    m, p = w.model, w.parallel
     ranks = p.grad_sync_ranks
     params = w.stage_params(stage)
     shard = params / ranks if p.distributed_optimizer else params
@@ -685,16 +692,24 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
     master = 0 if p.precision in ("fp32", "tf32") else 4
     step = memory_op("optimizer_step", shard * (grad_b + 2 * master + 4 * 4 + p.element_bytes),
                      flops=12.0 * shard)
-    if ranks == 1:
-        return (Segment(label_slots([step]), None),)
-    place = p.group_placement(ranks, p.tp)
-    if p.distributed_optimizer:
-        sync = _comm("dp_reducescatter_grads", "reduce_scatter", grad_b * params, ranks, place)
-        gather = _comm("dp_allgather_params", "all_gather", p.element_bytes * params, ranks,
-                       place)
-        return (Segment((), sync), Segment(label_slots([step]), gather))
-    sync = _comm("dp_allreduce_grads", "all_reduce", grad_b * params, ranks, place)
-    return (Segment((), sync), Segment(label_slots([step]), None))
+    tail: list[Segment] = []
+    gather = None
+    if ranks > 1:
+        place = p.group_placement(ranks, p.tp)
+        if p.distributed_optimizer:
+            tail.append(Segment((), _comm("dp_reducescatter_grads", "reduce_scatter",
+                                          grad_b * params, ranks, place)))
+            gather = _comm("dp_allgather_params", "all_gather", p.element_bytes * params, ranks,
+                           place)
+        else:
+            tail.append(Segment((), _comm("dp_allreduce_grads", "all_reduce", grad_b * params,
+                                          ranks, place)))
+    if m.tied_embeddings and p.pp > 1 and stage in (0, p.pp - 1):
+        tail.append(Segment((), _comm(
+            "pp_allreduce_embedding_grads", "all_reduce", grad_b * m.vocab * m.hidden / p.tp, 2,
+            p.group_placement(2, (p.pp - 1) * p.gpus_per_stage))))
+    tail.append(Segment(label_slots([step]), gather))
+    return tuple(tail)
 
 
 def build_iteration_graph(w: Workload) -> IterationGraph:
