@@ -265,6 +265,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
             f"static {e.static_j / 1e3:.2f}; static share {details['static_share']:.1%})",
             f"  avg power / GPU  {details['avg_power_per_gpu_w']:.0f} W",
             f"  MFU              {details['mfu']:.1%}",
+            f"  {preset.provenance()}",
         ]
         lines += [f"  warning: {m}" for m in fits + fill + positions]
         if stages:
@@ -320,19 +321,26 @@ def _breakdown_text(stages: Sequence[StageBreakdown], gpus_per_stage: int) -> st
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def optimizers(as_json: bool) -> None:
-    """List the registered optimizers (built-ins and installed plugins), each loaded once so that
-    a plugin that cannot be imported says so here rather than in a run."""
-    from kareus.plugins import load_error, optimizer_names, registered_optimizers
+    """List the registered optimizers (built-ins and installed plugins) and the settings each
+    takes (``--set NAME=VALUE``), each built once with its default settings so that a plugin that
+    cannot be imported or constructed says so here rather than in a run."""
+    from kareus.plugins import load_error, optimizer_names, registered_optimizers, setting_names
 
     eps = registered_optimizers()
     rows: list[dict[str, object]] = []
     for n in optimizer_names():
         why = load_error(n)
         rows.append({"name": n, "target": eps[n].value, "loads": not why,
-                     **({"error": why} if why else {})})
-    _emit(rows, as_json, lambda: "\n".join(
-        f"{r['name']:20s} {r['target']}" + (f"  (cannot be loaded: {r['error']})"
-                                           if not r["loads"] else "") for r in rows))
+                     "settings": setting_names(n), **({"error": why} if why else {})})
+
+    def line(r: dict[str, object]) -> str:
+        settings = r["settings"]
+        out = f"{r['name']:20s} {r['target']}"
+        if isinstance(settings, list) and settings:
+            out += "  --set " + ", ".join(str(k) for k in settings)
+        return out + (f"  (cannot be loaded: {r['error']})" if not r["loads"] else "")
+
+    _emit(rows, as_json, lambda: "\n".join(line(r) for r in rows))
 
 
 @cli.command()

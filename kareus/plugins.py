@@ -224,7 +224,11 @@ def settings_class(cls: object) -> type | None:
     if declared is None:
         return None
     if not (isinstance(declared, type) and dataclasses.is_dataclass(declared)):
-        raise PluginError(f"plugin {cls!r}: Settings must be a dataclass, got {declared!r}")
+        where = (f"{cls.__module__}:{cls.__qualname__}" if isinstance(cls, type) else repr(cls))
+        label = getattr(cls, "name", None)
+        raise PluginError(f"plugin {label!r} ({where}): Settings must be a dataclass, got "
+                          f"{declared!r}" if isinstance(label, str) else
+                          f"plugin {where}: Settings must be a dataclass, got {declared!r}")
     return declared
 
 
@@ -406,7 +410,10 @@ def _optimizer_class(name: str) -> Callable[..., object]:
     :class:`PluginError` for one whose module cannot be imported (its own fault)."""
     eps = registered_optimizers()
     if name not in eps:
-        raise InputError(f"unknown optimizer {name!r}; registered: {', '.join(optimizer_names())}")
+        several = ("; one optimizer here (`reproduce.py --optimizers A,B` runs several)"
+                   if "," in name else "")
+        raise InputError(f"unknown optimizer {name!r}; registered: "
+                         f"{', '.join(optimizer_names())}{several}")
     try:
         return eps[name].load()
     except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the plugin's import raises
@@ -415,13 +422,30 @@ def _optimizer_class(name: str) -> Callable[..., object]:
 
 
 def load_error(name: str) -> str:
-    """Why the registered optimizer ``name`` cannot be loaded ("" when it can): its module's
-    import error, in one line."""
+    """Why the registered optimizer ``name`` cannot be used ("" when it can), in one line: its
+    module's import error, a ``Settings`` that is not a dataclass or whose defaults it refuses,
+    a constructor that raises, or a class without ``name`` and ``optimize`` (it is built as
+    :func:`load_optimizer` builds it, with default settings). A setting without a default is
+    the user's to give, not a fault."""
     try:
-        _optimizer_class(name)
+        load_optimizer(name)
     except PluginError as e:
         return str(e)
+    except InputError as e:
+        if "is required" in str(e):
+            return ""
+        return f"plugin {name!r}: its default settings are refused: {e}"
     return ""
+
+
+def setting_names(name: str) -> list[str]:
+    """The ``--set`` names registered optimizer ``name`` declares (its ``Settings`` fields, in
+    order); ``[]`` for one without settings or one that cannot be loaded."""
+    try:
+        declared = optimizer_settings(name)
+    except (Exception, SystemExit):  # noqa: BLE001 - a broken plugin; load_error says why
+        return []
+    return [f.name for f in dataclasses.fields(declared)] if declared is not None else []
 
 
 def nanobatched_only(name: str) -> bool:
@@ -452,5 +476,8 @@ def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Op
         raise PluginError(f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) cannot be "
                           f"constructed: {type(e).__name__}: {e}".splitlines()[0]) from e
     if not isinstance(opt, Optimizer):
-        raise PluginError(f"plugin {name!r} ({cls!r}) has no `name` and `optimize(problem)`")
+        missing = [m for m in ("name", "optimize(problem)")
+                   if not hasattr(opt, m.split("(")[0])]
+        raise PluginError(f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) is not an "
+                          f"optimizer: it has no `{'` and no `'.join(missing)}`")
     return opt

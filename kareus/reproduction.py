@@ -192,6 +192,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                           jobs=jobs, executor=executor,
                           backend_options=backend_options, options=options)[cfg.label]
     _print_tables(summary)
+    make_console().print(get_preset(gpu).provenance(), highlight=False)
     make_console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
     _fail_if_all_failed({cfg.label: summary}, out_dir)
 

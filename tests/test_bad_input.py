@@ -26,12 +26,50 @@ def one_line_2(code: int, err: str, fragment: str) -> None:
     assert len(err.strip().splitlines()) == 1 and fragment in err, err
 
 
-def test_group_placement_counts_nodes_without_listing_ranks():
-    for g in (1, 3, 4, 8):
-        for size in range(1, 25):
-            for stride in range(1, 25):
-                listed = len({(i * stride) // g for i in range(size)}) if size > 1 else 1
-                assert ParallelConfig(gpus_per_node=g).group_placement(size, stride)[0] == listed
+def _groups_by_coordinates(tp, cp, dp, pp, vary):
+    """Every group of a 4-D job whose ranks differ only in the coordinates ``vary`` (of ``tp,
+    cp, dp, pp``), listed from Megatron-LM's rank formula rather than from strides."""
+    import itertools
+
+    dims = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    groups: dict[tuple, list[int]] = {}
+    for t, c, d, q in itertools.product(*(range(dims[k]) for k in ("tp", "cp", "dp", "pp"))):
+        coord = {"tp": t, "cp": c, "dp": d, "pp": q}
+        key = tuple(v for k, v in coord.items() if k not in vary)
+        groups.setdefault(key, []).append(t + tp * (c + cp * (d + dp * q)))
+    return list(groups.values())
+
+
+def _slowest(groups, g):
+    """(nodes, ranks on the emptiest node) of the group spread widest, then emptiest."""
+    shapes = []
+    for ranks in groups:
+        per_node = {}
+        for r in ranks:
+            per_node[r // g] = per_node.get(r // g, 0) + 1
+        shapes.append((len(per_node), -min(per_node.values())))
+    nodes, neg = max(shapes)
+    return nodes, -neg
+
+
+@pytest.mark.parametrize("tp, cp, dp, pp", [(4, 1, 3, 2), (2, 1, 3, 4), (3, 2, 2, 2), (8, 1, 2, 2),
+                                            (1, 1, 5, 3), (2, 3, 1, 2), (16, 1, 4, 1)])
+@pytest.mark.parametrize("g", [1, 3, 4, 5, 6, 8, 16])
+def test_group_placement_is_the_slowest_group_of_its_kind(tp, cp, dp, pp, g):
+    """Groups of one kind can straddle node boundaries the first one does not (TP4 on nodes of
+    6: ranks 4-7 sit two and two); the placement is the slowest group's, checked against every
+    group listed from the rank formula: TP, CP, the gradient group (DP x CP) of each stage."""
+    p = ParallelConfig(tp=tp, cp=cp, dp=dp, pp=pp, gpus_per_node=g)
+    assert p.group_placement(tp, 1) == (_slowest(_groups_by_coordinates(tp, cp, dp, pp, {"tp"}), g)
+                                        if tp > 1 else (1, 1))
+    if cp > 1:
+        assert p.group_placement(cp, tp) == _slowest(
+            _groups_by_coordinates(tp, cp, dp, pp, {"cp"}), g)
+    grad = _groups_by_coordinates(tp, cp, dp, pp, {"cp", "dp"})
+    for stage in range(pp):
+        mine = [r for r in grad if r[0] // p.gpus_per_stage == stage]
+        assert p.group_placement(dp * cp, tp, stage) == (_slowest(mine, g) if dp * cp > 1
+                                                         else (1, 1))
 
 
 def test_a_data_parallel_degree_past_any_cluster_is_refused(capsys):

@@ -372,6 +372,19 @@ def test_bloom_config_is_bloom_176b(tmp_path):
                    for op in seg.compute)
 
 
+def test_bloom_config_can_untie_its_output_layer(tmp_path):
+    """Bloom ties its embedding and output layer unless the file says otherwise, as
+    transformers reads it."""
+    pytest.importorskip("transformers")
+    from workloads.hf_config import load_model
+
+    raw = {"model_type": "bloom", "n_embed": 1024, "n_head": 16, "n_layer": 4, "vocab_size": 50880}
+    for tie in (None, True, False):
+        f = tmp_path / f"bloom_{tie}.json"
+        f.write_text(json.dumps(raw if tie is None else {**raw, "tie_word_embeddings": tie}))
+        assert load_model(f).tied_embeddings is (tie is not False)
+
+
 @pytest.mark.parametrize("drop", ["n_embed", "n_head", "n_layer", "vocab_size"])
 def test_bloom_config_missing_a_size_is_refused(tmp_path, drop):
     pytest.importorskip("transformers")

@@ -186,6 +186,39 @@ def test_tied_embeddings_across_stages_all_reduce_their_gradient():
                        for tail in build_iteration_graph(untied).stage_tail.values() for seg in tail)
 
 
+def test_each_stage_synchronises_over_its_own_groups():
+    """GPT-3 2.7B at TP2 DP3 PP4 on nodes of 8: stage 0's gradient groups (ranks 0, 2, 4) sit in
+    one node, stage 1's (6, 8, 10) straddle two; TP4 on nodes of 6 puts ranks 4-7 two and two on
+    two nodes, so every TP all-reduce pays for the network, as with nodes of 3."""
+    g = build_iteration_graph(make_workload("gpt3-2.7b", tp=2, dp=3, pp=4, mbs=1,
+                                            microbatches=4))
+    shapes = [(g.stage_tail[s][0].comm.nodes, g.stage_tail[s][0].comm.ranks_per_node)
+              for s in range(4)]
+    assert shapes == [(1, 3), (2, 1), (2, 1), (1, 3)]
+
+    def tp_comm(gpus_per_node):
+        w = make_workload("gpt3-xl", tp=4, dp=3, pp=2, gpus_per_node=gpus_per_node)
+        return build_iteration_graph(w).instruction_graphs[(0, "forward")].sequential[0].comm
+
+    assert tp_comm(12).intra_node
+    assert (tp_comm(6).nodes, tp_comm(6).ranks_per_node) == (2, 2)
+    assert (tp_comm(3).nodes, tp_comm(3).ranks_per_node) == (2, 1)
+    t12, t6, t3 = (_time(make_workload("gpt3-xl", tp=4, dp=3, pp=2, gpus_per_node=n)).energy.time_s
+                   for n in (12, 6, 3))
+    assert 1.4 * t12 < t6 < t3  # two NICs carry a 2 + 2 group, one a 3 + 1 group
+
+
+@pytest.mark.parametrize("precision, per_param", [("bf16", 4 + 8 + 2 + 16), ("fp16", 2 + 8 + 2 + 16),
+                                                   ("tf32", 4 + 8 + 16), ("fp32", 4 + 8 + 16)])
+def test_adam_step_reads_and_writes_the_master_weight(precision, per_param):
+    """Adam's HBM bytes per parameter: the gradient, the fp32 master weight read and written,
+    the two fp32 moments read and written, and with 16-bit training the working copy written;
+    in fp32 / tf32 the weight is the master."""
+    w = make_workload("gpt3-xl", tp=1, pp=1, dp=1, precision=precision)
+    step = build_iteration_graph(w).stage_tail[0][-1].compute[0]
+    assert step.bytes == pytest.approx(per_param * w.stage_params(0))
+
+
 def test_odd_micro_batches_run_sequential_plans_only():
     w = make_workload("llama3.2-3b", mbs=3)
     assert _time(w).energy.time_s > 0

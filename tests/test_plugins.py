@@ -416,8 +416,18 @@ def test_the_optimizer_list_says_which_plugin_cannot_be_loaded(broken_plugins, c
     assert rows["megatron"]["loads"] and "error" not in rows["megatron"]
     assert not rows["broken"]["loads"]
     assert "cannot be loaded: ImportError" in rows["broken"]["error"]
+    # built with its defaults: faults past the import show here too, not only in a run
+    for name, fault in (("malformed", "Settings must be a dataclass"),
+                        ("unresolvable", "cannot resolve"), ("raises", "the plugin's own bug"),
+                        ("constructor-raises", "boom in the constructor")):
+        assert not rows[name]["loads"] and fault in rows[name]["error"], rows[name]
+    # a setting without a default is the user's to give: the plugin itself is fine
+    assert rows["declares"]["loads"] and rows["declares"]["settings"] == ["clock_mhz", "label"]
+    assert rows["zeus-power-limit"]["settings"] == ["eta"] and rows["megatron"]["settings"] == []
     assert main(["optimizers"]) == 0
-    assert "broken_plugin:Broken  (cannot be loaded: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "broken_plugin:Broken  (cannot be loaded: " in out
+    assert "--set clock_mhz, label" in out
 
 
 def test_frontier_with_a_broken_plugin_is_one_line_exit_1(broken_plugins, capsys):
@@ -434,7 +444,8 @@ def test_settings_skip_a_plugin_that_cannot_be_loaded(broken_plugins):
 
     names = ["zeus-power-limit", "broken", "malformed", "unresolvable"]
     assert parse_settings(["eta=0.25"], names) == {"eta": "0.25"}
-    with pytest.raises(InputError, match=r"theirs: clock_mhz, eta \(broken, malformed could not be loaded\)"):
+    with pytest.raises(InputError, match=r"theirs: clock_mhz, eta \(broken could not be loaded: "
+                                         r".*ImportError.*\) \(malformed could not be loaded: .*\)$"):
         parse_settings(["etta=0.25"], names)
     assert plugins.own_settings("broken", {"eta": "0.25"}) == {}
     assert plugins.own_settings("malformed", {"eta": "0.25"}) == {}
@@ -559,3 +570,29 @@ def test_a_plugin_that_exits_on_import_fails_alone(monkeypatch):
     with pytest.raises(PluginError, match="cannot be loaded: SystemExit: 5"):
         plugins.load_optimizer("exits")
     assert plugins.nanobatched_only("exits") is False
+
+
+class _NoOptimize:
+    name = "no-optimize"
+
+
+class _NotADataclassSettings:
+    name = "plain-settings"
+    Settings = dict
+
+    def optimize(self, problem):  # pragma: no cover - never run
+        return []
+
+
+def test_a_plugin_fault_names_what_is_missing(monkeypatch):
+    """The message says which of `name` and `optimize` a class lacks, and names the plugin by
+    its registered name and its module path."""
+    eps = {c.name: _EntryPoint(c) for c in (_NoOptimize, _NotADataclassSettings)}
+    real = plugins.registered_optimizers()
+    monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
+    with pytest.raises(PluginError, match=r"'no-optimize' \(tests\.test_plugins:_NoOptimize\) is "
+                                          r"not an optimizer: it has no `optimize\(problem\)`$"):
+        load_optimizer("no-optimize")
+    with pytest.raises(PluginError, match=r"^plugin 'plain-settings' \(tests\.test_plugins:"
+                                          r"_NotADataclassSettings\): Settings must be a dataclass"):
+        load_optimizer("plain-settings")

@@ -404,3 +404,20 @@ def test_a_gpu_file_from_before_the_ring_law_still_loads(user_dir):
     assert g.comm_step_latency_s == shared["comm_step_latency_s"]["value"] == 0.0
     assert g.tuned_latency_s == shared["tuned_latency_s"]["value"]
     assert P.get_preset("a100-sxm4-80gb").comm_step_latency_s > 0  # its own, measured
+
+
+def test_every_preset_says_where_its_numbers_come_from(capsys):
+    """Each preset counts its numbers by kind of source, and `simulate` prints that line: a
+    what-if on a GPU nothing was measured on says how much of it is assumed."""
+
+    for name in ("a100-sxm4-40gb", "h100-sxm", "a100-pcie-80gb"):
+        p = P.get_preset(name)
+        kinds = p.source_kinds()
+        assert sum(kinds.values()) == len(p.sources) and "unstated" not in kinds
+        assert set(kinds) <= {"datasheet", "published", "fitted", "derived", "assumed",
+                              "definition"}
+    h100 = P.get_preset("h100-sxm")
+    assert h100.source_kinds()["assumed"] > P.get_preset("a100-sxm4-40gb").source_kinds()["assumed"]
+    assert main(["simulate", "-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
+                 "--microbatches", "4", "--gpu", "h100-sxm"]) == 0
+    assert h100.provenance() in capsys.readouterr().out

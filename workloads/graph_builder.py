@@ -689,13 +689,14 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
     params = w.stage_params(stage)
     shard = params / ranks if p.distributed_optimizer else params
     grad_b = GRAD_BYTES[p.precision]
-    master = 0 if p.precision in ("fp32", "tf32") else 4
-    step = memory_op("optimizer_step", shard * (grad_b + 2 * master + 4 * 4 + p.element_bytes),
-                     flops=12.0 * shard)
+    # fp32 / tf32: the weight is the master copy, read and written; otherwise the fp32 master
+    # is read and written and the working-precision copy written
+    weight = 2 * p.element_bytes if p.precision in ("fp32", "tf32") else 2 * 4 + p.element_bytes
+    step = memory_op("optimizer_step", shard * (grad_b + weight + 4 * 4), flops=12.0 * shard)
     tail: list[Segment] = []
     gather = None
     if ranks > 1:
-        place = p.group_placement(ranks, p.tp)
+        place = p.group_placement(ranks, p.tp, stage)
         if p.distributed_optimizer:
             tail.append(Segment((), _comm("dp_reducescatter_grads", "reduce_scatter",
                                           grad_b * params, ranks, place)))

@@ -299,7 +299,7 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
     qk_norm = alibi = embedding_norm = False
     gelu: Literal["gelu_new", "bloom", "torch"] = "gelu_new"
     if family == "bloom":
-        native_seq, tied_embeddings = _BLOOM_SEQ, True
+        native_seq = _BLOOM_SEQ  # tied unless the file unties them (transformers' default)
         ffn, mlp, norm, rope, alibi, embedding_norm = 4 * hidden, "gelu", "layernorm", False, \
             True, True
         gelu = "bloom"

@@ -10,8 +10,8 @@ gets TP halved until it divides them all (GPT-2: TP=4).
 
 Placement is Megatron-LM's: global rank ``r = tp_rank + TP·(cp_rank + CP·(dp_rank + DP·pp_rank))``
 (TP innermost, then CP, DP, PP), ``gpus_per_node`` consecutive ranks per node. A group of ranks
-``stride`` apart spans ``nodes`` nodes with ``ranks_per_node`` of its ranks on each
-(:meth:`ParallelConfig.group_placement`).
+``stride`` apart spans ``nodes`` nodes with ``ranks_per_node`` of its ranks on each; where groups
+of one kind differ, the slowest stands for all (:meth:`ParallelConfig.group_placement`).
 """
 
 from __future__ import annotations
@@ -196,18 +196,52 @@ class ParallelConfig:
         shards over it."""
         return self.dp * self.cp
 
-    def group_placement(self, size: int, stride: int) -> tuple[int, int]:
-        """``(nodes, ranks_per_node)`` of a group of ``size`` ranks ``stride`` apart under
-        Megatron-LM's placement (TP innermost, then CP, DP, PP; ``gpus_per_node`` consecutive
-        ranks per node). The group of global rank 0 is representative: every group of a kind
-        has the same shape when the node size divides the job or the job fits one node."""
+    def group_placement(self, size: int, stride: int, stage: int | None = None
+                        ) -> tuple[int, int]:
+        """``(nodes, ranks_per_node)`` of the slowest group of ``size`` ranks ``stride`` apart
+        under Megatron-LM's placement (TP innermost, then CP, DP, PP; ``gpus_per_node``
+        consecutive ranks per node).
+
+        Groups of one kind start at every rank ``r`` with ``r mod (size · stride) < stride``
+        (and end inside the job); with ``stage``, only those of that pipeline stage. They run at
+        once and the iteration waits for the slowest, so this is the group spread over the most
+        nodes and, of those, the one with the fewest ranks on its emptiest node (whose share of
+        the network binds): ``ranks_per_node`` is that node's count. When the node size is a
+        multiple of the group's extent, or the other way round, every group has the same shape;
+        otherwise some groups straddle a node boundary that the first one does not (TP4 on
+        nodes of 6: ranks 4-7 sit two and two on two nodes)."""
         if size <= 1:
             return 1, 1
-        # rank i sits on node (i * stride) // gpus_per_node: a stride of a node or more puts each
-        # rank on a node of its own; a shorter one steps at most one node per rank
-        g = self.gpus_per_node
-        nodes = size if stride >= g else (size - 1) * stride // g + 1
-        return nodes, size // nodes
+        g, n, block = self.gpus_per_node, self.num_gpus, size * stride
+        first, last = (0, n) if stage is None else (stage * self.gpus_per_stage,
+                                                     (stage + 1) * self.gpus_per_stage)
+        # a group's shape depends only on where in its node it starts (r mod g): collect those
+        # offsets from the blocks' starts (periodic mod g in the block index) and their ranks
+        # (periodic mod g in r), with the first and last blocks for the job's edges
+        offsets: set[int] = set()
+        blocks = range(first // block, (last - 1) // block + 1)
+        for o in {*blocks[:g + 1], *blocks[-(g + 1):]}:
+            base = o * block
+            lo = max(0, first - base)
+            hi = min(stride, last - base, n - (size - 1) * stride - base)
+            offsets.update((base + i) % g for i in range(lo, min(hi, lo + g)))
+        if not offsets:
+            raise ValueError(f"no group of {size} ranks {stride} apart in a job of {n} GPUs")
+        worst = max(_spread(r, size, stride, g) for r in offsets)
+        return worst[0], -worst[1]
+
+
+def _spread(offset: int, size: int, stride: int, node: int) -> tuple[int, int]:
+    """``(nodes, −ranks on the emptiest)`` of ``size`` ranks ``stride`` apart from rank
+    ``offset`` of a node of ``node`` ranks (ordered so that the larger is the slower group)."""
+    if stride >= node:
+        return size, -1
+    nodes = (offset + (size - 1) * stride) // node + 1
+
+    def before(x: int) -> int:  # ranks of the group below rank x
+        return 0 if x <= offset else min(size, -(-(x - offset) // stride))
+
+    return nodes, -min(before((j + 1) * node) - before(j * node) for j in range(nodes))
 
 
 @dataclass(frozen=True)
@@ -330,7 +364,7 @@ class Workload:
             per_layer = {"full": per_layer_input, "selective": layer_acts,
                          "none": layer_acts + attn_acts}[p.recompute]
             stored = n * per_layer * in_flight
-            working = tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp
+            working = (tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp) * eb / 2
             logits = tokens * m.vocab / p.tp * 4 * 2 if s == p.pp - 1 else 0.0
             out[s] = states + stored + working + logits + _RUNTIME_OVERHEAD_BYTES
         return out
@@ -408,7 +442,8 @@ def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
 #: backward instruction in the iteration graph, the plans and the schedule.
 MAX_PIPELINE_SLOTS = 1 << 20
 #: Most GPUs a job may have (about a million, beyond any cluster built): the simulator's cost
-#: does not grow with them, but a count past this is a typo.
+#: barely grows with them (0.14 s to build a million-GPU graph), but a count past this is a
+#: typo.
 MAX_GPUS = 1 << 20
 #: Memory one (microbatch, stage) pair takes through the graph and a simulated plan (bytes),
 #: measured on ``kareus simulate`` (peak resident size over microbatch counts).

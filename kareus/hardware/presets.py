@@ -244,6 +244,23 @@ class GPUPreset:
         n = int(round((hi - lo) / self.clock_step_mhz))
         return lo + self.clock_step_mhz * np.arange(n + 1, dtype=np.float64)
 
+    def source_kinds(self) -> dict[str, int]:
+        """How many of the preset's numbers are of each kind of source (the word before the
+        colon of each :attr:`sources` entry: datasheet, published, fitted, derived, assumed,
+        ...), most common first."""
+        counts: dict[str, int] = {}
+        for text in self.sources.values():
+            kind = text.split(":", 1)[0].strip() if ":" in text else "unstated"
+            counts[kind] = counts.get(kind, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def provenance(self) -> str:
+        """One line saying where the preset's numbers come from, by kind, and where to read
+        each one's source."""
+        kinds = ", ".join(f"{n} {kind}" for kind, n in self.source_kinds().items())
+        return (f"{self.name}'s numbers: {kinds or 'no sources recorded'} (each one's source: "
+                f"`kareus gpus --json`)")
+
     def with_overrides(self, **changes: float) -> "GPUPreset":
         """A copy with some parameters changed (e.g. a fitted power curve, a static power)."""
         names = {f.name for f in fields(self)}

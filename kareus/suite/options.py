@@ -115,21 +115,23 @@ SET_OPTION = click.option(
          "optimizer takes the ones it declares (its Settings, docs/architecture.md).")
 
 
-def declared_settings(optimizers: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+def declared_settings(optimizers: Sequence[str]
+                      ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Which of ``optimizers`` declare each setting (``{NAME: [optimizer, ...]}``), and those
     that cannot be loaded (a plugin whose import fails or whose ``Settings`` is not a
-    dataclass), which declare nothing. An unknown name raises :class:`InputError`."""
+    dataclass), which declare nothing, each with why (``{optimizer: reason}``, one line). An
+    unknown name raises :class:`InputError`."""
     from kareus.plugins import optimizer_settings
 
     declared: dict[str, list[str]] = {}
-    broken: list[str] = []
+    broken: dict[str, str] = {}
     for opt in optimizers:
         try:
             cls = optimizer_settings(opt)
         except InputError:  # an unknown name: the user's
             raise
-        except Exception:  # a broken plugin: its cell reports it (load_and_run)
-            broken.append(opt)
+        except Exception as e:  # a broken plugin: its cell reports it (load_and_run)
+            broken[opt] = " ".join(str(e).split()) or type(e).__name__
             continue
         for f in dataclasses.fields(cls) if cls is not None else ():
             declared.setdefault(f.name, []).append(opt)
@@ -157,7 +159,8 @@ def parse_settings(pairs: Sequence[str], optimizers: Sequence[str]) -> dict[str,
         for name in out:
             if name not in declared:
                 known = ", ".join(sorted(declared)) or "none"
-                unread = f" ({', '.join(broken)} could not be loaded)" if broken else ""
+                unread = "".join(f" ({opt} could not be loaded: {why})"
+                                 for opt, why in broken.items())
                 raise InputError(f"--set {name}: no optimizer of this run ({', '.join(optimizers)}) "
                                  f"has that setting; theirs: {known}{unread}")
     return out
