@@ -823,7 +823,6 @@ def _partition(gpu: str) -> None:
     from kareus.backends.partition_calibration import (
         collective_alone_holdout,
         fit_partition,
-        floor_slope_text,
     )
     from kareus.suite.datasets import artifact_partition_sweep
 
@@ -835,30 +834,19 @@ def _partition(gpu: str) -> None:
         return
     spec, part, sweep = shared
     cal = fit_partition(part, sweep, preset, spec.sha256)
-    f, h = cal.fit, cal.fit["holdout"]
-    click.echo(f"\n== Partition law ({f['rows']} configurations, {time.perf_counter() - t0:.0f} s)")
-    click.echo(f"fit: time MAPE {f['time_mape_pct']:.2f} % (max {f['time_max_ape_pct']:.2f} %), "
-               f"energy MAPE {f['energy_mape_pct']:.2f} %")
-    click.echo(f"hold-out ({h['method']}): time MAPE {h['time_mape_pct']:.2f} %, energy MAPE "
-               f"{h['energy_mape_pct']:.2f} %")
-    best = f["measured_best"]
-    click.echo(f"measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
-               f"{best['comm_sm_number']} SMs x {best['comm_block_size']}, predicted rank "
-               f"{f['measured_best_predicted_rank']} of {f['rows']}")
-    pb = f["predicted_best"]
-    click.echo(f"predicted fastest: window ({pb['overlap_start']}, {pb['overlap_end']}), "
-               f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']}, measures "
-               f"{pb['measured_time_s'] * 1e3:.3f} ms "
-               f"({pb['measured_excess_pct']:+.1f} % over the fastest)")
-    click.echo(floor_slope_text(f["floor_slope"]))
+    f = cal.fit
+    if f is None or f.holdout is None:  # fit_partition reports both on the shared sweep
+        raise RuntimeError("the partition fit made no report or no hold-out")
+    click.echo(f"\n== Partition law ({f.rows} configurations, {time.perf_counter() - t0:.0f} s)")
+    click.echo("\n".join(f.lines()))
     alone = collective_alone_holdout(part, sweep, preset)
     RECORD["partition"] = {
-        "rows": int(f["rows"]), "time_mape_pct": round(f["time_mape_pct"], 2),
-        "time_max_ape_pct": round(f["time_max_ape_pct"], 2),
-        "energy_mape_pct": round(f["energy_mape_pct"], 2),
-        "holdout_time_mape_pct": round(h["time_mape_pct"], 2),
-        "holdout_energy_mape_pct": round(h["energy_mape_pct"], 2),
-        "measured_best_predicted_rank": int(f["measured_best_predicted_rank"]),
+        "rows": f.rows, "time_mape_pct": round(f.time_mape_pct, 2),
+        "time_max_ape_pct": round(f.time_max_ape_pct, 2),
+        "energy_mape_pct": round(f.energy_mape_pct, 2),
+        "holdout_time_mape_pct": round(f.holdout.time_mape_pct, 2),
+        "holdout_energy_mape_pct": round(f.holdout.energy_mape_pct, 2),
+        "measured_best_predicted_rank": f.best.measured_predicted_rank,
         "collective_alone": {k: {"time_mape_pct": round(v["time_mape_pct"], 2),
                                  "time_max_ape_pct": round(v["time_max_ape_pct"], 2)}
                              for k, v in alone.items()}}

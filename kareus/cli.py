@@ -876,7 +876,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
                          write_preset: bool = False) -> None:
     """``kareus calibrate --partition-sweep``: fit, report, write the calibration atomically."""
     from kareus.atomic import atomic_write_text
-    from kareus.backends.partition_calibration import fit_partition, floor_slope_text
+    from kareus.backends.partition_calibration import fit_partition
     from kareus.errors import InputError
     from kareus.hardware.partition_sweep import load_sweep
 
@@ -904,6 +904,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
 
     with terminal_progress(not as_json) as progress:
         cal = fit_partition(part, sweep, preset, spec.sha256, progress=progress)
+    fit_lines = cal.fit.lines() if cal.fit is not None else []
     obj = {**cal.to_dict(), "sweep": sweep_path, "spec": spec_path, "out": out_path}
     atomic_write_text(Path(out_path), json.dumps(cal.to_dict(), indent=2) + "\n")
     if write_preset:
@@ -921,6 +922,7 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
         import pandas as pd
 
         from kareus.backends.partition_calibration import predict
+        from kareus.frontier import mape_pct
         from kareus.suite.report import plot_partition_fit
 
         t, _ = predict(part, sweep.configs, cal.apply(preset), cal.clock_mhz,
@@ -931,33 +933,16 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
                               "measured_s": sweep.time_s, "predicted_s": t})
         plot_partition_fit(frame, Path(figure_path),
                            f"{Path(sweep_path).name} on {preset.name}: time MAPE "
-                           f"{cal.fit['time_mape_pct']:.2f} %")
+                           f"{mape_pct(sweep.time_s, t):.2f} %")
         obj["figure"] = figure_path
 
     def text() -> str:
-        f = cal.fit
-        h = f["holdout"]
-        best, pb = f["measured_best"], f["predicted_best"]
         return "\n".join([
-            f"{preset.name}: partition law fitted to {f['rows']} configurations of {sweep_path} "
-            f"(mean of {f['repeats']} repeats); written to {out_path}",
-            f"  fit: time MAPE {f['time_mape_pct']:.2f} % (max {f['time_max_ape_pct']:.2f} %), "
-            f"energy MAPE {f['energy_mape_pct']:.2f} %",
-            f"  hold-out ({h['method']}): " + (h["skipped"] if "skipped" in h else
-                                                f"time MAPE {h['time_mape_pct']:.2f} %, energy "
-                                                f"MAPE {h['energy_mape_pct']:.2f} %"),
-            f"  measured fastest: window ({best['overlap_start']}, {best['overlap_end']}), "
-            f"{best['comm_sm_number']} SMs x {best['comm_block_size']} threads, "
-            f"{best['time_s'] * 1e3:.3f} ms; predicted rank {f['measured_best_predicted_rank']}",
-            f"  predicted fastest: window ({pb['overlap_start']}, {pb['overlap_end']}), "
-            f"{pb['comm_sm_number']} SMs x {pb['comm_block_size']} threads, measures "
-            f"{pb['measured_time_s'] * 1e3:.3f} ms "
-            f"({pb['measured_excess_pct']:+.1f} % over the measured fastest)",
-            "  " + floor_slope_text(f["floor_slope"]),
+            f"{preset.name}: partition law fitted to {len(sweep.configs)} configurations of "
+            f"{sweep_path} (mean of {sweep.repeats} repeats); written to {out_path}",
+            *("  " + line for line in fit_lines),
             "  law: " + ", ".join(f"{k}={v:.4g}" for k, v in cal.law.items()),
-        ] + ([f"  kept from the preset, not fitted (the sweep cannot identify them): "
-              f"{', '.join(f['kept_from_preset'])}"] if f.get("kept_from_preset") else [])
-            + _preset_diff_lines(obj))
+        ] + _preset_diff_lines(obj))
 
     _emit(obj, as_json, text)
 

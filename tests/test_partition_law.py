@@ -17,7 +17,6 @@ from kareus.backends.partition_calibration import (
     collective_alone_holdout,
     fit_partition,
     floor_slope,
-    floor_slope_text,
     predict,
 )
 from kareus.backends.sim import SimulatorBackend
@@ -186,8 +185,8 @@ def test_fit_recovers_a_law_it_can_express(tmp_path, spec, a100_40):
     _sweep_csv(path, spec, a100_40, ROWS, scale=1.08)
     sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
     cal = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, holdout=False)
-    assert cal.fit["time_mape_pct"] < 1.5 and cal.fit["energy_mape_pct"] < 3.0
-    assert cal.fit["measured_best_predicted_rank"] <= 3
+    assert cal.fit.time_mape_pct < 1.5 and cal.fit.energy_mape_pct < 3.0
+    assert cal.fit.best.measured_predicted_rank <= 3
     t, _ = predict(spec.partition(), sweep.configs, cal.apply(a100_40), 1200,
                    np.array(cal.op_work), np.array(cal.op_host))
     assert np.all(np.isfinite(t)) and np.all(t > 0)
@@ -382,14 +381,16 @@ def test_floor_slope_is_the_rise_past_each_windows_fastest_sm_count():
     sweep = PartitionSweep(configs, time_s, energy_j, repeats=3)
     flat_t = np.where(configs.sms < 4, time_s, 100e-6)
     out = floor_slope(sweep, flat_t, energy_j)
-    assert out["windows"] == 1
-    assert out["measured_us_per_sm"] == pytest.approx(2.0)
-    assert out["predicted_us_per_sm"] == pytest.approx(0.0, abs=1e-9)
-    assert out["measured_mj_per_sm"] == out["predicted_mj_per_sm"] == pytest.approx(0.5)
-    assert out["by_block"] == {"1024": {"windows": 1, "measured_us_per_sm": pytest.approx(2.0),
-                                        "predicted_us_per_sm": pytest.approx(0.0, abs=1e-9)}}
-    assert "1024-thread blocks: measured +2.0 us" in floor_slope_text(out)
-    assert floor_slope(sweep, time_s, energy_j, min_rows=20) == {"windows": 0}
+    assert out.windows == 1
+    assert out.measured_us_per_sm == pytest.approx(2.0)
+    assert out.predicted_us_per_sm == pytest.approx(0.0, abs=1e-9)
+    assert out.measured_mj_per_sm == out.predicted_mj_per_sm == pytest.approx(0.5)
+    assert out.to_dict()["by_block"] == {"1024": {
+        "windows": 1, "measured_us_per_sm": pytest.approx(2.0),
+        "predicted_us_per_sm": pytest.approx(0.0, abs=1e-9)}}
+    assert "1024-thread blocks: measured +2.0 us" in out.text()
+    none = floor_slope(sweep, time_s, energy_j, min_rows=20)
+    assert none.to_dict() == {"windows": 0} and "no window has enough rows" in none.text()
 
 
 def test_floor_slope_splits_the_rise_by_block_size():
@@ -404,11 +405,11 @@ def test_floor_slope_splits_the_rise_by_block_size():
                                     for r in rises.values()])
     sweep = PartitionSweep(configs, time_s, np.full(time_s.size, 1e-3), repeats=3)
     out = floor_slope(sweep, time_s, sweep.energy_j)
-    assert out["windows"] == 2
-    assert out["measured_us_per_sm"] == pytest.approx(3.0)
-    assert {b: v["measured_us_per_sm"] for b, v in out["by_block"].items()} == {
+    assert out.windows == 2
+    assert out.measured_us_per_sm == pytest.approx(3.0)
+    assert {b: v.measured_us_per_sm for b, v in out.by_block.items()} == {
         "512": pytest.approx(4.0), "1024": pytest.approx(2.0)}
-    assert out["by_block"]["512"]["predicted_us_per_sm"] == pytest.approx(4.0)
+    assert out.by_block["512"].predicted_us_per_sm == pytest.approx(4.0)
 
 
 @pytest.mark.slow
@@ -443,7 +444,7 @@ def test_one_block_size_keeps_the_presets_thread_exponent(tmp_path, spec, a100_4
                             a100_40.with_overrides(tuned_block_exponent=exponent), spec.sha256,
                             holdout=False, max_nfev_per_param=3)
         assert "tuned_block_exponent" not in cal.law
-        assert cal.fit["kept_from_preset"] == ["tuned_block_exponent"]
+        assert cal.fit.kept_from_preset == ("tuned_block_exponent",)
         bw[exponent] = cal.law["tuned_bw_per_sm_mhz"]
     assert bw[1.5] / bw[0.6] == pytest.approx(2 ** 0.9, rel=0.02)
     both = tmp_path / "both.csv"
@@ -486,7 +487,7 @@ def test_what_the_collective_never_runs_beside_keeps_the_presets_values(tmp_path
                         max_nfev_per_param=2)
     assert not attention_names & set(cal.law)
     assert cal.apply(gpu).comm_rate_beside_attention == 0.37
-    assert set(cal.fit["kept_from_preset"]) == attention_names
+    assert set(cal.fit.kept_from_preset) == attention_names
 
 
 def test_ops_after_every_wait_keep_their_counted_work():
@@ -524,5 +525,69 @@ def test_a_sweep_of_one_overlapped_window_fits_and_says_why_it_has_no_hold_out(t
     _sweep_csv(path, spec, a100_40, rows)
     sweep = load_sweep(path, len(spec.partition().compute), a100_40.comm_max_sms)
     cal = fit_partition(spec.partition(), sweep, a100_40, spec.sha256, max_nfev_per_param=2)
-    assert "each half of the windows needs an overlapped one" in cal.fit["holdout"]["skipped"]
-    assert "time_mape_pct" not in cal.fit["holdout"]
+    assert "each half of the windows needs an overlapped one" in cal.fit.holdout.skipped
+    assert "time_mape_pct" not in cal.to_dict()["fit"]["holdout"]
+
+
+def test_a_fit_report_reads_back_from_its_json_and_refuses_a_malformed_one(tmp_path, spec):
+    """A calibration file's ``fit`` object is the typed report's JSON form: written and read back
+    it is the same report; a malformed field is named in one line."""
+    from kareus.backends.partition_fit_report import (
+        BestConfigurations,
+        FloorSlope,
+        HoldoutHalf,
+        PartitionFitReport,
+        PartitionHoldout,
+        SweepConfiguration,
+    )
+
+    best = BestConfigurations(SweepConfiguration(2, 6, 9, 1024), 2.670e-3, 1,
+                              SweepConfiguration(2, 6, 9, 1024), 2.684e-3, 2.670e-3, 0.0)
+    halves = (HoldoutHalf(((0, 1), (2, 6)), ((0, 2),), 1.1, 0.7),
+              HoldoutHalf(((0, 2),), ((0, 1), (2, 6)), 0.9, 0.6))
+    report = PartitionFitReport(640, 3, 0.66, 0.59, 2.8, best, FloorSlope(0),
+                                ("tuned_block_exponent",), PartitionHoldout(halves))
+    assert report.holdout.time_mape_pct == pytest.approx(1.0)
+    assert PartitionFitReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+    cal = PartitionCalibration(gpu="a100-sxm4-40gb", spec_sha256=spec.sha256, clock_mhz=None,
+                               law={"comm_launch_s": 5e-6}, op_work=(1.0,) * 8,
+                               op_host=(1.0,) * 8, fit=report)
+    path = tmp_path / "calib.json"
+    path.write_text(json.dumps(cal.to_dict()))
+    assert PartitionCalibration.load(path, "a100-sxm4-40gb", spec.sha256, 8) == cal
+    broken = cal.to_dict()
+    broken["fit"]["rows"] = "many"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(InputError, match="malformed calibration: fit: rows is 'many', not an "
+                                         "integer$"):
+        PartitionCalibration.load(path, "a100-sxm4-40gb", spec.sha256, 8)
+
+
+def test_calibrate_prints_the_fit_report(tmp_path, spec, spec_file, capsys, monkeypatch):
+    """`kareus calibrate --partition-sweep` prints the typed report's lines: the fit, the
+    hold-out, the fastest configurations and the floor."""
+    from kareus.backends.partition_fit_report import (
+        BestConfigurations,
+        FloorSlope,
+        PartitionFitReport,
+        PartitionHoldout,
+        SweepConfiguration,
+    )
+
+    a100 = get_preset("a100-sxm4-40gb")
+    _sweep_csv(sweep := tmp_path / "sweep.csv", spec, a100, ROWS)
+    best = BestConfigurations(SweepConfiguration(0, 3, 4, 1024), 1e-3, 2,
+                              SweepConfiguration(0, 3, 5, 1024), 0.99e-3, 1.01e-3, 1.0)
+    report = PartitionFitReport(len(ROWS), 1, 0.5, 0.4, 1.5, best, FloorSlope(0),
+                                holdout=PartitionHoldout(skipped="skipped: too few windows"))
+    cal = PartitionCalibration("a100-sxm4-40gb", spec.sha256, None, {"comm_launch_s": 5e-6},
+                               (1.0,) * 8, (1.0,) * 8, report)
+    monkeypatch.setattr("kareus.backends.partition_calibration.fit_partition",
+                        lambda *a, **k: cal)
+    code, out, _ = _run(["calibrate", "--partition-sweep", str(sweep), "--spec", str(spec_file),
+                         "--gpu", "a100-sxm4-40gb", "--out", str(tmp_path / "c.json")], capsys)
+    assert code == 0
+    for line in report.lines():
+        assert "  " + line in out
+    assert "hold-out (fit on half the windows" in out and "skipped: too few windows" in out
+    assert "predicted rank 2 of" in out and "+1.0 % over the measured fastest" in out

@@ -153,7 +153,7 @@ def test_calibrate_write_preset_rewrites_the_gpu_file(user_dir, capsys, monkeypa
     n = len(spec.partition().compute)
     cal = PartitionCalibration("my-a100", spec.sha256, None,
                                {"tuned_pipelining": 1.91234, "comm_launch_s": 3.61234e-05},
-                               (1.5,) * n, (0.5,) * n, {})
+                               (1.5,) * n, (0.5,) * n)
     monkeypatch.setattr("kareus.backends.partition_calibration.fit_partition",
                         lambda *a, **k: cal)
     assert main(["calibrate", "--partition-sweep", str(sweep), "--spec", str(spec_file), "--gpu",

@@ -40,13 +40,22 @@ Nothing is refitted per clock.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kareus.backends.partition_fit_report import (
+    BestConfigurations,
+    BlockFloorSlope,
+    FloorSlope,
+    HoldoutHalf,
+    PartitionFitReport,
+    PartitionHoldout,
+    SweepConfiguration,
+)
 from kareus.errors import InputError, SweepError
 from kareus.frontier import change_pct, mape_pct
 from kareus.graph import Partition
@@ -206,7 +215,7 @@ class PartitionCalibration:
             count).
         op_host: Host-issue factor of each kernel of that partition (times its class's host
             time).
-        fit: Fit and hold-out errors.
+        fit: Fit and hold-out errors (``None``: a calibration made without a fit).
     """
 
     gpu: str
@@ -215,7 +224,7 @@ class PartitionCalibration:
     law: dict[str, float]
     op_work: tuple[float, ...]
     op_host: tuple[float, ...]
-    fit: dict[str, object] = field(default_factory=dict)
+    fit: PartitionFitReport | None = None
 
     def apply(self, gpu: GPUPreset) -> GPUPreset:
         """``gpu`` with the fitted law parameters."""
@@ -225,7 +234,7 @@ class PartitionCalibration:
         return {"kind": CALIBRATION_KIND, "version": CALIBRATION_VERSION, "gpu": self.gpu,
                 "spec_sha256": self.spec_sha256, "clock_mhz": self.clock_mhz,
                 "law": self.law, "op_work": list(self.op_work), "op_host": list(self.op_host),
-                "fit": self.fit}
+                "fit": {} if self.fit is None else self.fit.to_dict()}
 
     @staticmethod
     def load(path: str | Path, gpu: str, spec_sha256: str, n_ops: int) -> "PartitionCalibration":
@@ -269,10 +278,14 @@ class PartitionCalibration:
         if not isinstance(fit, dict):
             raise InputError(f"{p}: malformed calibration: fit is a {type(fit).__name__}, not "
                              "an object")
+        try:
+            report = PartitionFitReport.from_dict(fit) if fit else None
+        except ValueError as e:
+            raise InputError(f"{p}: malformed calibration: fit: {e}") from None
         return PartitionCalibration(gpu=gpu, spec_sha256=spec_sha256, clock_mhz=clock,
                                     law={k: float(v) for k, v in law.items()},
                                     op_work=tuple(float(v) for v in work),
-                                    op_host=tuple(float(v) for v in host), fit=dict(fit))
+                                    op_host=tuple(float(v) for v in host), fit=report)
 
 
 def _law_problem(law: dict[object, object]) -> str:
@@ -474,9 +487,6 @@ def _fit_law(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     return unpack(res.x)
 
 
-_HOLDOUT_METHOD = "fit on half the windows (alternating), predict the other half; both ways"
-
-
 def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, spec_sha256: str,
                   clock_mhz: float | None = None, holdout: bool = True,
                   progress: Progress = SILENT, *,
@@ -485,7 +495,7 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
 
     The hold-out splits the sweep's windows in two alternating halves (by window order), fits on
     one half and predicts the other, both ways; it reports the errors on the predicted halves, or
-    why it was skipped (``fit["holdout"]["skipped"]``: a half without an overlapped window).
+    why it was skipped (``fit.holdout.skipped``: a half without an overlapped window).
     ``progress`` counts the fits (one, or three with the hold-out). Each least-squares stage of a
     fit spends at most ``max_nfev_per_param`` function evaluations per free parameter.
     """
@@ -505,8 +515,8 @@ def fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset, s
                                  max_nfev_per_param)
     finally:
         task.done()
-    if skipped:
-        cal.fit["holdout"] = {"method": _HOLDOUT_METHOD, "skipped": skipped}
+    if skipped and cal.fit is not None:
+        cal = replace(cal, fit=replace(cal.fit, holdout=PartitionHoldout(skipped=skipped)))
     return cal
 
 
@@ -537,16 +547,7 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
     task.advance()
     fitted = gpu.with_overrides(**law)
     t, e = predict(partition, sweep.configs, fitted, clock_mhz, work, host)
-    fit: dict[str, object] = {
-        "rows": len(sweep.configs), "repeats": sweep.repeats,
-        "time_mape_pct": mape_pct(sweep.time_s, t), "energy_mape_pct": mape_pct(sweep.energy_j, e),
-        "time_max_ape_pct": float(np.max(np.abs(change_pct(sweep.time_s, t)))),
-    }
-    fit.update(_best_rank(sweep, t))
-    unseen = held_by_sweep(partition, sweep)
-    if unseen:  # only a sweep that cannot identify them says so
-        fit["kept_from_preset"] = unseen
-    fit["floor_slope"] = floor_slope(sweep, t, e)
+    holdout_report = None
     if holdout:
         wins = sweep.configs.windows()
         halves = [wins[0::2], wins[1::2]]
@@ -559,15 +560,16 @@ def _fit_partition(partition: Partition, sweep: PartitionSweep, gpu: GPUPreset,
             held = sweep.subset(in_test)
             th, eh = predict(partition, held.configs, gpu.with_overrides(**law_h), clock_mhz,
                              work_h, host_h)
-            parts.append({"fit_windows": [list(map(int, w)) for w in train],
-                          "predicted_windows": [list(map(int, w)) for w in test],
-                          "time_mape_pct": mape_pct(held.time_s, th),
-                          "energy_mape_pct": mape_pct(held.energy_j, eh)})
-        fit["holdout"] = {
-            "method": _HOLDOUT_METHOD,
-            "time_mape_pct": float(np.mean([p["time_mape_pct"] for p in parts])),
-            "energy_mape_pct": float(np.mean([p["energy_mape_pct"] for p in parts])),
-            "halves": parts}
+            parts.append(HoldoutHalf(tuple((int(a), int(b)) for a, b in train),
+                                     tuple((int(a), int(b)) for a, b in test),
+                                     mape_pct(held.time_s, th), mape_pct(held.energy_j, eh)))
+        holdout_report = PartitionHoldout(tuple(parts))
+    fit = PartitionFitReport(
+        rows=len(sweep.configs), repeats=sweep.repeats,
+        time_mape_pct=mape_pct(sweep.time_s, t), energy_mape_pct=mape_pct(sweep.energy_j, e),
+        time_max_ape_pct=float(np.max(np.abs(change_pct(sweep.time_s, t)))),
+        best=best_configurations(sweep, t), floor=floor_slope(sweep, t, e),
+        kept_from_preset=tuple(held_by_sweep(partition, sweep)), holdout=holdout_report)
     return PartitionCalibration(gpu=gpu.name, spec_sha256=spec_sha256, clock_mhz=clock_mhz,
                                 law=law, op_work=tuple(float(w) for w in work),
                                 op_host=tuple(float(h) for h in host), fit=fit)
@@ -578,7 +580,8 @@ def _in_windows(configs: PartitionConfigs, windows: NDArray[np.int64]) -> NDArra
     return np.isin(key, windows[:, 0] * 1000 + windows[:, 1])
 
 
-def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> dict[str, object]:
+def best_configurations(sweep: PartitionSweep, predicted_time: NDArray[np.float64]
+                        ) -> BestConfigurations:
     """Where the measured fastest configuration ranks among the predicted ones (1 = fastest),
     and how much slower (%) the predicted fastest measures than it."""
     c = sweep.configs
@@ -586,20 +589,18 @@ def _best_rank(sweep: PartitionSweep, predicted_time: NDArray[np.float64]) -> di
     rank = int(np.sum(predicted_time < predicted_time[best])) + 1
     pred_best = int(np.argmin(predicted_time))
 
-    def cfg(i: int) -> dict[str, int]:
-        return {"overlap_start": int(c.start[i]), "overlap_end": int(c.end[i]),
-                "comm_sm_number": int(c.sms[i]), "comm_block_size": int(c.threads[i])}
+    def cfg(i: int) -> SweepConfiguration:
+        return SweepConfiguration(int(c.start[i]), int(c.end[i]), int(c.sms[i]),
+                                  int(c.threads[i]))
 
-    return {"measured_best": {**cfg(best), "time_s": float(sweep.time_s[best])},
-            "measured_best_predicted_rank": rank,
-            "predicted_best": {**cfg(pred_best), "time_s": float(predicted_time[pred_best]),
-                               "measured_time_s": float(sweep.time_s[pred_best]),
-                               "measured_excess_pct": float(change_pct(
-                                   sweep.time_s[best], sweep.time_s[pred_best]))}}
+    return BestConfigurations(
+        cfg(best), float(sweep.time_s[best]), rank, cfg(pred_best),
+        float(predicted_time[pred_best]), float(sweep.time_s[pred_best]),
+        float(change_pct(sweep.time_s[best], sweep.time_s[pred_best])))
 
 
 def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
-                predicted_energy: NDArray[np.float64], min_rows: int = 5) -> dict[str, object]:
+                predicted_energy: NDArray[np.float64], min_rows: int = 5) -> FloorSlope:
     """What each SM given to the collective past a window's fastest SM count costs, measured and
     predicted: the least-squares slope of time (us per SM) and energy (mJ per SM) over SM count
     from that window's (and block size's) measured fastest SM count up, averaged over the
@@ -629,28 +630,14 @@ def floor_slope(sweep: PartitionSweep, predicted_time: NDArray[np.float64],
             1e3 * predicted_energy)))
         blocks.append(int(b))
     if not slopes:
-        return {"windows": 0}
+        return FloorSlope(0)
     table, block = np.array(slopes), np.array(blocks)
     mean = table.mean(axis=0)
-    by_block = {str(b): {"windows": int(np.sum(block == b)),
-                         "measured_us_per_sm": float(table[block == b, 0].mean()),
-                         "predicted_us_per_sm": float(table[block == b, 1].mean())}
+    by_block = {str(b): BlockFloorSlope(int(np.sum(block == b)),
+                                        float(table[block == b, 0].mean()),
+                                        float(table[block == b, 1].mean()))
                 for b in sorted(set(blocks))}
-    return {"windows": len(slopes), "measured_us_per_sm": float(mean[0]),
-            "predicted_us_per_sm": float(mean[1]), "measured_mj_per_sm": float(mean[2]),
-            "predicted_mj_per_sm": float(mean[3]), "by_block": by_block}
+    return FloorSlope(len(slopes), float(mean[0]), float(mean[1]), float(mean[2]),
+                      float(mean[3]), by_block)
 
 
-def floor_slope_text(slope: dict[str, Any]) -> str:
-    """One report line for :func:`floor_slope`: the floor's rise per collective SM, measured
-    against predicted (or why there is none)."""
-    if not slope.get("windows"):
-        return "floor past the fastest SM count: no window has enough rows past it"
-    return (f"floor past each window's fastest SM count ({slope['windows']} pairs of window and "
-            f"block size): measured "
-            f"{slope['measured_us_per_sm']:+.1f} us and {slope['measured_mj_per_sm']:+.2f} mJ "
-            f"per SM, predicted {slope['predicted_us_per_sm']:+.1f} us and "
-            f"{slope['predicted_mj_per_sm']:+.2f} mJ"
-            + "".join(f"; {b}-thread blocks: measured {v['measured_us_per_sm']:+.1f} us, "
-                      f"predicted {v['predicted_us_per_sm']:+.1f} us"
-                      for b, v in slope.get("by_block", {}).items()))
