@@ -30,7 +30,14 @@ import pandas as pd
 from baselines.profiles import check_arguments, frequencies_record
 from kareus.energy import iteration_energy
 from kareus.errors import JobRefused
-from kareus.graph import Direction, Instruction, critical_path, one_f_one_b, schedule_times
+from kareus.graph import (
+    Direction,
+    Instruction,
+    boundary_delays,
+    critical_path,
+    one_f_one_b,
+    schedule_times,
+)
 from kareus.methods.profiling import profile_instructions, profile_to_options
 from kareus.methods.tradeoff import Option, replay_knobs, whole_dag_problem
 from kareus.plan import InstructionPlan, IterationPlan
@@ -90,7 +97,8 @@ def clock_knob(knob: Hashable) -> float:
 
 
 def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0) -> EnvPipeRun:
+                microbatches: int, p2p_s: float | Sequence[float] = 0.0,
+                unit_time_s: float = 0.0) -> EnvPipeRun:
     """EnvPipe's procedure, as the Perseus authors' ``lowtime/scripts/envpipe.py`` runs it.
 
     1. The envelope (:func:`in_envelope`) runs at the top clock; every other instruction starts
@@ -107,7 +115,8 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
             number, :func:`clock_knob`); a type's sorted clocks are its clock steps.
         stages: Pipeline stages.
         microbatches: Microbatches per iteration.
-        p2p_s: Activation transfer between stages (s), on every cross-stage dependency.
+        p2p_s: Activation transfer between stages (s), on every cross-stage dependency: one
+            time for every boundary, or one per boundary (``b``: between stages ``b``, ``b + 1``).
         unit_time_s: When positive, the critical path is found on instruction times quantized
             down to this unit (the Perseus emulation's time unit); 0 uses the measured times.
     """
@@ -133,14 +142,15 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
                 c = clocks[ins.type_key]
                 clock[ins] = c[c.index(low) + 1]
         steps += 1
-    hops = sum(1 for a, b in zip(path, path[1:]) if a.stage != b.stage)
-    length = sum(measured[ins.type_key][clock[ins]] for ins in path) + hops * p2p_s
+    delays = boundary_delays(stages, p2p_s)
+    hops = sum(delays[min(a.stage, b.stage)] for a, b in zip(path, path[1:]) if a.stage != b.stage)
+    length = sum(measured[ins.type_key][clock[ins]] for ins in path) + hops
     return EnvPipeRun(clock, tuple(path), length, steps)
 
 
 def envpipe_clocks(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                   microbatches: int, p2p_s: float = 0.0, unit_time_s: float = 0.0
-                   ) -> dict[Instruction, float]:
+                   microbatches: int, p2p_s: float | Sequence[float] = 0.0,
+                   unit_time_s: float = 0.0) -> dict[Instruction, float]:
     """EnvPipe's knob (clock, MHz) for every instruction (:func:`envpipe_run`'s clocks)."""
     return envpipe_run(options, stages, microbatches, p2p_s, unit_time_s).clocks
 
@@ -186,7 +196,7 @@ class EnvPipe:
         plan_at = {c: InstructionPlan.make(c) for c in problem.knobs.clocks_mhz}
         options = profile_instructions(backend, g, sorted(plan_at),
                                        lambda c: plan_at[clock_knob(c)])
-        clock = envpipe_clocks(options, g.stages, g.microbatches, backend.p2p_time(g))
+        clock = envpipe_clocks(options, g.stages, g.microbatches, backend.p2p_times(g))
         return [IterationPlan({ins: plan_at[c] for ins, c in clock.items()}, label="envpipe")]
 
     def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,

@@ -89,7 +89,7 @@ def test_the_simulator_optimizer_runs_the_same_algorithm(small):
     g, be = small.graph, small.backend
     options = profile_instructions(be, g, small.knobs.clocks_mhz,
                                    lambda c: InstructionPlan.make(float(c)))
-    expected = envpipe_clocks(options, g.stages, g.microbatches, be.p2p_time(g))
+    expected = envpipe_clocks(options, g.stages, g.microbatches, be.p2p_times(g))
     assert {i: p.clock_mhz for i, p in plan.instructions.items()} == expected
 
 

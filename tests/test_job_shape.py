@@ -655,14 +655,13 @@ def test_each_stage_boundary_delays_by_its_own_transfer():
 def test_stages_sharing_a_node_send_over_nvlink():
     """TP4 over eight stages puts two stages on a node: boundaries 1, 3 and 5 cross nodes and
     take the network's time, the others NVLink's; the iteration is faster than with every
-    boundary on the network, and the solvers' one figure is the boundaries' mean."""
+    boundary on the network; the solvers take each boundary's own."""
     w = make_workload("gpt3-xl", tp=4, pp=8, dp=1, microbatches=16)
     g = build_iteration_graph(w)
     sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
     times = sim.p2p_times(g)
     inside, across = times[0], times[1]
     assert inside < across and times == (inside, across) * 3 + (inside,)
-    assert sim.p2p_time(g) == pytest.approx((3 * across + 4 * inside) / 7)
     faster = sim.evaluate_plan(g, IterationPlan.uniform(g, 1410)).energy.time_s
     slowest = replace(g, p2p_across_nodes=())
     assert sim.p2p_times(slowest) == (across,) * 7

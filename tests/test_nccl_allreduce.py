@@ -58,7 +58,7 @@ def test_a_transfer_between_stages_in_a_node_is_one_ring_step() -> None:
     assert g.p2p is not None and g.p2p.intra_node
     base = get_preset("a100-sxm4-40gb")
     slower = base.with_overrides(comm_step_latency_s=7e-6)
-    dt = SimulatorBackend(slower).p2p_time(g) - SimulatorBackend(base).p2p_time(g)
+    dt = SimulatorBackend(slower).p2p_times(g)[0] - SimulatorBackend(base).p2p_times(g)[0]
     assert dt == pytest.approx(7e-6)
 
 

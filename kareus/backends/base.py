@@ -130,8 +130,8 @@ class Backend(Protocol):
         """One whole iteration."""
         ...
 
-    def p2p_time(self, graph: IterationGraph) -> float:
-        """Time (s) of one activation transfer between adjacent pipeline stages that an
-        iteration's schedule puts between a stage's instruction and the next stage's; 0 when the
-        backend's instruction times already contain it."""
+    def p2p_times(self, graph: IterationGraph) -> tuple[float, ...]:
+        """Time (s) of one activation transfer across each stage boundary (``b``: between stages
+        ``b`` and ``b + 1``) that an iteration's schedule puts between a stage's instruction and
+        the next stage's; zeros when the backend's instruction times already contain them."""
         ...

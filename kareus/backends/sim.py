@@ -826,13 +826,6 @@ class SimulatorBackend:
         across = graph.p2p_across_nodes or (True,) * (graph.stages - 1)
         return tuple(t_across if a else t_inside for a in across)
 
-    def p2p_time(self, graph: IterationGraph) -> float:
-        """One figure for every stage boundary (s), the mean of :meth:`p2p_times`: the fixed
-        transfer the optimizers' solvers put between stages. :meth:`evaluate_plan` times each
-        boundary with its own."""
-        times = self.p2p_times(graph)
-        return sum(times) / len(times) if times else 0.0
-
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
         plan.validate(graph, self.gpu)

@@ -104,7 +104,7 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     """
     graph = problem.graph
     fast = settings.solver == "fast"
-    p2p = problem.backend.p2p_time(graph)
+    p2p = problem.backend.p2p_times(graph)  # each boundary's own, as the iteration runs them
     unit = settings.unit_ms / 1e3
     why = unit_problem(unit, [o.time_s for opts in options.values() for o in opts], exact=not fast)
     if why:

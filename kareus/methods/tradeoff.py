@@ -18,9 +18,10 @@ the ``lowtime`` reference driver for Perseus:
    guesses, keeping the best fit, as the authors' driver does).
 4. Build the synchronous 1F1B DAG of ``lowtime.perseus`` (program order within a stage, forward and
    backward dependencies between stages, a dummy source 0 and sink 1). When the executing
-   backend puts an activation transfer between stages (``p2p_time_s`` > 0), every cross-stage
-   edge carries it as an operation of fixed duration, so that the solver's critical path is the
-   one the iteration runs; Perseus's own profiles (and ``kareus perseus``) have none.
+   backend puts an activation transfer between stages (``p2p_time_s`` > 0: one time for every
+   boundary, or one per boundary), every cross-stage edge carries its boundary's as an operation
+   of fixed duration, so that the solver's critical path is the one the iteration runs;
+   Perseus's own profiles (and ``kareus perseus``) have none.
 5. Run ``PhillipsDessouky``: each step shortens the iteration by one time unit and assigns every
    instruction the slowest option that meets its new duration.
 
@@ -49,7 +50,7 @@ import networkx as nx
 from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
 from kareus.frontier import even_indices
-from kareus.graph import Direction, Instruction, dag_dependencies, one_f_one_b
+from kareus.graph import Direction, Instruction, boundary_delays, dag_dependencies, one_f_one_b
 
 if TYPE_CHECKING:
     from lowtime.cost_model import CostModel
@@ -169,7 +170,7 @@ def fold_map(microbatches: int, solved: int) -> Callable[[int], int]:
 
 def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
           microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
-          prefilter: Prefilter = "raw", p2p_time_s: float = 0.0,
+          prefilter: Prefilter = "raw", p2p_time_s: float | Sequence[float] = 0.0,
           fast: bool = False) -> Iterator[SolverStep]:
     """Run the Perseus time–cost tradeoff; yield every solver step in solver order (when no
     operation can be sped up, lowtime has no step: its starting point is then the one step,
@@ -183,7 +184,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         unit_time_s: Time quantum (s); Perseus uses 1 ms.
         prefilter: ``"raw"`` or ``"effective"`` Pareto pre-filter (see module docstring).
         p2p_time_s: Activation transfer between adjacent stages (s), a fixed operation on every
-            cross-stage edge; 0 for none.
+            cross-stage edge: one time for every boundary, or one per boundary (``b``: between
+            stages ``b`` and ``b + 1``); 0 for none.
         fast: Solve the DAG of :func:`folded_microbatches`, giving the steady-state
             microbatches the options of its middle one, with OR-tools' minimum cuts
             (:class:`~kareus.methods.phillips_dessouky.IncrementalPhillipsDessouky`); ``False``
@@ -198,7 +200,11 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         raise InputError(f"unknown pre-filter {prefilter!r}; choose raw or effective")
     if not unit_time_s > 0:
         raise InputError(f"unit time must be positive, got {unit_time_s}")
-    if not p2p_time_s >= 0:
+    try:
+        delays = boundary_delays(stages, p2p_time_s)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if not all(d >= 0 for d in delays):
         raise InputError(f"P2P time must be non-negative, got {p2p_time_s}")
     classes: dict[Direction, type[LowtimeInstruction]] = {"forward": Forward,
                                                           "backward": Backward}
@@ -232,8 +238,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     solved = folded_microbatches(stages, microbatches) if fast else microbatches
     dag, nodes = build_1f1b_dag(spec_map, stages, solved)
     layout = _layout(nodes, stages, microbatches, solved)
-    if p2p_time_s > 0:
-        _add_transfers(dag, nodes, p2p_time_s, unit_time_s)
+    if any(d > 0 for d in delays):
+        _add_transfers(dag, nodes, delays, unit_time_s)
     solver = IncrementalPhillipsDessouky(dag, cut="ortools" if fast else "lowtime")
     quiet = logging.getLogger("lowtime")
     level = quiet.level
@@ -418,9 +424,10 @@ def _fixed_operation(time_s: float, unit_time_s: float) -> object:
     return Operation[None](spec=OperationSpec[None](options=cand, cost_model=ZeroCost()))
 
 
-def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]], time_s: float,
-                   unit_time_s: float) -> None:
-    """Put a fixed transfer of ``time_s`` on every edge between instructions of two stages."""
+def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
+                   delays: Sequence[float], unit_time_s: float) -> None:
+    """Put a fixed transfer on every edge between instructions of two stages: ``delays[b]`` (s)
+    across boundary ``b``, between stages ``b`` and ``b + 1``."""
     stage_of = {id(lt): ins.stage for ins, lt in nodes}
     node_stage = {n: stage_of.get(id(d.get("op"))) for n, d in dag.nodes(data=True)}
     cross = [(u, v) for u, v in dag.edges if node_stage[u] is not None
@@ -428,7 +435,8 @@ def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
     next_id = max(dag.nodes) + 1
     for u, v in cross:
         dag.remove_edge(u, v)
-        dag.add_node(next_id, op=_fixed_operation(time_s, unit_time_s))
+        dag.add_node(next_id, op=_fixed_operation(
+            delays[min(node_stage[u], node_stage[v])], unit_time_s))
         dag.add_edge(u, next_id)
         dag.add_edge(next_id, v)
         next_id += 1
@@ -496,19 +504,23 @@ class SlackReclaimer:
     ends by its latest finish (the backward pass from ``T`` over the other instructions' current
     durations) when started at its earliest start (its predecessors as already chosen). Every
     instruction not yet visited can still keep its option, so the makespan never grows and the
-    energy never rises; passes repeat while they still save energy (at most ``passes``).
+    energy never rises; passes repeat while they still save energy (at most ``passes``). The
+    transfers between stages (``p2p_time_s``: one time, or one per boundary) must be the ones
+    the iteration runs: with a boundary's transfer understated, the slack it computes is not
+    there and the makespan grows.
     """
 
     def __init__(self, options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                 microbatches: int, static_power_w: float, p2p_time_s: float = 0.0,
-                 passes: int = 3) -> None:
+                 microbatches: int, static_power_w: float,
+                 p2p_time_s: float | Sequence[float] = 0.0, passes: int = 3) -> None:
         from bisect import bisect_right
 
         from kareus.graph import topological_order
 
         self._bisect = bisect_right
         self.stages, self.microbatches = stages, microbatches
-        self.p2p, self.passes, self.static_power_w = p2p_time_s, passes, static_power_w
+        self.delays = boundary_delays(stages, p2p_time_s)
+        self.passes, self.static_power_w = passes, static_power_w
         self.order = topological_order(stages, microbatches)
         self.preds = dag_dependencies(stages, microbatches)
         self.succs: dict[Instruction, list[Instruction]] = {i: [] for i in self.preds}
@@ -538,7 +550,8 @@ class SlackReclaimer:
         return {ins: o.knob for ins, o in chosen.items()}
 
     def _gap(self, a: Instruction, b: Instruction) -> float:
-        return self.p2p if a.stage != b.stage else 0.0
+        """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
+        return self.delays[min(a.stage, b.stage)] if a.stage != b.stage else 0.0
 
     def _one_pass(self, chosen: dict[Instruction, Option]) -> bool:
         end: dict[Instruction, float] = {}
@@ -632,7 +645,7 @@ def unit_problem(unit_s: float, times_s: Sequence[float], *, exact: bool) -> str
 
 
 def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                microbatches: int, p2p_time_s: float) -> float:
+                microbatches: int, p2p_time_s: float | Sequence[float]) -> float:
     """How much a solve shortens the iteration (s): from every instruction at its slowest
     Pareto-optimal option (its least-energy one) to every one at its fastest, both timed on the
     1F1B schedule of ``microbatches`` (:func:`kareus.graph.schedule_times`). Each solver step

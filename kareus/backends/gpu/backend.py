@@ -270,10 +270,10 @@ class GPUBackend:
                              PlanResult, graph)
         return aggregate_iteration(graph, ranks, self.static_power_w)
 
-    def p2p_time(self, graph: IterationGraph) -> float:
-        """0: on GPUs the transfers run inside the measured iteration, and instruction
+    def p2p_times(self, graph: IterationGraph) -> tuple[float, ...]:
+        """Zeros: on GPUs the transfers run inside the measured iteration, and instruction
         profiles are taken without them (as Perseus's profiler does)."""
-        return 0.0
+        return (0.0,) * max(graph.stages - 1, 0)
 
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
                              plan: InstructionPlan) -> InstructionCost:
