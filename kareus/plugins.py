@@ -426,15 +426,22 @@ def load_error(name: str) -> str:
     module's import error, a ``Settings`` that is not a dataclass or whose defaults it refuses,
     a constructor that raises, or a class without ``name`` and ``optimize`` (it is built as
     :func:`load_optimizer` builds it, with default settings). A setting without a default is
-    the user's to give, not a fault."""
+    the user's to give, not a fault; the constructor of such a plugin is not run here, only its
+    class checked."""
     try:
         load_optimizer(name)
     except PluginError as e:
         return str(e)
     except InputError as e:
-        if "is required" in str(e):
-            return ""
-        return f"plugin {name!r}: its default settings are refused: {e}"
+        if "is required" not in str(e):
+            return f"plugin {name!r}: its default settings are refused: {e}"
+        # a setting the user must give: the constructor cannot run without it, but the class
+        # can still be checked for the optimizer's two members
+        cls = _optimizer_class(name)
+        missing = [m for m in ("name", "optimize") if not hasattr(cls, m)]
+        if missing:
+            return (f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) is not an optimizer: "
+                    f"it has no `{'` and no `'.join(missing)}`")
     return ""
 
 

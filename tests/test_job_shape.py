@@ -200,6 +200,11 @@ def test_each_stage_synchronises_over_its_own_groups():
         w = make_workload("gpt3-xl", tp=4, dp=3, pp=2, gpus_per_node=gpus_per_node)
         return build_iteration_graph(w).instruction_graphs[(0, "forward")].sequential[0].comm
 
+    # each stage's own TP groups: with nodes of 6, TP4 over three stages puts stage 1's group
+    # (ranks 4-7) on two nodes and stages 0 and 2 inside one
+    g3 = build_iteration_graph(make_workload("gpt3-xl", tp=4, pp=3, dp=1, gpus_per_node=6))
+    assert [g3.instruction_graphs[(s, "forward")].sequential[0].comm.intra_node
+            for s in range(3)] == [True, False, True]
     assert tp_comm(12).intra_node
     assert (tp_comm(6).nodes, tp_comm(6).ranks_per_node) == (2, 2)
     assert (tp_comm(3).nodes, tp_comm(3).ranks_per_node) == (2, 1)

@@ -596,3 +596,21 @@ def test_a_plugin_fault_names_what_is_missing(monkeypatch):
     with pytest.raises(PluginError, match=r"^plugin 'plain-settings' \(tests\.test_plugins:"
                                           r"_NotADataclassSettings\): Settings must be a dataclass"):
         load_optimizer("plain-settings")
+
+
+class _RequiredNoOptimize:
+    name = "required-no-optimize"
+    Settings = _PlainSettings  # clock_mhz has no default
+
+    def __init__(self, settings):
+        self.settings = settings
+
+
+def test_the_listing_checks_a_plugin_whose_settings_are_required(monkeypatch):
+    """A setting without a default keeps the constructor from running in the listing, but a class
+    without `optimize` is still named there."""
+    eps = {c.name: _EntryPoint(c) for c in (_RequiredNoOptimize, _Declares)}
+    real = plugins.registered_optimizers()
+    monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
+    assert "has no `optimize`" in plugins.load_error("required-no-optimize")
+    assert plugins.load_error("declares") == ""

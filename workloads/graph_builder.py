@@ -354,7 +354,7 @@ def dropout_op(name: str, nbytes: float, flops: float) -> ComputeOp:
 class _LayerOps:
     """The op lists of one layer for ``b`` sequences (one nanobatch or a full microbatch)."""
 
-    def __init__(self, model: ModelSpec, w: Workload, b: int) -> None:
+    def __init__(self, model: ModelSpec, w: Workload, b: int, stage: int | None = None) -> None:
         p = w.parallel
         self.m = model
         self.b = b
@@ -369,8 +369,9 @@ class _LayerOps:
         self.hkv = model.kv_heads // p.tp
         self.ffn = model.ffn // p.tp
         self.tp, self.cp, self.seq = p.tp, p.cp, p.seq
-        self.tp_place = p.group_placement(p.tp, 1)
-        self.cp_place = p.group_placement(p.cp, p.tp)
+        # the groups of ``stage`` (None: the job's slowest), which its collectives run over
+        self.tp_place = p.group_placement(p.tp, 1, stage)
+        self.cp_place = p.group_placement(p.cp, p.tp, stage)
 
     # -- collectives -------------------------------------------------------------------------
     def _tp_ar(self, name: str) -> CommOp | None:
@@ -607,7 +608,7 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     t = p.tokens_per_gpu
     h, v = m.hidden, m.vocab // p.tp
     eb = p.element_bytes
-    place = p.group_placement(p.tp, 1)
+    place = p.group_placement(p.tp, 1, stage)
     segs: list[Segment] = []
 
     def tp_all_reduce(name: str, nbytes: float) -> CommOp | None:
@@ -717,10 +718,16 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
     """The iteration graph of ``w`` (per-GPU ops; all GPUs of a stage do the same work)."""
     m, p = w.model, w.parallel
     nb = p.nanobatches
-    full = _LayerOps(m, w, p.mbs)
-    half = _LayerOps(m, w, p.mbs // nb) if p.splits_into_nanobatches else None
     graphs: dict[tuple[int, Direction], InstructionGraph] = {}
+    # a stage's TP and CP collectives run over its own groups; stages whose groups have the
+    # same shape share their layers' ops
+    layer_ops: dict[tuple[tuple[int, int], tuple[int, int]], tuple] = {}
     for stage, layers in enumerate(w.stage_layers()):
+        shape = (p.group_placement(p.tp, 1, stage), p.group_placement(p.cp, p.tp, stage))
+        if shape not in layer_ops:
+            layer_ops[shape] = (_LayerOps(m, w, p.mbs, stage), _LayerOps(
+                m, w, p.mbs // nb, stage) if p.splits_into_nanobatches else None)
+        full, half = layer_ops[shape]
         for direction in _DIRECTIONS:
             blocks = _instruction_ops(full, direction)
             sequential = tuple(

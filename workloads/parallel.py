@@ -203,10 +203,11 @@ class ParallelConfig:
         consecutive ranks per node).
 
         Groups of one kind start at every rank ``r`` with ``r mod (size · stride) < stride``
-        (and end inside the job); with ``stage``, only those of that pipeline stage. They run at
-        once and the iteration waits for the slowest, so this is the group spread over the most
-        nodes and, of those, the one with the fewest ranks on its emptiest node (whose share of
-        the network binds): ``ranks_per_node`` is that node's count. When the node size is a
+        (and end inside the job); with ``stage``, only those of that pipeline stage (the graph
+        gives each stage its own TP, CP and gradient groups). The groups of a stage run at once
+        and the stage waits for the slowest, so this is the group spread over the most nodes
+        and, of those, the one with the fewest ranks on its emptiest node (whose share of the
+        network binds): ``ranks_per_node`` is that node's count. When the node size is a
         multiple of the group's extent, or the other way round, every group has the same shape;
         otherwise some groups straddle a node boundary that the first one does not (TP4 on
         nodes of 6: ranks 4-7 sit two and two on two nodes)."""

@@ -26,9 +26,13 @@ HOLDOUT_METHOD = "fit on half the windows (alternating), predict the other half;
 
 def _number(d: Mapping[str, Any], key: str) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{key} is {v!r}, not a finite number")
-    return float(v)
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+    except OverflowError:  # an integer past a float's range
+        ok = False
+    if not ok:
+        raise ValueError(f"{key} is {str(v)[:40]!r}, not a finite number")
+    return float(v)  # type: ignore[arg-type]
 
 
 def _integer(d: Mapping[str, Any], key: str) -> int:
