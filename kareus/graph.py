@@ -234,7 +234,13 @@ class IterationGraph:
         overlap_grad_reduce: The stage tail's data-parallel gradient reduction runs in
             ``grad_buckets`` buckets during the last microbatch's backward (Megatron-LM's
             ``--overlap-grad-reduce``); otherwise it runs whole after it.
-        grad_buckets: Gradient buckets per stage (1 without overlap).
+        grad_buckets: Gradient buckets per stage (1 without overlap); with
+            ``param_gather`` also its parameter all-gather's buckets.
+        param_gather: Per stage, the distributed optimizer's parameter all-gather when it runs
+            under the stage's first forward (Megatron-LM's ``--overlap-param-gather``) instead
+            of in the stage tail: launched bucket by bucket as that forward reaches each bucket
+            (:meth:`~kareus.backends.sim.SimulatorBackend.overlapped_param_gather` decides how
+            much stays exposed); empty otherwise.
         nanobatch_refusal: Why the iteration cannot be nanobatched (e.g. a micro-batch size the
             nanobatches do not divide); empty when it can.
         job: The job the graph was built from, as plain JSON data (the workload's ``name`` and
@@ -254,6 +260,7 @@ class IterationGraph:
     model_flops: float = 0.0
     overlap_grad_reduce: bool = False
     grad_buckets: dict[int, int] = field(default_factory=dict)
+    param_gather: dict[int, CommOp] = field(default_factory=dict)
     nanobatch_refusal: str = ""
     p2p_across_nodes: tuple[bool, ...] = ()
     job: Mapping[str, object] = field(default_factory=dict, compare=False)

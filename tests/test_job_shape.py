@@ -120,6 +120,55 @@ def test_overlapped_grad_reduction_hides_most_of_it():
     assert [s.comm.collective for s in dist.stage_tail[0]] == ["reduce_scatter", "all_gather"]
 
 
+def test_overlapped_param_gather_waits_under_the_first_forward():
+    """``--overlap-param-gather`` moves the distributed optimizer's all-gather from the stage
+    tail to the next iteration's first forward. In one bucket (no ``--overlap-grad-reduce``)
+    the forward waits for all of it: a single stage takes as long and as much energy as
+    before. In buckets, each later one gathers under the forward of the bucket before. A later
+    pipeline stage gathers its one bucket only once its first activation has arrived, on the
+    pipeline's filling path, where the tail had hidden it."""
+    kw = dict(tp=1, pp=1, dp=8, mbs=2, microbatches=2, seq=1024, distributed_optimizer=True)
+    at_end = _time(make_workload("gpt3-xl", **kw))
+    g = build_iteration_graph(make_workload("gpt3-xl", overlap_param_gather=True, **kw))
+    assert [s.comm.collective for s in g.stage_tail[0] if s.comm] == ["reduce_scatter"]
+    assert g.param_gather[0].collective == "all_gather" and g.grad_buckets[0] == 1
+    moved = _time(make_workload("gpt3-xl", overlap_param_gather=True, **kw))
+    assert moved.energy.time_s == pytest.approx(at_end.energy.time_s, rel=1e-9)
+    assert moved.energy.total_j == pytest.approx(at_end.energy.total_j, rel=1e-9)
+    assert moved.stage_tail_s[0] < at_end.stage_tail_s[0]
+    bucketed = dict(kw, overlap_grad_reduce=True)
+    assert (_time(make_workload("gpt3-xl", overlap_param_gather=True, **bucketed)).energy.time_s
+            < _time(make_workload("gpt3-xl", **bucketed)).energy.time_s)
+    two = dict(tp=8, pp=2, dp=8, mbs=8, microbatches=8, distributed_optimizer=True)
+    late = _time(make_workload("llama3.2-3b", overlap_param_gather=True, **two))
+    before = _time(make_workload("llama3.2-3b", **two))
+    first = [ins for ins in late.instruction_times if ins.stage == 1 and ins.microbatch == 0
+             and ins.direction == "forward"][0]
+    assert late.instruction_times[first][0] > before.instruction_times[first][0]
+    assert late.energy.time_s > before.energy.time_s
+
+
+def test_param_gather_buckets_hide_behind_the_forward():
+    """The exposed part of a bucketed all-gather under a forward: the first bucket always; the
+    rest only where a bucket gathers longer than the forward computes the bucket before."""
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    g = build_iteration_graph(make_workload("gpt3-xl", tp=1, pp=1, dp=8, distributed_optimizer=True,
+                                            overlap_param_gather=True))
+    comm, f = g.param_gather[0], sim._scalar_index(1410.0)
+    bucket = sim._bucket_time(comm, 4, f)
+    assert sim.overlapped_param_gather(comm, 1, 1.0, f) == pytest.approx(
+        sim._bucket_time(comm, 1, f))
+    assert sim.overlapped_param_gather(comm, 4, 1.0, f) == pytest.approx(bucket)
+    assert sim.overlapped_param_gather(comm, 4, 0.0, f) == pytest.approx(4 * bucket)
+    share = bucket / 2  # each later bucket shows half of itself
+    assert sim.overlapped_param_gather(comm, 4, 4 * share, f) == pytest.approx(bucket + 3 * share)
+
+
+def test_overlap_param_gather_needs_the_distributed_optimizer():
+    with pytest.raises(WorkloadError, match="needs --distributed-optimizer"):
+        make_workload("gpt3-xl", dp=2, overlap_param_gather=True)
+
+
 def test_gradient_buckets_count_a_rank_s_own_parameters():
     """Megatron-core's buckets hold ``max(40 M, 1 M x DP)`` of the rank's (TP-sharded)
     parameters, DP without CP, on the first pipeline stage only (the others reduce in one

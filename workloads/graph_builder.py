@@ -670,6 +670,8 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
       ranks that hold the same parameters (DP x CP, :attr:`ParallelConfig.grad_sync_ranks`), or
       reduce-scattered with the distributed optimizer, which all-gathers the updated
       parameters after its step.
+    - With ``overlap_param_gather`` the all-gather leaves the tail for the next iteration's
+      first forward (:func:`param_gather`).
     - Without ``overlap_grad_reduce`` the reduction runs whole after the last backward. With it,
       buckets are reduced during the last microbatch's backward (:func:`overlapped_grad_sync`
       in the simulator decides how much stays exposed); the tail keeps the collective with the
@@ -701,8 +703,8 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
         if p.distributed_optimizer:
             tail.append(Segment((), _comm("dp_reducescatter_grads", "reduce_scatter",
                                           grad_b * params, ranks, place)))
-            gather = _comm("dp_allgather_params", "all_gather", p.element_bytes * params, ranks,
-                           place)
+            if not p.overlap_param_gather:
+                gather = param_gather(w, stage)
         else:
             tail.append(Segment((), _comm("dp_allreduce_grads", "all_reduce", grad_b * params,
                                           ranks, place)))
@@ -712,6 +714,15 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
             p.group_placement(2, (p.pp - 1) * p.gpus_per_stage))))
     tail.append(Segment(label_slots([step]), gather))
     return tuple(tail)
+
+
+def param_gather(w: Workload, stage: int) -> CommOp:
+    """The distributed optimizer's all-gather of ``stage``'s updated parameters (in the working
+    precision) over the ranks that share them (DP x CP)."""
+    p = w.parallel
+    ranks = p.grad_sync_ranks
+    return _comm("dp_allgather_params", "all_gather", p.element_bytes * w.stage_params(stage),
+                 ranks, p.group_placement(ranks, p.tp, stage))
 
 
 def build_iteration_graph(w: Workload) -> IterationGraph:
@@ -752,8 +763,9 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
         across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s) for s in range(p.pp)}
-    # Megatron-core sizes buckets by DP alone (CP not counted) and turns bucketing off on every
-    # stage but the first, whose reduction is the one on the critical path
+    # Megatron-core sizes buckets by DP alone (CP not counted), buckets only with
+    # overlap_grad_reduce, and turns bucketing off on every stage but the first, whose reduction
+    # is the one on the critical path; the parameter all-gather uses the same buckets
     buckets = {s: max(1, math.ceil(w.stage_params(s) / grad_bucket_params(p.dp)))
                if p.overlap_grad_reduce and s == 0 else 1 for s in range(p.pp)}
     return IterationGraph(
@@ -762,6 +774,8 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
         p2p_across_nodes=across,
         stage_tail=tails, model_flops=model_flops(w),
         overlap_grad_reduce=p.overlap_grad_reduce and p.grad_sync_ranks > 1, grad_buckets=buckets,
+        param_gather={s: param_gather(w, s) for s in range(p.pp)}
+        if p.overlap_param_gather and p.grad_sync_ranks > 1 else {},
         nanobatch_refusal=p.nanobatch_refusal, job=w.to_dict(),
     )
 

@@ -106,6 +106,16 @@ class ParallelConfig:
             (Megatron-LM's ``--overlap-grad-reduce``, buckets of :func:`grad_bucket_params`
             of the rank's parameters on the first stage, one piece on the others, as
             Megatron-core buckets); without it one reduction runs after the last backward.
+        overlap_param_gather: The distributed optimizer's parameter all-gather leaves the end of
+            the optimizer step for the next iteration's first forward (Megatron-LM's
+            ``--overlap-param-gather``, which needs ``distributed_optimizer``): the forward
+            pre-hook of the first module that needs a bucket launches its all-gather and waits
+            for it, and launches the next bucket's, so the first bucket's stays exposed and each
+            later one runs under the forward of the bucket before. The buckets are the gradient
+            buckets (several on the first stage with ``overlap_grad_reduce``, one otherwise, as
+            Megatron-core sizes them); without interleaving Megatron-LM turns
+            ``align_param_gather`` off, so a later stage launches its all-gather only once its
+            first activation has arrived.
         cross_entropy: The loss over the vocabulary: ``"fused"`` (one kernel each way:
             Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it; close in
             bytes to PyTorch's log-softmax loss, which Hugging Face code calls) or ``"unfused"`` (Megatron-LM's
@@ -128,6 +138,7 @@ class ParallelConfig:
     precision: Precision = "bf16"
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
     attention: Attention = "flash"
     elementwise: Elementwise = "fused"
     cross_entropy: CrossEntropy = "fused"
@@ -428,8 +439,8 @@ def pipeline_fill_warnings(microbatches: int, stages: int) -> list[str]:
 #: ``summary.json``'s ``parallel``): the parallel degrees and everything the job-shape options set.
 JOB_FIELDS: tuple[str, ...] = (
     "tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
-    "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "attention", "elementwise",
-    "cross_entropy")
+    "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+    "attention", "elementwise", "cross_entropy")
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
@@ -509,6 +520,10 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "
             f"nodes of --gpus-per-node {p.gpus_per_node}; use a job of a multiple of "
             f"{p.gpus_per_node} GPUs or another node size")
+    if p.overlap_param_gather and not p.distributed_optimizer:
+        raise WorkloadError(
+            "--overlap-param-gather needs --distributed-optimizer: without it every rank steps "
+            "every parameter and no all-gather follows the step")
     if p.layer_split is not None:
         split = p.layer_split
         if len(split) != p.pp:
@@ -549,6 +564,7 @@ def make_workload(
     gpus_per_node: int | None = None,
     distributed_optimizer: bool | None = None,
     overlap_grad_reduce: bool | None = None,
+    overlap_param_gather: bool | None = None,
     attention: Attention | None = None,
     elementwise: Elementwise | None = None,
     cross_entropy: CrossEntropy | None = None,
@@ -570,7 +586,8 @@ def make_workload(
                          microbatches=microbatches, recompute=recompute,
                          layer_split=layer_split, precision=precision,
                          gpus_per_node=gpus_per_node, distributed_optimizer=distributed_optimizer,
-                         overlap_grad_reduce=overlap_grad_reduce, attention=attention,
+                         overlap_grad_reduce=overlap_grad_reduce,
+                         overlap_param_gather=overlap_param_gather, attention=attention,
                          elementwise=elementwise, cross_entropy=cross_entropy).items()
         if v is not None
     }

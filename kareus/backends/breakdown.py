@@ -12,7 +12,8 @@ Two views of each stage:
 - **The iteration** on one GPU of the stage, from the simulated schedule: its instructions
   (``instructions_s``, their durations added up), the waits before and between them
   (``waiting_s``: the pipeline filling, the stage waiting for its neighbours' work and for the
-  transfers between stages), what the host gains a single-stage job by issuing ahead across
+  transfers between stages, and with ``--overlap-param-gather`` for what its parameter
+  all-gather leaves exposed before its first forward), what the host gains a single-stage job by issuing ahead across
   instructions (``run_ahead_s``, subtracted), the stage's tail (``tail_s``: the optimizer step
   and what the data-parallel gradient synchronisation leaves exposed), and the time after its
   work until the iteration ends (``after_s``: in 1F1B the first stage ends last, so for the

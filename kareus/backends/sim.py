@@ -839,10 +839,22 @@ class SimulatorBackend:
             cost = self.evaluate_instruction(graph, ins.type_key, plan.instructions[ins])
             durations[ins] = cost.time_s
             dyn[ins.stage] += cost.dynamic_energy_j
-        times = schedule_times(graph.stages, graph.microbatches, durations,
-                               self.p2p_times(graph))
         run_ahead = self._run_ahead(graph, plan, order, durations)
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
+        # --overlap-param-gather: each stage's first forward waits for what its parameter
+        # all-gather leaves exposed (a wait before the forward in the instruction times)
+        gather_wait: dict[Instruction, float] = {}
+        for s, comm in graph.param_gather.items():
+            first = Instruction(s, 0, "forward")
+            gather_wait[first] = self.overlapped_param_gather(
+                comm, graph.grad_buckets.get(s, 1), durations[first], f_top)
+            dyn[s] += self._segment_cost(Segment((), comm), f_top)[1]
+            durations[first] += gather_wait[first]
+        times = schedule_times(graph.stages, graph.microbatches, durations,
+                               self.p2p_times(graph))
+        for ins, wait in gather_wait.items():
+            start, end = times[ins]
+            times[ins] = (start + wait, end)
         ends, tails = {}, {}
         last_end = [0.0] * graph.stages
         for ins, (_, end) in times.items():
@@ -898,6 +910,14 @@ class SimulatorBackend:
             host, lead = host + h, max(lead + a, b)
         return max(0.0, sum(durations[ins] for ins in order) - (host + lead))
 
+    def _bucket_time(self, comm: CommOp, buckets: int, f_idx: int) -> float:
+        """Time (s) of one of ``buckets`` equal buckets of ``comm`` on the library's own kernel
+        (its fixed latency included)."""
+        bucket = CommOp(comm.name, comm.collective, comm.bytes / buckets, comm.group,
+                        comm.intra_node, comm.nodes, comm.ranks_per_node)
+        ph, _ = self._comm_alone(bucket, (LIBRARY_DEFAULT,), self.gpu.comm_block_default)
+        return float(ph.time[0, f_idx])
+
     def overlapped_grad_sync(self, comm: CommOp, buckets: int, start_s: float, end_s: float,
                              f_idx: int) -> float:
         """Exposed time (s) of a gradient reduction split into ``buckets`` equal buckets and
@@ -905,17 +925,29 @@ class SimulatorBackend:
         backward's order) is ready when ``(b + 1) / buckets`` of the backward has run, and the
         buckets reduce one after another on NCCL's stream (each with its fixed latency). What
         runs past the backward's end is exposed."""
-        k = (LIBRARY_DEFAULT,)
-        threads = self.gpu.comm_block_default
-        bucket = CommOp(comm.name, comm.collective, comm.bytes / buckets, comm.group,
-                        comm.intra_node, comm.nodes, comm.ranks_per_node)
-        ph, _ = self._comm_alone(bucket, k, threads)
-        t_bucket = float(ph.time[0, f_idx])
+        t_bucket = self._bucket_time(comm, buckets, f_idx)
         done = start_s
         for b in range(buckets):
             ready = start_s + (end_s - start_s) * (b + 1) / buckets
             done = max(done, ready) + t_bucket
         return max(0.0, done - end_s)
+
+    def overlapped_param_gather(self, comm: CommOp, buckets: int, forward_s: float,
+                                f_idx: int) -> float:
+        """Exposed time (s) of a parameter all-gather split into ``buckets`` equal buckets and
+        run under a forward of ``forward_s`` (Megatron-LM's ``--overlap-param-gather``): the
+        forward pre-hook of the first module of bucket ``b`` (in the forward's order) waits
+        for its all-gather and launches the next, so the buckets gather one after another on
+        NCCL's stream while the forward computes each bucket's share ``forward_s / buckets``
+        once its own has arrived. What the forward waits in all is exposed: at least the first
+        bucket."""
+        t_bucket = self._bucket_time(comm, buckets, f_idx)
+        share = forward_s / buckets
+        gathered = computed = 0.0
+        for _ in range(buckets):
+            gathered += t_bucket
+            computed = max(computed, gathered) + share
+        return computed - forward_s
 
     def under_limit(self, limit_w: float) -> "SimulatorBackend":
         """This simulator under a board power limit of ``limit_w`` W (checked by
