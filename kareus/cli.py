@@ -979,6 +979,10 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
                                   <= preset.clock_max_mhz):
         raise InputError(f"--clock {clock} MHz outside {preset.name}'s "
                          f"{preset.clock_min_mhz:.0f}-{preset.clock_max_mhz:.0f} MHz")
+    asked = clock
+    if clock is not None:  # the clock the prediction runs at: the preset's grid, snapped down
+        grid = preset.clock_grid()
+        clock = float(grid[max(0, int(np.searchsorted(grid, clock + 1e-6)) - 1)])
     work = host = None
     source = calibration_path
     if calibration_path is not None:
@@ -997,7 +1001,7 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
                CONFIG_COLUMNS[3]: int(b), "time_s": float(ti), "energy_j": float(ei)}
               for s, e_, k, b, ti, ei in zip(configs.start, configs.end, configs.sms,
                                               configs.threads, t, e)]
-    obj = {"gpu": gpu, "spec": spec_path, "clock_mhz": clock,
+    obj = {"gpu": gpu, "spec": spec_path, "clock_mhz": clock,  # the clock it ran at
            "calibration": calibration_path, "parameters": source, "points": points}
 
     def text() -> str:
@@ -1006,7 +1010,10 @@ def partition(spec_path: str, configs_path: str, clock: float | None,
                         p["comm_block_size"], f"{p['time_s'] * 1e3:.3f}",
                         f"{p['energy_j']:.4f}"] for p in points),
                       title=f"{len(points)} configurations of {spec_path} on {gpu} at "
-                            f"{'the default clock' if clock is None else f'{clock:.0f} MHz'}")
+                            f"{'the default clock' if clock is None else f'{clock:.0f} MHz'}"
+                            + ("" if asked == clock else
+                               f" ({asked:g} MHz, snapped down to the preset's "
+                               f"{preset.clock_step_mhz:g} MHz grid)"))
 
     _emit(obj, as_json, text)
 

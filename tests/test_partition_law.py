@@ -213,6 +213,15 @@ def test_partition_command_predicts_every_row(tmp_path, spec_file, capsys):
                          "a100-sxm4-40gb", "--clock", "1200", "--json"], capsys)
     slow = json.loads(out)["points"]
     assert code == 0 and all(s["time_s"] > p["time_s"] for s, p in zip(slow, pts))
+    # a clock off the preset's 15 MHz grid runs at the grid clock below it, and says so
+    code, out, _ = _run(["partition", "--spec", str(spec_file), "--configs", str(cfg), "--gpu",
+                         "a100-sxm4-40gb", "--clock", "1207", "--json"], capsys)
+    snapped = json.loads(out)
+    assert code == 0 and snapped["clock_mhz"] == 1200.0 and snapped["points"] == slow
+    code, out, _ = _run(["partition", "--spec", str(spec_file), "--configs", str(cfg), "--gpu",
+                         "a100-sxm4-40gb", "--clock", "1207"], capsys)
+    title = "".join(out.split())  # the table's title wraps with the terminal
+    assert code == 0 and "at1200MHz(1207MHz,snappeddowntothepreset's15MHzgrid)" in title
 
 
 def test_the_spec_hash_ignores_free_text_only(spec):

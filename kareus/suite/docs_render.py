@@ -97,7 +97,7 @@ def render_paper_run(root: Path) -> str:
     took = f", {wall:.0f} s of wall time for that run" if isinstance(wall, (int, float)) else ""
     return (f"`results/paper/` was written by `python reproduce.py --suite paper` at commit "
             f"`{str(m.get('git_commit', '?'))[:10]}` ({m.get('gpu')}, {m.get('backend')} backend, "
-            f"Python {m.get('python')}{took}; each configuration's `timings.json` has its own).\n")
+            f"Python {m.get('python')}{took}; each configuration's `timings.json`, written by a run and not committed, has its own).\n")
 
 
 def render_headline(root: Path) -> str:
