@@ -309,7 +309,8 @@ def _breakdown_text(stages: Sequence[StageBreakdown], gpus_per_stage: int) -> st
             sb.iteration_s)] + [f"{sb.energy_j:.0f} ({sb.dynamic_j:.0f})"] for sb in stages),
         title="The iteration on one GPU of each stage, s; its energy, J",
         caption="waits: before and between its instructions (the pipeline filling, its "
-                "neighbours, transfers between stages); host run-ahead: without stages the host "
+                "neighbours, transfers between stages, an exposed --overlap-param-gather); "
+                "host run-ahead: without stages the host "
                 "issues ahead across micro-batches; after its work: until the iteration ends (in "
                 "1F1B the first stage ends last, so for the others the pipeline draining)")
     energy = sum(sb.energy_j for sb in stages) * gpus_per_stage

@@ -214,6 +214,23 @@ class Instruction:
 
 
 @dataclass(frozen=True)
+class GradBucket:
+    """One of a stage's data-parallel buckets, in the order Megatron-core fills them: the
+    stage's parameters in reverse (the backward's order: the output layer first, the input
+    embedding last), a bucket closed once it holds ``bucket_size`` parameters.
+
+    Attributes:
+        share: Its fraction of the stage's parameters, so of the bytes of each data-parallel
+            collective (the gradients' reduction, the parameters' all-gather).
+        layers: The transformer layers whose parameters it holds (layer-equivalents by
+            parameters: a layer's weights can straddle two buckets).
+    """
+
+    share: float
+    layers: float
+
+
+@dataclass(frozen=True)
 class IterationGraph:
     """One training iteration: per-(stage, direction) work and the 1F1B instruction order.
 
@@ -234,8 +251,10 @@ class IterationGraph:
         overlap_grad_reduce: The stage tail's data-parallel gradient reduction runs in
             ``grad_buckets`` buckets during the last microbatch's backward (Megatron-LM's
             ``--overlap-grad-reduce``); otherwise it runs whole after it.
-        grad_buckets: Gradient buckets per stage (1 without overlap); with
-            ``param_gather`` also its parameter all-gather's buckets.
+        grad_buckets: Per stage, its gradient buckets in the backward's order (one holding
+            everything without ``overlap_grad_reduce``); with ``param_gather`` also its
+            parameter all-gather's, which the forward reaches in the reverse order. A stage
+            missing here has one bucket.
         param_gather: Per stage, the distributed optimizer's parameter all-gather when it runs
             under the stage's first forward (Megatron-LM's ``--overlap-param-gather``) instead
             of in the stage tail: launched bucket by bucket as that forward reaches each bucket
@@ -259,7 +278,7 @@ class IterationGraph:
     stage_tail: dict[int, tuple[Segment, ...]] = field(default_factory=dict)
     model_flops: float = 0.0
     overlap_grad_reduce: bool = False
-    grad_buckets: dict[int, int] = field(default_factory=dict)
+    grad_buckets: dict[int, tuple[GradBucket, ...]] = field(default_factory=dict)
     param_gather: dict[int, CommOp] = field(default_factory=dict)
     nanobatch_refusal: str = ""
     p2p_across_nodes: tuple[bool, ...] = ()

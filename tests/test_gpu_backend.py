@@ -153,7 +153,9 @@ def test_unsupported_and_invalid_plans(tiny):
     g = build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=2))
     with pytest.raises(InputError, match="context parallelism"):
         b.evaluate_plan(g, IterationPlan.uniform(g, 1980.0))
-    for shape in ({"elementwise": "eager"}, {"attention": "unfused"}, {"cross_entropy": "unfused"}):
+    for shape in ({"elementwise": "eager"}, {"attention": "unfused"}, {"cross_entropy": "unfused"},
+                  {"dp": 2, "distributed_optimizer": True},
+                  {"dp": 2, "overlap_grad_reduce": True}):
         w = make_workload("llama3.2-3b", tp=4, **shape)
         with pytest.raises(InputError, match="simulator-only"):  # told the job, or not
             b.evaluate_plan(b.bind(w), IterationPlan.uniform(b.bind(w), 1980.0))

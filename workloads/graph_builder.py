@@ -29,6 +29,7 @@ from kareus.graph import (
     CommOp,
     ComputeOp,
     Direction,
+    GradBucket,
     InstructionGraph,
     IterationGraph,
     Partition,
@@ -716,6 +717,44 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
     return tuple(tail)
 
 
+def grad_buckets(w: Workload, stage: int) -> tuple[GradBucket, ...]:
+    """``stage``'s data-parallel buckets as Megatron-core's ``_ParamAndGradBuffer`` fills them:
+    the stage's weights in reverse order (the output layer, the layers from the last, their
+    weights from ``fc2`` back, the input embedding), a bucket closed once it holds
+    :func:`~workloads.parallel.grad_bucket_params` parameters, and with the distributed
+    optimizer a tied embedding shared across stages in a bucket of its own. Only the first
+    stage buckets, and only with ``overlap_grad_reduce``; every other stage (and every stage
+    without it) has one bucket."""
+    m, p = w.model, w.parallel
+    layers = w.stage_layers()[stage]
+    if not (p.overlap_grad_reduce and stage == 0):
+        return (GradBucket(1.0, float(layers)),)
+    layer_total = m.layer_params()
+    # forward order: (parameters, layer-equivalents, a tied embedding shared across stages)
+    weights: list[tuple[float, float, bool]] = []
+    shared = m.tied_embeddings and p.pp > 1 and p.distributed_optimizer
+    weights.append((m.embedding_params() / p.tp, 0.0, shared))
+    for _ in range(layers):
+        weights += [(n / p.tp, n / layer_total, False) for _, n in m.layer_tensors() if n]
+    if p.pp == 1 and not m.tied_embeddings:
+        weights.append((m.vocab * m.hidden / p.tp, 0.0, False))
+    size = grad_bucket_params(p.dp)
+    total = sum(n for n, _, _ in weights)
+    buckets: list[GradBucket] = []
+    params = held = 0.0
+    for n, share, own in reversed(weights):
+        if own and params:
+            buckets.append(GradBucket(params / total, held))
+            params = held = 0.0
+        params, held = params + n, held + share
+        if params >= size or own:
+            buckets.append(GradBucket(params / total, held))
+            params = held = 0.0
+    if params:
+        buckets.append(GradBucket(params / total, held))
+    return tuple(buckets)
+
+
 def param_gather(w: Workload, stage: int) -> CommOp:
     """The distributed optimizer's all-gather of ``stage``'s updated parameters (in the working
     precision) over the ranks that share them (DP x CP)."""
@@ -763,11 +802,7 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
         across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s) for s in range(p.pp)}
-    # Megatron-core sizes buckets by DP alone (CP not counted), buckets only with
-    # overlap_grad_reduce, and turns bucketing off on every stage but the first, whose reduction
-    # is the one on the critical path; the parameter all-gather uses the same buckets
-    buckets = {s: max(1, math.ceil(w.stage_params(s) / grad_bucket_params(p.dp)))
-               if p.overlap_grad_reduce and s == 0 else 1 for s in range(p.pp)}
+    buckets = {s: grad_buckets(w, s) for s in range(p.pp)}
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,

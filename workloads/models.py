@@ -72,19 +72,26 @@ class ModelSpec:
         """Width of one of the key / value projection outputs."""
         return self.kv_heads * self.head_dim
 
+    def layer_tensors(self) -> tuple[tuple[str, int], ...]:
+        """Parameters of one transformer layer by weight, in the order the layer uses them
+        (Megatron-core's module order: each linear with its bias, GPT-3 keeping biases; the
+        norm scales (and shifts); SwiGLU's gate and up projections as one ``fc1``)."""
+        h = self.hidden
+        norm = h * (2 if self.norm == "layernorm" else 1)
+        biased = self.mlp == "gelu"
+        qkv_out = self.q_width + 2 * self.kv_width
+        mlp_mats = 3 if self.mlp == "swiglu" else 2
+        return (("input_norm", norm),
+                ("qkv", h * qkv_out + (qkv_out if biased else 0)),
+                ("qk_norm", 2 * self.head_dim if self.qk_norm else 0),
+                ("proj", self.q_width * h + (h if biased else 0)),
+                ("mlp_norm", norm),
+                ("fc1", (mlp_mats - 1) * h * self.ffn + (self.ffn if biased else 0)),
+                ("fc2", self.ffn * h + (h if biased else 0)))
+
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights, biases for GPT-3, norm scales)."""
-        h = self.hidden
-        qkv = h * (self.q_width + 2 * self.kv_width)
-        proj = self.q_width * h
-        mlp_mats = 3 if self.mlp == "swiglu" else 2
-        mlp = mlp_mats * h * self.ffn
-        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
-        biases = 0
-        if self.mlp == "gelu":  # GPT-3 keeps biases
-            biases = (self.q_width + 2 * self.kv_width) + h + self.ffn + h
-        qk = 2 * self.head_dim if self.qk_norm else 0
-        return qkv + proj + mlp + norms + biases + qk
+        return sum(n for _, n in self.layer_tensors())
 
     def embedding_params(self) -> int:
         """Parameters of the input embedding (and learned positions for GPT-3)."""

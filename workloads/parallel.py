@@ -47,8 +47,9 @@ ELEMENT_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 GRAD_BYTES: dict[str, int] = {"bf16": 4, "fp16": 2, "tf32": 4, "fp32": 4}
 #: Parameters per gradient bucket with ``overlap_grad_reduce``: Megatron-core's default
 #: ``bucket_size``, ``max(40 M, 1 M x DP)`` of the rank's own (TP-sharded) parameters, DP without
-#: the context-parallel ranks (``DistributedDataParallel``; :func:`grad_bucket_params`); only the
-#: first pipeline stage buckets its gradients, the others reduce them in one piece.
+#: the context-parallel ranks (``DistributedDataParallel``; :func:`grad_bucket_params`), a bucket
+#: closed once it holds that many; only the first pipeline stage buckets its gradients, the
+#: others reduce them in one piece (:func:`workloads.graph_builder.grad_buckets`).
 GRAD_BUCKET_PARAMS = 40_000_000
 GRAD_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
@@ -108,14 +109,15 @@ class ParallelConfig:
             Megatron-core buckets); without it one reduction runs after the last backward.
         overlap_param_gather: The distributed optimizer's parameter all-gather leaves the end of
             the optimizer step for the next iteration's first forward (Megatron-LM's
-            ``--overlap-param-gather``, which needs ``distributed_optimizer``): the forward
-            pre-hook of the first module that needs a bucket launches its all-gather and waits
-            for it, and launches the next bucket's, so the first bucket's stays exposed and each
-            later one runs under the forward of the bucket before. The buckets are the gradient
-            buckets (several on the first stage with ``overlap_grad_reduce``, one otherwise, as
-            Megatron-core sizes them); without interleaving Megatron-LM turns
+            ``--overlap-param-gather``, which needs ``distributed_optimizer`` and
+            ``overlap_grad_reduce``): the forward pre-hook of the first module that needs a
+            bucket launches its all-gather and waits for it, and launches the next bucket's, so
+            the first bucket's stays exposed and each later one runs under the forward of the
+            bucket before. The buckets are the gradient buckets (several on the first stage, one
+            on the others, as Megatron-core builds them); without interleaving Megatron-LM turns
             ``align_param_gather`` off, so a later stage launches its all-gather only once its
-            first activation has arrived.
+            first activation has arrived (Megatron-core from 2024 on; earlier versions launched
+            the first bucket's in the optimizer's ``zero_grad``).
         cross_entropy: The loss over the vocabulary: ``"fused"`` (one kernel each way:
             Megatron-LM's ``--cross-entropy-loss-fusion``, as the Kareus testbed runs it; close in
             bytes to PyTorch's log-softmax loss, which Hugging Face code calls) or ``"unfused"`` (Megatron-LM's
@@ -520,10 +522,11 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "
             f"nodes of --gpus-per-node {p.gpus_per_node}; use a job of a multiple of "
             f"{p.gpus_per_node} GPUs or another node size")
-    if p.overlap_param_gather and not p.distributed_optimizer:
+    if p.overlap_param_gather and not (p.distributed_optimizer and p.overlap_grad_reduce):
         raise WorkloadError(
-            "--overlap-param-gather needs --distributed-optimizer: without it every rank steps "
-            "every parameter and no all-gather follows the step")
+            "--overlap-param-gather needs --distributed-optimizer and --overlap-grad-reduce, as "
+            "Megatron-LM requires (without the first no all-gather follows the step; without "
+            "the second its buckets are not built)")
     if p.layer_split is not None:
         split = p.layer_split
         if len(split) != p.pp:

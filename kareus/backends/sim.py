@@ -49,6 +49,7 @@ from kareus.graph import (
     CommOp,
     ComputeOp,
     Direction,
+    GradBucket,
     Instruction,
     InstructionGraph,
     IterationGraph,
@@ -839,17 +840,21 @@ class SimulatorBackend:
             cost = self.evaluate_instruction(graph, ins.type_key, plan.instructions[ins])
             durations[ins] = cost.time_s
             dyn[ins.stage] += cost.dynamic_energy_j
-        run_ahead = self._run_ahead(graph, plan, order, durations)
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])
         # --overlap-param-gather: each stage's first forward waits for what its parameter
         # all-gather leaves exposed (a wait before the forward in the instruction times)
         gather_wait: dict[Instruction, float] = {}
         for s, comm in graph.param_gather.items():
             first = Instruction(s, 0, "forward")
-            gather_wait[first] = self.overlapped_param_gather(
-                comm, graph.grad_buckets.get(s, 1), durations[first], f_top)
-            dyn[s] += self._segment_cost(Segment((), comm), f_top)[1]
-            durations[first] += gather_wait[first]
+            wait, energy = self.overlapped_param_gather(
+                graph, s, comm, durations[first],
+                self._scalar_index(plan.instructions[first].clock_mhz))
+            gather_wait[first] = wait
+            dyn[s] += energy
+            durations[first] += wait
+        # the host issues on while the GPU waits: a single stage's queue starts that far behind
+        run_ahead = self._run_ahead(graph, plan, order, durations,
+                                    gather_wait.get(Instruction(0, 0, "forward"), 0.0))
         times = schedule_times(graph.stages, graph.microbatches, durations,
                                self.p2p_times(graph))
         for ins, wait in gather_wait.items():
@@ -865,12 +870,12 @@ class SimulatorBackend:
             last = last_end[s] - run_ahead
             tail_t = 0.0
             for i, seg in enumerate(graph.stage_tail.get(s, ())):
-                st, se = self._segment_cost(seg, f_top)
                 if i == 0 and graph.overlap_grad_reduce and seg.comm is not None:
                     # bucketed reduction during the last backward: only its overhang shows
                     start, end = last_backward[s]
-                    st = self.overlapped_grad_sync(seg.comm, graph.grad_buckets.get(s, 1),
-                                                   start, end, f_top)
+                    st, se = self.overlapped_grad_sync(graph, s, seg.comm, start, end, f_top)
+                else:
+                    st, se = self._segment_cost(seg, f_top)
                 tail_t += st
                 dyn[s] += se
             ends[s] = last + tail_t
@@ -889,18 +894,21 @@ class SimulatorBackend:
         )
 
     def _run_ahead(self, graph: IterationGraph, plan: IterationPlan,
-                   order: list[Instruction], durations: dict[Instruction, float]) -> float:
+                   order: list[Instruction], durations: dict[Instruction, float],
+                   gpu_behind_s: float = 0.0) -> float:
         """Time (s) a single-stage iteration gains over its instructions run one by one from an
         empty queue (their costs, which the optimizers plan with). Without pipeline transfers
         nothing synchronises the host with the GPU between instructions, so the host runs
         ahead across the whole iteration and one issue queue runs through all of them
         (:meth:`issue_map`; a nanobatched instruction models its own host issue and passes as
         GPU time): the iteration's compute ends at the host's whole issue time plus the GPU's
-        final lead, never later than the instructions' own costs added up. With stages each
-        instruction starts drained, and this is 0."""
+        final lead, never later than the instructions' own costs added up. ``gpu_behind_s``:
+        how far the GPU starts behind the host (a wait of the first instruction's own, within
+        its duration, which the host issues through). With stages each instruction starts
+        drained, and this is 0."""
         if graph.stages > 1:
             return 0.0
-        host = lead = 0.0
+        host, lead = 0.0, gpu_behind_s
         for ins in order:
             ip, ig = plan.instructions[ins], graph.instruction_graphs[ins.type_key]
             if ip.nanobatched and ig.partitions:
@@ -910,44 +918,72 @@ class SimulatorBackend:
             host, lead = host + h, max(lead + a, b)
         return max(0.0, sum(durations[ins] for ins in order) - (host + lead))
 
-    def _bucket_time(self, comm: CommOp, buckets: int, f_idx: int) -> float:
-        """Time (s) of one of ``buckets`` equal buckets of ``comm`` on the library's own kernel
-        (its fixed latency included)."""
-        bucket = CommOp(comm.name, comm.collective, comm.bytes / buckets, comm.group,
-                        comm.intra_node, comm.nodes, comm.ranks_per_node)
-        ph, _ = self._comm_alone(bucket, (LIBRARY_DEFAULT,), self.gpu.comm_block_default)
-        return float(ph.time[0, f_idx])
+    def _stage_buckets(self, graph: IterationGraph, stage: int) -> tuple[GradBucket, ...]:
+        """``stage``'s data-parallel buckets in the backward's order (:attr:`IterationGraph.
+        grad_buckets`; one holding everything when the graph lists none)."""
+        return graph.grad_buckets.get(stage) or (
+            GradBucket(1.0, float(graph.instruction_graphs[(stage, "forward")].layers)),)
 
-    def overlapped_grad_sync(self, comm: CommOp, buckets: int, start_s: float, end_s: float,
-                             f_idx: int) -> float:
-        """Exposed time (s) of a gradient reduction split into ``buckets`` equal buckets and
-        launched during the last backward (``start_s`` to ``end_s``): bucket ``b`` (in the
-        backward's order) is ready when ``(b + 1) / buckets`` of the backward has run, and the
-        buckets reduce one after another on NCCL's stream (each with its fixed latency). What
-        runs past the backward's end is exposed."""
-        t_bucket = self._bucket_time(comm, buckets, f_idx)
-        done = start_s
-        for b in range(buckets):
-            ready = start_s + (end_s - start_s) * (b + 1) / buckets
-            done = max(done, ready) + t_bucket
-        return max(0.0, done - end_s)
+    def _bucket_costs(self, comm: CommOp, buckets: tuple[GradBucket, ...], f_idx: int
+                      ) -> tuple[list[float], float]:
+        """Each bucket's share of ``comm`` on the library's own kernel: their times (s, each
+        with its fixed latency) and their dynamic energy together (J)."""
+        times, energy = [], 0.0
+        for b in buckets:
+            ph, _ = self._comm_alone(replace(comm, bytes=comm.bytes * b.share), (LIBRARY_DEFAULT,),
+                                     self.gpu.comm_block_default)
+            t = float(ph.time[0, f_idx])
+            times.append(t)
+            energy += t * float(ph.power[0, f_idx])
+        return times, energy
 
-    def overlapped_param_gather(self, comm: CommOp, buckets: int, forward_s: float,
-                                f_idx: int) -> float:
-        """Exposed time (s) of a parameter all-gather split into ``buckets`` equal buckets and
-        run under a forward of ``forward_s`` (Megatron-LM's ``--overlap-param-gather``): the
-        forward pre-hook of the first module of bucket ``b`` (in the forward's order) waits
-        for its all-gather and launches the next, so the buckets gather one after another on
-        NCCL's stream while the forward computes each bucket's share ``forward_s / buckets``
-        once its own has arrived. What the forward waits in all is exposed: at least the first
-        bucket."""
-        t_bucket = self._bucket_time(comm, buckets, f_idx)
-        share = forward_s / buckets
+    def _bucket_work(self, graph: IterationGraph, stage: int, direction: Direction,
+                     buckets: tuple[GradBucket, ...], f_idx: int) -> list[float]:
+        """Each bucket's fraction of ``stage``'s ``direction`` instruction, in the buckets'
+        (the backward's) order: its layers' share of the layer work, and the instruction's
+        other work with the bucket beside it: the head (output layer, loss) of a last stage
+        with the first bucket, which the backward reaches first and the forward last; a first
+        stage's embedding with the last."""
+        ig = graph.instruction_graphs[(stage, direction)]
+        layer = sum(self._segment_cost(seg, f_idx)[0] for seg in ig.sequential)
+        work = [b.layers * layer for b in buckets]
+        work[0 if stage == graph.stages - 1 else -1] += sum(
+            self._segment_cost(seg, f_idx)[0] for seg in ig.extra)
+        total = sum(work)
+        return [w / total for w in work] if total > 0 else [1 / len(work)] * len(work)
+
+    def overlapped_grad_sync(self, graph: IterationGraph, stage: int, comm: CommOp,
+                             start_s: float, end_s: float, f_idx: int) -> tuple[float, float]:
+        """Exposed time (s) and dynamic energy (J) of ``stage``'s gradient reduction ``comm``
+        in its buckets (:attr:`IterationGraph.grad_buckets`) during the last backward
+        (``start_s`` to ``end_s``): a bucket is ready once the backward has done its work
+        (:meth:`_bucket_work`), and the buckets reduce one after another on NCCL's stream,
+        each with its fixed latency. What runs past the backward's end is exposed."""
+        buckets = self._stage_buckets(graph, stage)
+        times, energy = self._bucket_costs(comm, buckets, f_idx)
+        ready = done = start_s
+        for t, share in zip(times, self._bucket_work(graph, stage, "backward", buckets, f_idx)):
+            ready += (end_s - start_s) * share
+            done = max(done, ready) + t
+        return max(0.0, done - end_s), energy
+
+    def overlapped_param_gather(self, graph: IterationGraph, stage: int, comm: CommOp,
+                                forward_s: float, f_idx: int) -> tuple[float, float]:
+        """Exposed time (s) and dynamic energy (J) of ``stage``'s parameter all-gather ``comm``
+        run under its first forward of ``forward_s`` (Megatron-LM's ``--overlap-param-gather``,
+        at that forward's clock ``f_idx``): the forward reaches the buckets in the reverse of
+        the backward's order; the forward pre-hook of a bucket's first module waits for its
+        all-gather and launches the next, so the buckets gather one after another on NCCL's
+        stream while the forward computes each bucket's work (:meth:`_bucket_work`) once its own
+        has arrived. What the forward waits in all is exposed: at least the first bucket."""
+        buckets = self._stage_buckets(graph, stage)
+        times, energy = self._bucket_costs(comm, buckets, f_idx)
+        work = self._bucket_work(graph, stage, "forward", buckets, f_idx)
         gathered = computed = 0.0
-        for _ in range(buckets):
-            gathered += t_bucket
-            computed = max(computed, gathered) + share
-        return computed - forward_s
+        for t, share in zip(reversed(times), reversed(work)):
+            gathered += t
+            computed = max(computed, gathered) + forward_s * share
+        return computed - forward_s, energy
 
     def under_limit(self, limit_w: float) -> "SimulatorBackend":
         """This simulator under a board power limit of ``limit_w`` W (checked by

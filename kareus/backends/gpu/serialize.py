@@ -39,6 +39,14 @@ def check_supported(w: Workload) -> None:
             f"--attention {p.attention} --elementwise {p.elementwise} --cross-entropy "
             f"{p.cross_entropy} is simulator-only: the GPU backend's model "
             "(workloads/torch_model.py) runs flash attention and fused kernels; use --backend sim")
+    flags = [flag for flag, on in (("--distributed-optimizer", p.distributed_optimizer),
+                                   ("--overlap-grad-reduce", p.overlap_grad_reduce),
+                                   ("--overlap-param-gather", p.overlap_param_gather)) if on]
+    if flags and p.grad_sync_ranks > 1:
+        raise InputError(
+            f"{' '.join(flags)} is simulator-only: the GPU backend's runner all-reduces the "
+            "gradients in one piece after the last backward; leave the flag out, or use "
+            "--backend sim")
 
 
 def reduced_workload(name: str, layers: int, *, tp: int | None = None, cp: int | None = None,
