@@ -149,3 +149,30 @@ def test_the_per_instruction_plan_example_in_the_architecture_doc_runs() -> None
     (plan,) = namespace["optimize"](None, problem)
     plan.validate(problem.graph, problem.gpu)
     assert problem.backend.evaluate_plan(problem.graph, plan).time_s > 0
+
+
+def test_the_hand_quoted_first_principles_figures_are_the_simulator_s() -> None:
+    """docs/simulator.md and docs/calibration.md quote ``benchmarks/sanity.py``'s figures by hand
+    (Llama 3.2 3B on the paper's testbed, Megatron-LM's plan): they must be today's."""
+    from kareus.backends.sim import SimulatorBackend
+    from kareus.hardware.presets import DEFAULT_GPU, get_preset
+    from kareus.plan import IterationPlan
+    from kareus.suite.records import iteration_details
+    from workloads import make_workload
+    from workloads.graph_builder import build_iteration_graph
+
+    preset = get_preset(DEFAULT_GPU)
+    w = make_workload("llama3.2-3b")
+    g = build_iteration_graph(w)
+    res = SimulatorBackend(preset).evaluate_plan(g, IterationPlan.uniform(g, preset.clock_max_mhz))
+    d = iteration_details(res, preset, w.parallel.precision)
+    t, watts = f"{res.energy.time_s:.3f}", f"{d['avg_power_per_gpu_w']:.0f}"
+    mfu, static = f"{100 * d['mfu']:.1f}", f"{100 * d['static_share']:.1f}"
+    simulator = (ROOT / "docs" / "simulator.md").read_text()
+    assert f"plan, {t} s, {watts} W/GPU, MFU {mfu} %, static {static} %" in simulator
+    calibration = (ROOT / "docs" / "calibration.md").read_text()
+    for row in (f"| iteration time | **{t} s** |", f"| average power per GPU | **{watts} W** |",
+                f"| MFU | **{mfu} %** | 1.124 s / {t} s. |",
+                f"| static share of energy | **{static} %** | 85 W × 16 × {t} s = "
+                f"{res.energy.static_j / 1e3:.2f} kJ of {res.energy.total_j / 1e3:.2f} kJ. |"):
+        assert row in calibration
