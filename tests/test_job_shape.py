@@ -147,6 +147,28 @@ def test_overlapped_param_gather_waits_under_the_first_forward():
     assert late.instruction_times[first][0] > before.instruction_times[first][0]
 
 
+def test_the_all_gather_after_the_step_runs_bucket_by_bucket():
+    """Without ``--overlap-param-gather`` the distributed optimizer all-gathers each bucket in
+    turn after its step (Megatron-core's synchronous ``start_param_sync`` per bucket group): the
+    tail is the gradients' overhang, the step and every bucket's all-gather with its latency."""
+    from kareus.graph import Segment
+
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    g = build_iteration_graph(make_workload("gpt3-xl", tp=1, pp=1, dp=8, mbs=2, microbatches=2,
+                                            seq=1024, distributed_optimizer=True,
+                                            overlap_grad_reduce=True))
+    res = sim.evaluate_plan(g, IterationPlan.uniform(g, 1410.0))
+    f = sim._scalar_index(1410.0)
+    reduce_scatter, step = g.stage_tail[0]
+    start, end = res.instruction_times[Instruction(0, 1, "backward")]
+    overhang = sim.overlapped_grad_sync(g, 0, reduce_scatter.comm, start, end, f)[0]
+    gathers, _ = sim._bucket_costs(step.comm, g.grad_buckets[0], f)
+    whole = sim._segment_cost(Segment((), step.comm), f)[0]
+    assert len(gathers) > 1 and sum(gathers) > whole
+    assert res.stage_tail_s[0] == pytest.approx(
+        overhang + sim._segment_cost(Segment(step.compute, None), f)[0] + sum(gathers))
+
+
 def test_param_gather_buckets_hide_behind_the_forward():
     """The exposed part of a bucketed all-gather under a forward: the first bucket the forward
     needs always; the rest only where a bucket gathers longer than the forward computes the

@@ -874,6 +874,12 @@ class SimulatorBackend:
                     # bucketed reduction during the last backward: only its overhang shows
                     start, end = last_backward[s]
                     st, se = self.overlapped_grad_sync(graph, s, seg.comm, start, end, f_top)
+                elif seg.comm is not None and seg.comm.collective == "all_gather":
+                    # the distributed optimizer's all-gather after its step, bucket by bucket
+                    st, se = self._segment_cost(Segment(seg.compute, None), f_top)
+                    gathers, energy = self._bucket_costs(seg.comm, self._stage_buckets(graph, s),
+                                                         f_top)
+                    st, se = st + sum(gathers), se + energy
                 else:
                     st, se = self._segment_cost(seg, f_top)
                 tail_t += st

@@ -84,7 +84,8 @@ JOB_SHAPE_OPTIONS = [
                  help="Bucketed gradient reduction (DP x CP) overlapped with the backward."),
     click.option("--overlap-param-gather", is_flag=True, callback=_flag_or_none,
                  help="The distributed optimizer's parameter all-gather under the next "
-                      "iteration's first forward (needs --distributed-optimizer)."),
+                      "iteration's first forward (needs --distributed-optimizer and "
+                      "--overlap-grad-reduce)."),
     click.option("--attention", type=click.Choice(["flash", "unfused"]), default=None,
                  help="Core attention: one flash kernel [flash], or Megatron-LM's unfused path "
                       "(which tf32 and fp32 always run: flash needs 16-bit tensors)."),
