@@ -39,7 +39,13 @@ from kareus.graph import (
     schedule_times,
 )
 from kareus.methods.profiling import profile_instructions, profile_to_options
-from kareus.methods.tradeoff import Option, replay_knobs, whole_dag_problem
+from kareus.methods.tradeoff import (
+    Option,
+    replay_knobs,
+    stage_waits,
+    whole_dag_problem,
+    with_first_forward_waits,
+)
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
 
@@ -98,7 +104,8 @@ def clock_knob(knob: Hashable) -> float:
 
 def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                 microbatches: int, p2p_s: float | Sequence[float] = 0.0,
-                unit_time_s: float = 0.0) -> EnvPipeRun:
+                unit_time_s: float = 0.0,
+                first_forward_wait_s: Sequence[float] | None = None) -> EnvPipeRun:
     """EnvPipe's procedure, as the Perseus authors' ``lowtime/scripts/envpipe.py`` runs it.
 
     1. The envelope (:func:`in_envelope`) runs at the top clock; every other instruction starts
@@ -119,7 +126,10 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
             time for every boundary, or one per boundary (``b``: between stages ``b``, ``b + 1``).
         unit_time_s: When positive, the critical path is found on instruction times quantized
             down to this unit (the Perseus emulation's time unit); 0 uses the measured times.
+        first_forward_wait_s: Per stage, the wait (s) before its first forward's work
+            (:func:`kareus.methods.tradeoff.stage_waits`); ``None`` for none.
     """
+    waits = stage_waits(stages, first_forward_wait_s)
     clocks = {k: sorted(clock_knob(o.knob) for o in opts) for k, opts in options.items()}
     measured = {k: {o.knob: o.time_s for o in opts} for k, opts in options.items()}
     time_of = {k: {c: _quantized(t, unit_time_s) for c, t in m.items()}
@@ -130,7 +140,8 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
              else start[ins.type_key] for ins in order}
     steps = 0
     while True:
-        durations = {ins: time_of[ins.type_key][clock[ins]] for ins in order}
+        durations = with_first_forward_waits(
+            {ins: time_of[ins.type_key][clock[ins]] for ins in order}, waits)
         times = schedule_times(stages, microbatches, durations, p2p_s)
         path = critical_path(stages, microbatches, times, p2p_s)
         raisable = [ins for ins in path if clock[ins] != clocks[ins.type_key][-1]]
@@ -144,15 +155,20 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
         steps += 1
     delays = boundary_delays(stages, p2p_s)
     hops = sum(delays[min(a.stage, b.stage)] for a, b in zip(path, path[1:]) if a.stage != b.stage)
-    length = sum(measured[ins.type_key][clock[ins]] for ins in path) + hops
+    length = (sum(measured[ins.type_key][clock[ins]] for ins in path) + hops
+              + sum(waits[ins.stage] for ins in path
+                    if ins.direction == "forward" and ins.microbatch == 0))
     return EnvPipeRun(clock, tuple(path), length, steps)
 
 
 def envpipe_clocks(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                    microbatches: int, p2p_s: float | Sequence[float] = 0.0,
-                   unit_time_s: float = 0.0) -> dict[Instruction, float]:
+                   unit_time_s: float = 0.0,
+                   first_forward_wait_s: Sequence[float] | None = None
+                   ) -> dict[Instruction, float]:
     """EnvPipe's knob (clock, MHz) for every instruction (:func:`envpipe_run`'s clocks)."""
-    return envpipe_run(options, stages, microbatches, p2p_s, unit_time_s).clocks
+    return envpipe_run(options, stages, microbatches, p2p_s, unit_time_s,
+                       first_forward_wait_s).clocks
 
 
 def _quantized(time_s: float, unit_time_s: float) -> float:
@@ -196,7 +212,8 @@ class EnvPipe:
         plan_at = {c: InstructionPlan.make(c) for c in problem.knobs.clocks_mhz}
         options = profile_instructions(backend, g, sorted(plan_at),
                                        lambda c: plan_at[clock_knob(c)])
-        clock = envpipe_clocks(options, g.stages, g.microbatches, backend.p2p_times(g))
+        clock = envpipe_clocks(options, g.stages, g.microbatches, backend.p2p_times(g),
+                               first_forward_wait_s=backend.first_forward_waits(g))
         return [IterationPlan({ins: plan_at[c] for ins, c in clock.items()}, label="envpipe")]
 
     def on_profile(self, profile: pd.DataFrame, source: str, stages: int, microbatches: int,

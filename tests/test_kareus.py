@@ -231,3 +231,43 @@ def test_reclaiming_slack_keeps_the_makespan_when_boundaries_differ():
     top = p.backend.evaluate_plan(p.graph, IterationPlan.uniform(p.graph, 1410.0)).energy.time_s
     fastest = min(p.backend.evaluate_plan(p.graph, x).energy.time_s for x in reclaimed)
     assert fastest <= top + 1e-3  # within the solver's 1 ms unit of every clock at the top
+
+
+def test_the_solver_waits_for_the_parameter_all_gather_as_the_iteration_does():
+    """With ``--overlap-param-gather`` each stage's first forward waits for its exposed
+    parameter all-gather (the second stage's only after its input arrives, on the filling
+    path). The solver's DAG carries that wait before each first forward, so its iteration is
+    the schedule's with the waits, and the reclaimed plans never run slower."""
+    from kareus.graph import schedule_times
+    from kareus.methods.profiling import tradeoff_plans
+    from kareus.methods.tradeoff import solve, with_first_forward_waits
+    from kareus.optimizer.kareus import _knob_plan, baseline_options
+
+    p = make_problem("gpt3-xl", gpu="a100-sxm4-80gb", pp=2, dp=8, mbs=2, microbatches=4,
+                     distributed_optimizer=True, overlap_grad_reduce=True,
+                     overlap_param_gather=True)
+    g, sim = p.graph, p.backend
+    waits, p2p = sim.first_forward_waits(g), sim.p2p_times(g)
+    assert waits[1] > waits[0] > 0.002
+    seq = baseline_options(p, nanobatched=False)
+
+    def frugal(with_waits: bool) -> tuple[float, float]:
+        """(solver's first step, 1F1B schedule) of the least-energy options (s)."""
+        step = next(iter(solve(seq, g.stages, g.microbatches, p.gpu.static_power_w,
+                               p2p_time_s=p2p, first_forward_wait_s=waits if with_waits
+                               else None)))
+        durations = {ins: min(seq[ins.type_key], key=lambda o: (o.energy_j, o.time_s)).time_s
+                     for ins in step.knobs}
+        if with_waits:
+            durations = with_first_forward_waits(durations, waits)
+        times = schedule_times(g.stages, g.microbatches, durations, p2p)
+        return step.quant_time * 1e-3, max(end for _, end in times.values())
+
+    (solver_with, run_with), (solver_without, run_without) = frugal(True), frugal(False)
+    assert run_with - run_without > 0.01
+    assert solver_with - solver_without == pytest.approx(run_with - run_without, abs=2e-3)
+    plain = tradeoff_plans(p, seq, _knob_plan, "x")
+    reclaimed = tradeoff_plans(p, seq, _knob_plan, "x", reclaim_from=seq)
+    for a, b in zip(plain, reclaimed):
+        ra, rb = (sim.evaluate_plan(g, x) for x in (a, b))
+        assert rb.energy.time_s <= ra.energy.time_s * (1 + 1e-9)

@@ -135,3 +135,9 @@ class Backend(Protocol):
         ``b`` and ``b + 1``) that an iteration's schedule puts between a stage's instruction and
         the next stage's; zeros when the backend's instruction times already contain them."""
         ...
+
+    def first_forward_waits(self, graph: IterationGraph) -> tuple[float, ...]:
+        """Per stage, the time (s) its first forward waits, once its input is there, for work
+        its instruction times do not contain (the parameter all-gather Megatron-LM's
+        ``--overlap-param-gather`` leaves exposed), at the maximum clock; zeros for none."""
+        ...

@@ -827,6 +827,19 @@ class SimulatorBackend:
         across = graph.p2p_across_nodes or (True,) * (graph.stages - 1)
         return tuple(t_across if a else t_inside for a in across)
 
+    def first_forward_waits(self, graph: IterationGraph) -> tuple[float, ...]:
+        """Per stage, the time (s) its first forward waits for its parameter all-gather
+        (``--overlap-param-gather``: :meth:`overlapped_param_gather`) with every kernel at the
+        maximum clock, as :meth:`evaluate_plan` adds it; zeros for the stages without one. The
+        optimizers plan with it on the pipeline's filling path."""
+        waits = [0.0] * graph.stages
+        top = InstructionPlan.make(self.gpu.clock_max_mhz)
+        f_top = self._scalar_index(self.gpu.clock_max_mhz)
+        for s, comm in graph.param_gather.items():
+            forward_s = self.evaluate_instruction(graph, (s, "forward"), top).time_s
+            waits[s] = self.overlapped_param_gather(graph, s, comm, forward_s, f_top)[0]
+        return tuple(waits)
+
     def evaluate_plan(self, graph: IterationGraph, plan: IterationPlan) -> IterationResult:
         """Execute one iteration: instruction costs, the 1F1B DAG, stage tails, energy."""
         plan.validate(graph, self.gpu)

@@ -105,6 +105,7 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     graph = problem.graph
     fast = settings.solver == "fast"
     p2p = problem.backend.p2p_times(graph)  # each boundary's own, as the iteration runs them
+    waits = problem.backend.first_forward_waits(graph)
     unit = settings.unit_ms / 1e3
     why = unit_problem(unit, [o.time_s for opts in options.values() for o in opts], exact=not fast)
     if why:
@@ -114,7 +115,7 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     if too_long:
         raise JobRefused(f"--solver exact: {too_long}; the fast solver folds long pipelines")
     solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
-    span = solver_span(options, graph.stages, solved, p2p)
+    span = solver_span(options, graph.stages, solved, p2p, waits)
     if fast:
         unit = time_unit(span, unit, settings.max_steps)
     task = problem.progress.start(f"{label}: solver steps", total=max(1, round(span / unit)))
@@ -122,7 +123,7 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     try:
         for step in solve(options, graph.stages, graph.microbatches, problem.gpu.static_power_w,
                           unit_time_s=unit, prefilter=settings.prefilter, p2p_time_s=p2p,
-                          fast=fast):
+                          first_forward_wait_s=waits, fast=fast):
             steps.append(step)
             task.advance()
     finally:
@@ -130,7 +131,8 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     instructions = 2 * graph.stages * graph.microbatches
     limit = plan_budget(instructions) if fast else None
     refine = None if reclaim_from is None else SlackReclaimer(
-        reclaim_from, graph.stages, graph.microbatches, problem.gpu.static_power_w, p2p)
+        reclaim_from, graph.stages, graph.microbatches, problem.gpu.static_power_w, p2p,
+        first_forward_wait_s=waits)
     return plans_from_steps(steps, make_plan, label, limit, refine)
 
 

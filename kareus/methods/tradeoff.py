@@ -21,7 +21,10 @@ the ``lowtime`` reference driver for Perseus:
    backend puts an activation transfer between stages (``p2p_time_s`` > 0: one time for every
    boundary, or one per boundary), every cross-stage edge carries its boundary's as an operation
    of fixed duration, so that the solver's critical path is the one the iteration runs;
-   Perseus's own profiles (and ``kareus perseus``) have none.
+   Perseus's own profiles (and ``kareus perseus``) have none. A stage whose first forward
+   waits for work outside the instruction times (``first_forward_wait_s``: the parameter
+   all-gather of Megatron-LM's ``--overlap-param-gather``) gets that wait as a fixed operation
+   before its first forward.
 5. Run ``PhillipsDessouky``: each step shortens the iteration by one time unit and assigns every
    instruction the slowest option that meets its new duration.
 
@@ -171,6 +174,7 @@ def fold_map(microbatches: int, solved: int) -> Callable[[int], int]:
 def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
           microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
           prefilter: Prefilter = "raw", p2p_time_s: float | Sequence[float] = 0.0,
+          first_forward_wait_s: Sequence[float] | None = None,
           fast: bool = False) -> Iterator[SolverStep]:
     """Run the Perseus time–cost tradeoff; yield every solver step in solver order (when no
     operation can be sped up, lowtime has no step: its starting point is then the one step,
@@ -186,6 +190,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         p2p_time_s: Activation transfer between adjacent stages (s), a fixed operation on every
             cross-stage edge: one time for every boundary, or one per boundary (``b``: between
             stages ``b`` and ``b + 1``); 0 for none.
+        first_forward_wait_s: Per stage, a fixed wait (s) between its first forward's input
+            arriving and the forward starting (:func:`stage_waits`); ``None`` for none.
         fast: Solve the DAG of :func:`folded_microbatches`, giving the steady-state
             microbatches the options of its middle one, with OR-tools' minimum cuts
             (:class:`~kareus.methods.phillips_dessouky.IncrementalPhillipsDessouky`); ``False``
@@ -206,6 +212,7 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         raise InputError(str(e)) from None
     if not all(d >= 0 for d in delays):
         raise InputError(f"P2P time must be non-negative, got {p2p_time_s}")
+    waits = stage_waits(stages, first_forward_wait_s)
     classes: dict[Direction, type[LowtimeInstruction]] = {"forward": Forward,
                                                           "backward": Backward}
     knob_tables: dict[tuple[int, Direction], list[Hashable]] = {}
@@ -240,6 +247,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     layout = _layout(nodes, stages, microbatches, solved)
     if any(d > 0 for d in delays):
         _add_transfers(dag, nodes, delays, unit_time_s)
+    if any(w > 0 for w in waits):
+        _add_first_forward_waits(dag, nodes, waits, unit_time_s)
     solver = IncrementalPhillipsDessouky(dag, cut="ortools" if fast else "lowtime")
     quiet = logging.getLogger("lowtime")
     level = quiet.level
@@ -442,6 +451,49 @@ def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
         next_id += 1
 
 
+def _add_first_forward_waits(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
+                             waits: Sequence[float], unit_time_s: float) -> None:
+    """Put a fixed operation of ``waits[s]`` (s) before stage ``s``'s first forward, after
+    whatever it waited for (the source, or the transfer from the stage before)."""
+    node_of = {id(d.get("op")): n for n, d in dag.nodes(data=True)}
+    next_id = max(dag.nodes) + 1
+    for ins, lt in nodes:
+        if ins.direction != "forward" or ins.microbatch != 0 or waits[ins.stage] <= 0:
+            continue
+        node = node_of[id(lt)]
+        dag.add_node(next_id, op=_fixed_operation(waits[ins.stage], unit_time_s))
+        for u in list(dag.predecessors(node)):
+            dag.remove_edge(u, node)
+            dag.add_edge(u, next_id)
+        dag.add_edge(next_id, node)
+        next_id += 1
+
+
+def stage_waits(stages: int, wait_s: Sequence[float] | None) -> tuple[float, ...]:
+    """Each stage's first-forward wait (s), checked: one non-negative time per stage; zeros for
+    ``None``."""
+    if wait_s is None:
+        return (0.0,) * stages
+    waits = tuple(float(w) for w in wait_s)
+    if len(waits) != stages:
+        raise InputError(f"{len(waits)} first-forward waits for {stages} stages")
+    if not all(w >= 0 for w in waits):
+        raise InputError(f"first-forward waits must be non-negative, got {list(waits)}")
+    return waits
+
+
+def with_first_forward_waits(durations: Mapping[Instruction, float],
+                             waits: Sequence[float]) -> dict[Instruction, float]:
+    """``durations`` (s) with each stage's first forward lengthened by its wait (s), as the
+    iteration runs it: on the 1F1B schedule (:func:`kareus.graph.schedule_times`) the wait
+    then comes after the forward's input and before its work."""
+    out = dict(durations)
+    for s, w in enumerate(waits):
+        if w > 0:
+            out[Instruction(s, 0, "forward")] += w
+    return out
+
+
 def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
     """(nodes, edges) of the 1F1B DAG ``solve`` hands to lowtime, dummy source/sink included.
 
@@ -507,12 +559,14 @@ class SlackReclaimer:
     energy never rises; passes repeat while they still save energy (at most ``passes``). The
     transfers between stages (``p2p_time_s``: one time, or one per boundary) must be the ones
     the iteration runs: with a boundary's transfer understated, the slack it computes is not
-    there and the makespan grows.
+    there and the makespan grows; so must each stage's first-forward wait
+    (``first_forward_wait_s``, :func:`stage_waits`).
     """
 
     def __init__(self, options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                  microbatches: int, static_power_w: float,
-                 p2p_time_s: float | Sequence[float] = 0.0, passes: int = 3) -> None:
+                 p2p_time_s: float | Sequence[float] = 0.0, passes: int = 3,
+                 first_forward_wait_s: Sequence[float] | None = None) -> None:
         from bisect import bisect_right
 
         from kareus.graph import topological_order
@@ -520,6 +574,7 @@ class SlackReclaimer:
         self._bisect = bisect_right
         self.stages, self.microbatches = stages, microbatches
         self.delays = boundary_delays(stages, p2p_time_s)
+        self.waits = stage_waits(stages, first_forward_wait_s)
         self.passes, self.static_power_w = passes, static_power_w
         self.order = topological_order(stages, microbatches)
         self.preds = dag_dependencies(stages, microbatches)
@@ -553,20 +608,26 @@ class SlackReclaimer:
         """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
         return self.delays[min(a.stage, b.stage)] if a.stage != b.stage else 0.0
 
+    def _wait(self, ins: Instruction) -> float:
+        """The wait (s) before ``ins`` starts its work: its stage's first-forward wait."""
+        return (self.waits[ins.stage] if ins.microbatch == 0 and ins.direction == "forward"
+                else 0.0)
+
     def _one_pass(self, chosen: dict[Instruction, Option]) -> bool:
         end: dict[Instruction, float] = {}
         for ins in self.order:
             start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]), default=0.0)
-            end[ins] = start + chosen[ins].time_s
+            end[ins] = start + self._wait(ins) + chosen[ins].time_s
         makespan = max(end.values())
         latest: dict[Instruction, float] = {}
         for ins in reversed(self.order):
-            latest[ins] = min((latest[s] - chosen[s].time_s - self._gap(ins, s)
+            latest[ins] = min((latest[s] - chosen[s].time_s - self._wait(s) - self._gap(ins, s)
                                for s in self.succs[ins]), default=makespan)
         changed = False
         end.clear()
         for ins in self.order:
-            start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]), default=0.0)
+            start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]),
+                        default=0.0) + self._wait(ins)
             times, best = self.table[ins.type_key]
             k = self._bisect(times, latest[ins] - start + 1e-12 * makespan) - 1
             current = chosen[ins]
@@ -645,16 +706,20 @@ def unit_problem(unit_s: float, times_s: Sequence[float], *, exact: bool) -> str
 
 
 def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                microbatches: int, p2p_time_s: float | Sequence[float]) -> float:
+                microbatches: int, p2p_time_s: float | Sequence[float],
+                first_forward_wait_s: Sequence[float] | None = None) -> float:
     """How much a solve shortens the iteration (s): from every instruction at its slowest
     Pareto-optimal option (its least-energy one) to every one at its fastest, both timed on the
-    1F1B schedule of ``microbatches`` (:func:`kareus.graph.schedule_times`). Each solver step
-    shortens it by one time unit."""
+    1F1B schedule of ``microbatches`` (:func:`kareus.graph.schedule_times`, with the stages'
+    first-forward waits, :func:`stage_waits`). Each solver step shortens it by one time unit."""
     from kareus.graph import schedule_times
 
+    waits = stage_waits(stages, first_forward_wait_s)
+
     def iteration(pick: Callable[[Sequence[Option]], float]) -> float:
-        durations = {ins: pick(options[(ins.stage, ins.direction)])
-                     for seq in one_f_one_b(stages, microbatches).values() for ins in seq}
+        durations = with_first_forward_waits(
+            {ins: pick(options[(ins.stage, ins.direction)])
+             for seq in one_f_one_b(stages, microbatches).values() for ins in seq}, waits)
         return max(end for _, end in schedule_times(stages, microbatches, durations,
                                                     p2p_time_s).values())
 

@@ -275,6 +275,11 @@ class GPUBackend:
         profiles are taken without them (as Perseus's profiler does)."""
         return (0.0,) * max(graph.stages - 1, 0)
 
+    def first_forward_waits(self, graph: IterationGraph) -> tuple[float, ...]:
+        """Zeros: the runner gathers no parameters before a forward (:meth:`check_supported`
+        refuses ``--overlap-param-gather``)."""
+        return (0.0,) * graph.stages
+
     def evaluate_instruction(self, graph: IterationGraph, key: tuple[int, Direction],
                              plan: InstructionPlan) -> InstructionCost:
         """Measure one instruction of type ``key`` on its stage's TP group: time (s) and
