@@ -43,6 +43,10 @@ class JobRefused(PlanError):
     and the others go on."""
 
 
+class SolverTimeout(KareusError):
+    """An exact solve stopped at its time limit before it proved its answer optimal."""
+
+
 class SweepError(InputError):
     """A partition sweep or configuration list that cannot be used."""
 

@@ -251,7 +251,7 @@ class IterationPlan:
         """Raise :class:`PlanError` (one line) unless this plan can run ``graph`` on ``gpu``.
 
         The one check of a plan, which the harness and every backend call: the power limit is
-        a number of watts above the GPU's static power; the plan has an entry for every
+        a number of watts above the GPU's static power and at most its board limit; the plan has an entry for every
         instruction of the 1F1B schedule and none for an instruction the graph does not run;
         and every instruction's plan passes :meth:`InstructionPlan.validate` (clock range,
         nanobatching, partition keys, schedules; ``max_comm_sms`` and
@@ -259,9 +259,10 @@ class IterationPlan:
         """
         lim = self.power_limit_w
         if lim is not None and (not _is_number(lim) or not math.isfinite(lim)
-                                or lim <= gpu.static_power_w):
+                                or not gpu.static_power_w < lim <= gpu.power_limit_w * (1 + 1e-9)):
             raise PlanError(f"invalid power limit {lim!r}: must be a number of watts above "
-                            f"{gpu.name}'s static power {gpu.static_power_w} W")
+                            f"{gpu.name}'s static power {gpu.static_power_w} W and at most its "
+                            f"board limit {gpu.power_limit_w:g} W")
         if not isinstance(self.instructions, Mapping):
             raise PlanError(f"instructions must map Instruction to InstructionPlan, got "
                             f"{type(self.instructions).__name__}")

@@ -271,3 +271,22 @@ def test_the_solver_waits_for_the_parameter_all_gather_as_the_iteration_does():
     for a, b in zip(plain, reclaimed):
         ra, rb = (sim.evaluate_plan(g, x) for x in (a, b))
         assert rb.energy.time_s <= ra.energy.time_s * (1 + 1e-9)
+
+
+def test_exact_reference_times_its_choice_even_without_static_power(options):
+    """Without static power the makespan costs nothing, so the MILP's makespan variable may sit
+    anywhere up to the deadline; the solution's time is its choice's own schedule."""
+    from kareus.graph import schedule_times
+
+    ex = min_energy_within(options, 2, 2, 0.0, 10.0)
+    times = schedule_times(2, 2, {ins: options[ins.type_key][o].time_s
+                                  for ins, o in ex.choice.items()})
+    assert ex.time_s == pytest.approx(max(end for _, end in times.values()))
+    assert ex.time_s < 5.0
+
+
+def test_exact_reference_refuses_an_unproven_answer(options):
+    from kareus.errors import SolverTimeout
+
+    with pytest.raises(SolverTimeout, match="before proving optimality"):
+        min_energy_within(options, 2, 2, 85.0, 10.0, time_limit_s=1e-9)

@@ -152,6 +152,8 @@ def _cases(graph):
         ("float slot", nano(PartitionSchedule(4, 1.5)), "not an integer"),
         ("power limit at static", replace(base, power_limit_w=50.0), "invalid power limit"),
         ("power limit nan", replace(base, power_limit_w=math.nan), "invalid power limit"),
+        ("power limit above the board's", replace(base, power_limit_w=450.0),
+         "at most its board limit 400 W"),
     ]
 
 
@@ -208,3 +210,21 @@ def test_keys_of_the_wrong_kind_are_named_in_one_line(graph, a100):
     plan = IterationPlan({(0, "forward"): InstructionPlan.make(1410.0)})
     with pytest.raises(PlanError, match=r"must be kareus.graph.Instruction .*\(0, 'forward'\)"):
         plan.validate(graph, a100)
+
+
+@pytest.mark.parametrize("label,meta", [(object(), {}), ("x", None), ("x", ["choice"])])
+def test_a_plugin_plan_with_a_bad_label_or_meta_fails_alone(graph, a100, label, meta):
+    """The harness reads a plan's label and meta after evaluating it (the chosen plan, the
+    results' records): a plan whose label is not a str or meta not a mapping is the plugin's
+    failure, caught with the others, not a crash of the whole run."""
+    from kareus.errors import PluginError
+    from kareus.suite.harness import validate_plans
+
+    class _Problem:
+        pass
+
+    problem = _Problem()
+    problem.graph, problem.gpu = graph, a100
+    plan = replace(IterationPlan.uniform(graph, 1410.0), label=label, meta=meta)
+    with pytest.raises(PluginError, match="plan 0: label must be a str and meta a mapping"):
+        validate_plans([plan], problem)  # type: ignore[arg-type]

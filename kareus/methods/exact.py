@@ -21,8 +21,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
 from kareus.energy import dynamic_from_measured, iteration_energy, static_energy
-from kareus.errors import InputError
-from kareus.graph import Direction, Instruction, dag_dependencies, topological_order
+from kareus.errors import InputError, SolverTimeout
+from kareus.graph import (
+    Direction,
+    Instruction,
+    dag_dependencies,
+    schedule_times,
+    topological_order,
+)
 from kareus.methods.tradeoff import Option
 
 
@@ -32,7 +38,8 @@ class ExactSolution:
 
     Attributes:
         deadline_s: The deadline (s).
-        time_s: Makespan of the optimum (s), ``<= deadline_s``.
+        time_s: Makespan of the optimum (s), ``<= deadline_s``: its choice on the 1F1B
+            schedule (:func:`kareus.graph.schedule_times`).
         energy_j: Its energy (J), static included for the stages' GPUs.
         choice: Option index chosen for every instruction.
     """
@@ -46,7 +53,9 @@ class ExactSolution:
 def min_energy_within(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                       microbatches: int, static_power_w: float, deadline_s: float,
                       time_limit_s: float = 60.0) -> ExactSolution | None:
-    """The minimum-energy assignment finishing within ``deadline_s``; ``None`` if infeasible."""
+    """The minimum-energy assignment finishing within ``deadline_s``; ``None`` if infeasible.
+    Raises :class:`~kareus.errors.SolverTimeout` when HiGHS stops at ``time_limit_s`` (s)
+    before proving its best assignment optimal: a reference must be the optimum."""
     order = topological_order(stages, microbatches)
     deps = dag_dependencies(stages, microbatches)
     col: dict[tuple[Instruction, int], int] = {}
@@ -95,6 +104,9 @@ def min_energy_within(options: Mapping[tuple[int, Direction], Sequence[Option]],
     res = milp(cost, constraints=LinearConstraint(a.tocsr(), lo, hi), integrality=integrality,
                bounds=Bounds(np.zeros(n), ub),
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7})
+    if res.status == 1:  # a time or node limit: whatever it holds is not proven optimal
+        raise SolverTimeout(f"the exact solve of {stages} stages x {microbatches} microbatches "
+                            f"stopped at its {time_limit_s:g} s limit before proving optimality")
     if res.x is None:
         return None
     x = res.x
@@ -103,7 +115,10 @@ def min_energy_within(options: Mapping[tuple[int, Direction], Sequence[Option]],
         k = len(options[ins.type_key])
         choice[ins] = int(np.argmax([x[col[(ins, o)]] for o in range(k)]))
     total_dyn = sum(dyn[col[(ins, o)]] for ins, o in choice.items())
-    makespan = float(x[c_idx])
+    # the chosen options' own schedule: C is only bounded by it (and free without static power)
+    times = schedule_times(stages, microbatches,
+                           {ins: options[ins.type_key][o].time_s for ins, o in choice.items()})
+    makespan = max(end for _, end in times.values())
     return ExactSolution(deadline_s=deadline_s, time_s=makespan,
                          energy_j=iteration_energy(total_dyn, stages, static_power_w,
                                                    makespan).total_j,

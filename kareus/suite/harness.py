@@ -79,6 +79,9 @@ def validate_plans(plans: object, problem: Problem) -> list[IterationPlan]:
     for k, plan in enumerate(plans):
         if not isinstance(plan, IterationPlan):
             raise PluginError(f"plan {k} is a {type(plan).__name__}, not an IterationPlan")
+        if not isinstance(plan.label, str) or not isinstance(plan.meta, Mapping):
+            raise PluginError(f"plan {k}: label must be a str and meta a mapping, got "
+                              f"{type(plan.label).__name__} and {type(plan.meta).__name__}")
         try:
             plan.validate(problem.graph, problem.gpu)
         except JobRefused:
