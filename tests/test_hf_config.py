@@ -110,8 +110,7 @@ def test_gpt2_learned_positions_layernorm_gelu_tied(hf):
         (768, 12, 12, 64, 3072, 12, 50257, 1024)  # n_inner null -> 4 n_embd; n_positions 1024
     assert (m.mlp, m.norm, m.rope, m.qk_norm, m.tied_embeddings) == \
         ("gelu", "layernorm", False, False, True)
-    # GPT-2 small has 124,439,808 parameters; the spec leaves out the final LayerNorm's bias
-    assert m.total_params() == 124_439_808 - 768
+    assert m.total_params() == 124_439_808  # GPT-2 small's count, the final LayerNorm's bias in
 
 
 def test_gpt_neox_rotary_layernorm_gelu_untied(hf):
@@ -119,7 +118,7 @@ def test_gpt_neox_rotary_layernorm_gelu_untied(hf):
     assert (m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.layers, m.vocab, m.native_seq) == \
         (512, 8, 8, 64, 2048, 6, 50304, 2048)
     assert (m.mlp, m.norm, m.rope, m.tied_embeddings) == ("gelu", "layernorm", True, False)
-    assert m.total_params() == 70_426_624 - 512  # Pythia-70M, but the final LayerNorm's bias
+    assert m.total_params() == 70_426_624  # Pythia-70M
 
 
 def test_eager_gelu_form_follows_the_config(hf):
@@ -364,7 +363,7 @@ def test_bloom_config_is_bloom_176b(tmp_path):
     assert (m.hidden, m.heads, m.layers, m.vocab, m.ffn) == (14336, 112, 70, 250880, 57344)
     assert m.alibi and m.embedding_norm and not m.rope and m.mlp == "gelu"
     assert m.native_seq == 2048
-    assert abs(m.total_params() / 1e9 - 176.2) < 0.1  # BigScience: 176,247,271,424
+    assert m.total_params() == 176_247_271_424  # BigScience's count
     g = build_iteration_graph(make_workload(str(f), tp=8, pp=8))
     names = [op.name for seg in g.instruction_graphs[(0, "forward")].extra for op in seg.compute]
     assert names == ["embedding", "norm"]
@@ -421,3 +420,51 @@ def test_gpt2_sizes_are_named_by_its_own_keys(hf, tmp_path):
     m = get_model(str(write(tmp_path, model_type="gpt2", n_embd=64, n_head=4, n_layer=2,
                             vocab_size=128)))
     assert m.ffn == 256 and m.layers == 2
+
+
+def test_a_qwen3_config_without_head_dim_gets_transformers_default(hf, tmp_path):
+    """Qwen3's config class defaults ``head_dim`` to 128 whatever the hidden size (Qwen3-32B:
+    5,120 wide, 64 heads of 128); Llama's derives it from the hidden size."""
+    sizes = dict(hidden_size=5120, num_attention_heads=64, num_key_value_heads=8,
+                 num_hidden_layers=64, vocab_size=151936, intermediate_size=25600,
+                 tie_word_embeddings=False)
+    qwen3 = get_model(str(write(tmp_path, model_type="qwen3", _folder="q", **sizes)))
+    llama = get_model(str(write(tmp_path, model_type="llama", _folder="l", **sizes)))
+    assert (qwen3.head_dim, llama.head_dim) == (128, 80)
+    assert round(qwen3.total_params() / 1e9, 1) == 32.8  # Qwen3-32B
+
+
+@pytest.mark.parametrize("field,value", [("vocab_size", 10**400), ("hidden_size", 10**30),
+                                         ("intermediate_size", 8 * 10**300)])
+def test_absurd_sizes_are_refused_in_one_line(hf, capsys, tmp_path, field, value):
+    sizes = dict(model_type="llama", hidden_size=4096, num_attention_heads=32,
+                 num_hidden_layers=32, vocab_size=32000, intermediate_size=11008)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    # json.dumps writes the huge integer exactly; the reader must refuse it, not overflow on it
+    (folder / "config.json").write_text(json.dumps({**sizes, field: value}))
+    code, out, err = run(capsys, "simulate", "-w", str(folder))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{field} (" in err and "larger than any model's" in err
+
+
+def test_learned_positions_keep_the_models_whole_table(hf, tmp_path):
+    """The default sequence is capped at 4,096 tokens, the learned position table is not: a
+    GPT-2 of 8,192 positions holds 8,192 rows and runs 6,144 tokens without a warning."""
+    base = json.loads((FIXTURES / "gpt2" / "config.json").read_text())
+    folder = write(tmp_path, **{**base, "n_positions": 8192})
+    m = get_model(str(folder))
+    assert (m.native_seq, m.positions) == (4096, 8192)
+    assert m.embedding_params() == (m.vocab + 8192) * m.hidden
+    assert make_workload(str(folder), tp=1, seq=6144).position_warnings() == []
+    assert make_workload(str(folder), tp=1, seq=8193).position_warnings()
+
+
+def test_contradicting_aliases_are_refused(hf, capsys, tmp_path):
+    base = json.loads((FIXTURES / "gpt2" / "config.json").read_text())
+    folder = write(tmp_path, **{**base, "num_hidden_layers": base["n_layer"] * 2})
+    code, out, err = run(capsys, "simulate", "-w", str(folder))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "n_layer = 12 and num_hidden_layers = 24 contradict each other" in err
+    same = write(tmp_path, _folder="same", **{**base, "num_hidden_layers": base["n_layer"]})
+    assert get_model(str(same)).layers == base["n_layer"]

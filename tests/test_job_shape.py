@@ -54,6 +54,33 @@ def test_recompute_modes_order_the_backward():
     assert peak("full", "flash") < peak("selective", "flash") == peak("none", "flash")
 
 
+def test_precision_sets_the_state_bytes_as_megatron_counts_them():
+    """Megatron-core's distributed-optimizer guide: bf16 parameters with fp32 gradients take 18
+    bytes per parameter (6 + 12/d sharded), fp16 parameters and gradients 20 (4 + 16/d: the
+    optimizer also keeps fp32 gradients), fp32 16 (8 + 8/d)."""
+    def memory(precision: str, distributed: bool) -> float:
+        return make_workload("gpt3-xl", tp=1, pp=1, dp=4, mbs=1, microbatches=1,
+                             recompute="full", precision=precision,
+                             distributed_optimizer=distributed).memory_estimate_bytes()[0]
+
+    params = make_workload("gpt3-xl", tp=1, pp=1, dp=4).stage_params(0)
+    for precision, sharded in (("bf16", 12), ("fp16", 16), ("fp32", 8)):
+        saved = memory(precision, False) - memory(precision, True)
+        assert saved == pytest.approx(params * sharded * (1 - 1 / 4)), precision
+    # same 16-bit activations, 20 against 18 bytes of state per parameter
+    assert memory("fp16", False) - memory("bf16", False) == pytest.approx(2 * params)
+
+
+def test_model_flops_do_not_depend_on_the_precision():
+    """MFU's numerator is the model's: causal attention counts half the scores whichever
+    kernels run it (32-bit precisions always run the unfused path, which computes them all)."""
+    from workloads.graph_builder import model_flops
+
+    flops = {p: model_flops(make_workload("gpt3-xl", tp=1, pp=1, precision=p))
+             for p in ("bf16", "tf32", "fp32")}
+    assert flops["tf32"] == flops["fp32"] == pytest.approx(flops["bf16"], rel=1e-12)
+
+
 def test_stage_layers_are_the_split():
     w = make_workload("gpt3-xl", tp=1, pp=4, layer_split=(6, 6, 7, 5))
     g = build_iteration_graph(w)
@@ -250,7 +277,8 @@ def test_tied_embeddings_on_one_stage_are_one_matrix(model):
     m = w.model
     assert m.tied_embeddings
     # the model's count adds the final norm, which the layers' share leaves out
-    assert w.stage_params(0) * w.parallel.tp == pytest.approx(m.total_params() - m.hidden)
+    final_norm = (2 if m.norm == "layernorm" else 1) * m.hidden
+    assert w.stage_params(0) * w.parallel.tp == pytest.approx(m.total_params() - final_norm)
 
 
 def test_tied_embeddings_across_stages_all_reduce_their_gradient():

@@ -820,7 +820,8 @@ def model_flops(w: Workload) -> float:
     every layer's matmuls and attention plus the output layer (the usual MFU convention)."""
     m, p = w.model, w.parallel
     # the model's FLOPs, whatever kernels compute them: causal attention counts half the scores
-    layer = _LayerOps(m, Workload(m, replace(p, attention="flash")), p.mbs)
+    # (as flash attention computes it; 32-bit precisions always run the unfused path)
+    layer = _LayerOps(m, Workload(m, replace(p, attention="flash", precision="bf16")), p.mbs)
     fwd = sum(op.flops for op in layer.forward() if isinstance(op, ComputeOp) and op.kind != "memory")
     per_gpu_mb = m.layers * fwd + 2.0 * p.tokens_per_gpu * m.hidden * (m.vocab // p.tp)
     # per-GPU numbers times the TP x CP group size give one microbatch of one pipeline replica

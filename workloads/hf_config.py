@@ -20,7 +20,8 @@ use. Supported are dense decoder-only families:
   RoPE), ``tie_word_embeddings``. The parallel residual (``use_parallel_residual``) is ignored:
   the layer is costed and built as the sequential pre-norm block, which has the same matrices.
 
-``head_dim`` is the config's when it gives one, else ``hidden_size / num_attention_heads``;
+``head_dim`` is the config's when it gives one, else transformers' default for the family when
+its config class has one (Qwen3: 128), else ``hidden_size / num_attention_heads``;
 ``num_key_value_heads`` is what transformers' config class gives when the file omits it (the
 model transformers would build): the number of heads for Llama and GPT families (no GQA), the
 class's own default for others (Mistral 8, Qwen2 and Qwen3 32).
@@ -75,6 +76,9 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_expert
 REQUIRED_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 #: The default sequence length is the model's context, capped at this many tokens.
 NATIVE_SEQ_CAP = 4096
+#: The largest size a config may give (a 32-bit index's reach); larger ones describe no model
+#: and would overflow the arithmetic of the costs.
+MAX_SIZE = 2**31 - 1
 #: Pip's name for the optional dependency.
 EXTRA_HINT = "pip install -e '.[hf]'"
 
@@ -198,7 +202,8 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
             if len(set(given.values())) > 1:
                 both = " and ".join(f"{n} = {v}" for n, v in given.items())
                 raise WorkloadError(f"{file}: {both} contradict each other; give one")
-    _check_raw(file, raw, CONFIG_MAPPING[model_type].attribute_map)
+    head_dim_default = _class_default(CONFIG_MAPPING[model_type], "head_dim")
+    _check_raw(file, raw, CONFIG_MAPPING[model_type].attribute_map, head_dim_default)
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -211,22 +216,44 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
                             f"{lines[-1] if lines else type(e).__name__}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    return _spec(file, raw, cfg)
+    return _spec(file, raw, cfg, head_dim_default)
+
+
+def _class_default(config_class: type, name: str) -> object:
+    """The default of argument ``name`` of a transformers config class (``None`` when it has no
+    such argument, or derives the value from others, as Llama's ``head_dim``)."""
+    import inspect
+
+    parameter = inspect.signature(config_class.__init__).parameters.get(name)
+    return None if parameter is None or parameter.default is inspect.Parameter.empty \
+        else parameter.default
 
 
 def _check_positive_int(file: Path, key: str, value: object) -> None:
-    """Refuse (one line naming the file and ``key``) a size that is not a positive integer."""
+    """Refuse (one line naming the file and ``key``) a size that is not a positive integer of
+    at most :data:`MAX_SIZE`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise WorkloadError(f"{file}: {key} must be a positive integer, got {value!r}")
+    if value > MAX_SIZE:
+        raise WorkloadError(f"{file}: {key} ({len(str(value))} digits) is larger than any "
+                            f"model's (at most {MAX_SIZE:,})")
 
 
-def _check_raw(file: Path, raw: Mapping[str, object], alias: Mapping[str, str]) -> None:
+def _check_raw(file: Path, raw: Mapping[str, object], alias: Mapping[str, str],
+               head_dim_default: object = None) -> None:
     """Sizes the file gives must be positive integers that divide as attention needs, checked
-    before transformers (some of its versions divide by them, or accept them silently)."""
+    before transformers (some of its versions divide by them, or accept them silently); the
+    hidden size must divide into the heads unless a head size is given or the family's class
+    has its own default (``head_dim_default``)."""
     def get(field: str) -> tuple[str, object]:
         key = alias.get(field, field)
         return key, raw.get(key)
 
+    for field, key in alias.items():  # e.g. gpt2's n_layer beside num_hidden_layers
+        if key != field and raw.get(key) is not None and raw.get(field) is not None \
+                and raw[key] != raw[field]:
+            raise WorkloadError(f"{file}: {key} = {raw[key]!r} and {field} = {raw[field]!r} "
+                                "contradict each other; give one")
     # gpt2's MLP width defaults to 4x (n_inner None); bloom's sizes are checked by their own names
     required = () if raw["model_type"] == "bloom" else REQUIRED_SIZES + (
         () if raw["model_type"] == "gpt2" else ("intermediate_size",))
@@ -252,7 +279,8 @@ def _check_raw(file: Path, raw: Mapping[str, object], alias: Mapping[str, str]) 
                                            sizes["num_key_value_heads"])
     if heads is not None and kv is not None and heads % kv:
         raise WorkloadError(f"{file}: {ak} = {heads} is not divisible by {kk} = {kv}")
-    if raw.get("head_dim") is None and hidden is not None and heads is not None and hidden % heads:
+    if (raw.get("head_dim") is None and head_dim_default is None and hidden is not None
+            and heads is not None and hidden % heads):
         raise WorkloadError(f"{file}: {hk} = {hidden} is not divisible by {ak} = {heads} "
                             "(and no head_dim is given)")
 
@@ -277,15 +305,18 @@ class _HFConfig(Protocol):
     def vocab_size(self) -> int: ...
 
 
-def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
-    """Map a transformers config of a supported family to a validated :class:`ModelSpec`."""
+def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig,
+          head_dim_default: object = None) -> ModelSpec:
+    """Map a transformers config of a supported family to a validated :class:`ModelSpec`
+    (``head_dim_default``: the family's config class's default head size, or ``None``)."""
     family = cfg.model_type
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     if "num_key_value_heads" not in raw and heads % kv_heads:
         raise WorkloadError(f"{file}: gives no num_key_value_heads, and transformers' {family} "
                             f"default, {kv_heads}, does not divide its {heads} attention heads")
-    head_dim = getattr(cfg, "head_dim", None) if raw.get("head_dim") is not None else None
+    head_dim = (getattr(cfg, "head_dim", None)
+                if raw.get("head_dim") is not None or head_dim_default is not None else None)
     if head_dim is None:
         if hidden % heads:
             raise WorkloadError(f"{file}: hidden size {hidden} is not divisible by {heads} "
@@ -325,7 +356,8 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig) -> ModelSpec:
                      head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
                      native_seq=native_seq, tied_embeddings=tied_embeddings, ffn=ffn, mlp=mlp,
                      norm=norm, qk_norm=qk_norm, rope=rope, alibi=alibi,
-                     embedding_norm=embedding_norm, gelu=gelu)
+                     embedding_norm=embedding_norm, gelu=gelu,
+                     max_positions=None if rope or alibi else context)
     _check_spec(file, spec)
     return spec
 

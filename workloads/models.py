@@ -42,6 +42,8 @@ class ModelSpec:
             for SwiGLU and for fused kernels): ``"gelu_new"`` (GPT-2's tanh approximation as a
             chain of elementwise kernels), ``"bloom"`` (Bloom's own chain and hand-written
             backward) or ``"torch"`` (``torch.nn.functional.gelu``, one kernel each way).
+        max_positions: The positions a model with learned absolute positions has a table for
+            (tokens; ``None``: ``native_seq``, as for the built-in GPT-3 models).
     """
 
     name: str
@@ -61,6 +63,13 @@ class ModelSpec:
     alibi: bool = False
     embedding_norm: bool = False
     gelu: Literal["gelu_new", "bloom", "torch"] = "gelu_new"
+    max_positions: int | None = None
+
+    @property
+    def positions(self) -> int:
+        """Length of the learned position table (tokens): :attr:`max_positions`, else
+        :attr:`native_seq`."""
+        return self.max_positions or self.native_seq
 
     @property
     def q_width(self) -> int:
@@ -95,14 +104,15 @@ class ModelSpec:
 
     def embedding_params(self) -> int:
         """Parameters of the input embedding (and learned positions for GPT-3)."""
-        pos = 0 if self.rope or self.alibi else self.native_seq * self.hidden
+        pos = 0 if self.rope or self.alibi else self.positions * self.hidden
         norm = 2 * self.hidden if self.embedding_norm else 0
         return self.vocab * self.hidden + pos + norm
 
     def total_params(self) -> int:
         """All parameters, output layer included unless tied."""
         out = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.layers * self.layer_params() + self.embedding_params() + out + self.hidden
+        final_norm = (2 if self.norm == "layernorm" else 1) * self.hidden  # scale (and bias)
+        return self.layers * self.layer_params() + self.embedding_params() + out + final_norm
 
 
 def _gpt3(name: str, hidden: int, heads: int, layers: int) -> ModelSpec:

@@ -59,8 +59,10 @@ def grad_bucket_params(dp: int) -> int:
     (Megatron-core's default ``bucket_size``; context-parallel ranks not counted)."""
     return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp)
 #: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP x CP with the
-#: distributed optimizer); mixed precision keeps the master copy, fp32 training does not.
-_OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 12, "tf32": 8, "fp32": 8}
+#: distributed optimizer); mixed precision keeps the master copy, fp32 training does not, and
+#: fp16 (whose gradients are 16-bit) also an fp32 copy of the gradients: Megatron-core's
+#: distributed-optimizer guide counts 18 / 6 + 12/d bytes for bf16, 20 / 4 + 16/d for fp16.
+_OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 16, "tf32": 8, "fp32": 8}
 #: CUDA context, NCCL buffers, allocator fragmentation (bytes); a rough allowance.
 _RUNTIME_OVERHEAD_BYTES = 3 * 2**30
 
@@ -417,9 +419,9 @@ class Workload:
         absolute positions (GPT-2, GPT-3) has a table for (empty otherwise, and for RoPE or
         ALiBi, which set no such limit)."""
         m, seq = self.model, self.parallel.seq
-        if m.rope or m.alibi or seq <= m.native_seq:
+        if m.rope or m.alibi or seq <= m.positions:
             return []
-        return [f"--seq {seq} is longer than the {m.native_seq} positions {self.name} learned: "
+        return [f"--seq {seq} is longer than the {m.positions} positions {self.name} learned: "
                 "the model itself cannot run it (the simulator does, as if its table were "
                 "longer)"]
 

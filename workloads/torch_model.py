@@ -320,7 +320,7 @@ class GPTStage(nn.Module):
         self.vocab_local = -(-spec.vocab // tp)
         self.vocab_start = tp_rank * self.vocab_local
         self.wte = nn.Embedding(self.vocab_local, spec.hidden, **factory) if first else None
-        self.wpe = nn.Embedding(max_seq or spec.native_seq, spec.hidden, **factory) \
+        self.wpe = nn.Embedding(max_seq or spec.positions, spec.hidden, **factory) \
             if first and not spec.rope else None
         self.layers = nn.ModuleList(
             TransformerLayer(spec, tp, dtype, device, **layer_kwargs) for _ in range(num_layers))
