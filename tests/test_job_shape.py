@@ -228,7 +228,7 @@ def test_gradient_buckets_fill_as_megatron_core_fills_them():
     bucket of its own when a tied embedding is shared across stages. Llama 3.2 3B at TP8 PP2
     holds 189 M of layers and 49 M of embedding a GPU on its first stage."""
     w = make_workload("llama3.2-3b", tp=8, pp=2, dp=2, overlap_grad_reduce=True)
-    params, embedding = w.stage_params(0), w.model.embedding_params() / 8
+    params, embedding = w.stage_params(0), w.embedding_params() / 8
     biggest = max(n for _, n in w.model.layer_tensors()) / 8
     g = build_iteration_graph(w)
     assert [len(g.grad_buckets[s]) for s in (0, 1)] == [5, 1]
@@ -276,9 +276,12 @@ def test_tied_embeddings_on_one_stage_are_one_matrix(model):
     w = make_workload(model, tp=8 if model != "gpt3-xl" else 4, pp=1, dp=2)
     m = w.model
     assert m.tied_embeddings
-    # the model's count adds the final norm, which the layers' share leaves out
+    # the model's count adds the final norm, which the layers' share leaves out, and the
+    # stage holds the padded vocabulary's rows
     final_norm = (2 if m.norm == "layernorm" else 1) * m.hidden
-    assert w.stage_params(0) * w.parallel.tp == pytest.approx(m.total_params() - final_norm)
+    padding = (w.padded_vocab - m.vocab) * m.hidden
+    assert w.stage_params(0) * w.parallel.tp == pytest.approx(m.total_params() - final_norm
+                                                              + padding)
 
 
 def test_tied_embeddings_across_stages_all_reduce_their_gradient():
@@ -295,7 +298,9 @@ def test_tied_embeddings_across_stages_all_reduce_their_gradient():
         assert names == ["dp_allreduce_grads", "pp_allreduce_embedding_grads"]
         emb = g.stage_tail[stage][1].comm
         assert (emb.collective, emb.group, emb.nodes, emb.ranks_per_node) == ("all_reduce", 2, 2, 1)
-        assert emb.bytes == pytest.approx(4 * m.vocab * m.hidden / 2)  # bf16's fp32 gradients, TP2
+        # bf16's fp32 gradients, TP2, of the vocabulary Megatron-LM pads to 50,432 (128 x 2)
+        assert w.padded_vocab == 50432
+        assert emb.bytes == pytest.approx(4 * w.padded_vocab * m.hidden / 2)
     four = build_iteration_graph(make_workload("gpt3-2.7b", tp=2, pp=4, dp=4, mbs=1,
                                                microbatches=4))
     assert [len(four.stage_tail[s]) for s in range(4)] == [3, 2, 2, 3]
@@ -636,7 +641,7 @@ def test_unfused_cross_entropy_is_megatron_lms_passes_on_the_last_stage():
     fused = make_workload("gpt3-xl", tp=2, pp=2, mbs=4, microbatches=4, precision="fp16")
     unfused = replace(fused, parallel=replace(fused.parallel, cross_entropy="unfused"))
     gf, gu = build_iteration_graph(fused), build_iteration_graph(unfused)
-    t, v = 4 * 2048, 50257 // 2  # tokens; the vocabulary share of a TP rank
+    t, v = 4 * 2048, 50432 // 2  # tokens; a TP rank's share of the padded vocabulary
 
     def loss_bytes(g, stage, direction):
         return [op.bytes for seg in g.instruction_graphs[(stage, direction)].extra
@@ -790,3 +795,21 @@ def test_stages_sharing_a_node_send_over_nvlink():
     slowest = replace(g, p2p_across_nodes=())
     assert sim.p2p_times(slowest) == (across,) * 7
     assert faster < sim.evaluate_plan(slowest, IterationPlan.uniform(slowest, 1410)).energy.time_s
+
+
+def test_the_vocabulary_is_padded_as_megatron_lm_pads_it(capsys):
+    """``_vocab_size_with_padding``: a multiple of ``--make-vocab-size-divisible-by`` (128) x TP;
+    GPT-2's 50,257 tokens become 50,304 at TP1 and 51,200 at TP8; 1 keeps them (Merak)."""
+    assert [make_workload("gpt3-xl", tp=tp, pp=1).padded_vocab for tp in (1, 8)] == [50304, 51200]
+    kept = make_workload("gpt3-xl", tp=1, pp=1, make_vocab_size_divisible_by=1)
+    assert kept.padded_vocab == 50257
+    w = make_workload("gpt3-xl", tp=8, pp=1)
+    g = build_iteration_graph(w)
+    out = next(op for seg in g.instruction_graphs[(0, "forward")].extra for op in seg.compute
+               if op.name == "linear_output")
+    assert out.flops == pytest.approx(2 * w.parallel.tokens_per_gpu * 2048 * 51200 / 8)
+    assert main(["simulate", "-w", "gpt3-xl", "--make-vocab-size-divisible-by", "1",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["make_vocab_size_divisible_by"] == 1
+    assert main(["simulate", "-w", "gpt3-xl", "--make-vocab-size-divisible-by", "0"]) == 2
+    assert "--make-vocab-size-divisible-by must be a positive integer" in capsys.readouterr().err

@@ -607,7 +607,7 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     """Embedding on the first stage, final norm + output layer + loss on the last (full mbs)."""
     m, p = w.model, w.parallel
     t = p.tokens_per_gpu
-    h, v = m.hidden, m.vocab // p.tp
+    h, v = m.hidden, w.padded_vocab // p.tp
     eb = p.element_bytes
     place = p.group_placement(p.tp, 1, stage)
     segs: list[Segment] = []
@@ -711,7 +711,8 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
                                           ranks, place)))
     if m.tied_embeddings and p.pp > 1 and stage in (0, p.pp - 1):
         tail.append(Segment((), _comm(
-            "pp_allreduce_embedding_grads", "all_reduce", grad_b * m.vocab * m.hidden / p.tp, 2,
+            "pp_allreduce_embedding_grads", "all_reduce", grad_b * w.padded_vocab * m.hidden / p.tp,
+            2,
             p.group_placement(2, (p.pp - 1) * p.gpus_per_stage))))
     tail.append(Segment(label_slots([step]), gather))
     return tuple(tail)
@@ -733,11 +734,11 @@ def grad_buckets(w: Workload, stage: int) -> tuple[GradBucket, ...]:
     # forward order: (parameters, layer-equivalents, a tied embedding shared across stages)
     weights: list[tuple[float, float, bool]] = []
     shared = m.tied_embeddings and p.pp > 1 and p.distributed_optimizer
-    weights.append((m.embedding_params() / p.tp, 0.0, shared))
+    weights.append((w.embedding_params() / p.tp, 0.0, shared))
     for _ in range(layers):
         weights += [(n / p.tp, n / layer_total, False) for _, n in m.layer_tensors() if n]
     if p.pp == 1 and not m.tied_embeddings:
-        weights.append((m.vocab * m.hidden / p.tp, 0.0, False))
+        weights.append((w.padded_vocab * m.hidden / p.tp, 0.0, False))
     size = grad_bucket_params(p.dp)
     total = sum(n for n, _, _ in weights)
     buckets: list[GradBucket] = []
@@ -823,6 +824,7 @@ def model_flops(w: Workload) -> float:
     # (as flash attention computes it; 32-bit precisions always run the unfused path)
     layer = _LayerOps(m, Workload(m, replace(p, attention="flash", precision="bf16")), p.mbs)
     fwd = sum(op.flops for op in layer.forward() if isinstance(op, ComputeOp) and op.kind != "memory")
-    per_gpu_mb = m.layers * fwd + 2.0 * p.tokens_per_gpu * m.hidden * (m.vocab // p.tp)
+    # the model's own vocabulary: the padding is work, not the model's FLOPs
+    per_gpu_mb = m.layers * fwd + 2.0 * p.tokens_per_gpu * m.hidden * m.vocab / p.tp
     # per-GPU numbers times the TP x CP group size give one microbatch of one pipeline replica
     return 3.0 * per_gpu_mb * p.tp * p.cp * p.microbatches * p.dp

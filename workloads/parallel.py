@@ -126,6 +126,9 @@ class ParallelConfig:
             default: its vocabulary-parallel cross entropy in PyTorch ops, six passes over fp32
             logits forward and two backward; :func:`workloads.graph_builder.
             vocab_parallel_cross_entropy_ops`). Simulator-only, as ``elementwise``.
+        make_vocab_size_divisible_by: Megatron-LM's flag of that name: the vocabulary is padded
+            to a multiple of this times TP (:attr:`Workload.padded_vocab`; 128, Megatron-LM's
+            default; 1 keeps it as it is, as Hugging Face code run by Merak does).
     """
 
     tp: int = 8
@@ -146,6 +149,7 @@ class ParallelConfig:
     attention: Attention = "flash"
     elementwise: Elementwise = "fused"
     cross_entropy: CrossEntropy = "fused"
+    make_vocab_size_divisible_by: int = 128
 
     def job_fields(self) -> dict[str, object]:
         """The job's shape as commands and result files report it (``--json``'s and
@@ -273,6 +277,20 @@ class Workload:
             object.__setattr__(self, "name", self.model.name)
         validate(self.model, self.parallel)
 
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary the embedding and the output layer hold (tokens): the model's, padded
+        to a multiple of ``make_vocab_size_divisible_by`` x TP as Megatron-LM pads it
+        (``_vocab_size_with_padding``; GPT-2's 50,257 at TP8: 51,200)."""
+        multiple = self.parallel.make_vocab_size_divisible_by * self.parallel.tp
+        return -(-self.model.vocab // multiple) * multiple
+
+    def embedding_params(self) -> float:
+        """Parameters of the input embedding over the whole TP group: the model's
+        (:meth:`~workloads.models.ModelSpec.embedding_params`) with the padded rows."""
+        return self.model.embedding_params() + (self.padded_vocab - self.model.vocab) \
+            * self.model.hidden
+
     def to_dict(self) -> JsonObject:
         """The workload as plain JSON data: ``name``, and every field of ``model`` and
         ``parallel`` (what a GPU job file and an iteration graph carry)."""
@@ -308,9 +326,9 @@ class Workload:
         m, p = self.model, self.parallel
         params = self.stage_layers()[stage] * m.layer_params() / p.tp
         if stage == 0:
-            params += m.embedding_params() / p.tp
+            params += self.embedding_params() / p.tp
         if stage == p.pp - 1 and (not m.tied_embeddings or p.pp > 1):
-            params += m.vocab * m.hidden / p.tp
+            params += self.padded_vocab * m.hidden / p.tp
         return params
 
     def stage_layers(self) -> tuple[int, ...]:
@@ -328,7 +346,7 @@ class Workload:
             return self.parallel.layer_split
         m, p = self.model, self.parallel
         per_layer = _layer_flops_per_token(m, p.seq) * (4 if p.recompute == "full" else 3)
-        output = 2 * m.hidden * m.vocab * 3
+        output = 2 * m.hidden * self.padded_vocab * 3
         stages = p.pp
         best: tuple[float, tuple[int, ...]] | None = None
         base = m.layers // stages
@@ -381,7 +399,7 @@ class Workload:
                          "none": layer_acts + attn_acts}[p.recompute]
             stored = n * per_layer * in_flight
             working = (tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp) * eb / 2
-            logits = tokens * m.vocab / p.tp * 4 * 2 if s == p.pp - 1 else 0.0
+            logits = tokens * self.padded_vocab / p.tp * 4 * 2 if s == p.pp - 1 else 0.0
             out[s] = states + stored + working + logits + _RUNTIME_OVERHEAD_BYTES
         return out
 
@@ -444,7 +462,7 @@ def pipeline_fill_warnings(microbatches: int, stages: int) -> list[str]:
 JOB_FIELDS: tuple[str, ...] = (
     "tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
     "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
-    "attention", "elementwise", "cross_entropy")
+    "attention", "elementwise", "cross_entropy", "make_vocab_size_divisible_by")
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
@@ -469,7 +487,7 @@ GRAPH_BYTES_PER_SLOT = 1500
 def validate(model: ModelSpec, p: ParallelConfig) -> None:
     """Raise :class:`WorkloadError` with one line naming the first impossible setting."""
     for name in ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "nanobatches",
-                 "gpus_per_node"):
+                 "gpus_per_node", "make_vocab_size_divisible_by"):
         value = getattr(p, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             flag = "--" + name.replace("_", "-")
@@ -573,6 +591,7 @@ def make_workload(
     attention: Attention | None = None,
     elementwise: Elementwise | None = None,
     cross_entropy: CrossEntropy | None = None,
+    make_vocab_size_divisible_by: int | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
     is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`).
@@ -593,7 +612,8 @@ def make_workload(
                          gpus_per_node=gpus_per_node, distributed_optimizer=distributed_optimizer,
                          overlap_grad_reduce=overlap_grad_reduce,
                          overlap_param_gather=overlap_param_gather, attention=attention,
-                         elementwise=elementwise, cross_entropy=cross_entropy).items()
+                         elementwise=elementwise, cross_entropy=cross_entropy,
+                         make_vocab_size_divisible_by=make_vocab_size_divisible_by).items()
         if v is not None
     }
     return Workload(model=model, parallel=replace(parallel, **overrides))

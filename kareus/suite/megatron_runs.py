@@ -74,11 +74,11 @@ def load_runs(path: str | Path) -> pd.DataFrame:
 
 def run_workload(row: pd.Series | dict) -> Workload:
     """The workload of one vTrain run (see the module docstring). Where the row has them, a
-    ``vocab`` entry replaces GPT-2's padded vocabulary and ``overlap_grad_reduce`` overlaps the
-    gradient reduction with the backward (PyTorch's DDP)."""
+    ``vocab`` entry replaces GPT-2's vocabulary (which Megatron-LM pads, as the workload
+    does: :attr:`~workloads.parallel.Workload.padded_vocab`) and ``overlap_grad_reduce``
+    overlaps the gradient reduction with the backward (PyTorch's DDP)."""
     h, heads, tp = int(row["hidden"]), int(row["heads"]), int(row["tp"])
-    mult = 128 * tp
-    vocab = int(row["vocab"]) if "vocab" in row else (_GPT2_VOCAB + mult - 1) // mult * mult
+    vocab = int(row["vocab"]) if "vocab" in row else _GPT2_VOCAB
     model = ModelSpec(
         name=f"gpt-h{h}-l{int(row['layers'])}", hidden=h, heads=heads, kv_heads=heads,
         head_dim=h // heads, ffn=4 * h, layers=int(row["layers"]),
@@ -214,7 +214,8 @@ def simulated_shares(runs: RunSet, gpu: "GPUPreset", rows: list[int]) -> pd.Data
 #: (unfused attention, eager elementwise kernels).
 PERSEUS_XL_JOB = dict(tp=1, cp=1, pp=4, dp=1, mbs=8, microbatches=128, seq=1024,
                       layer_split=(6, 6, 7, 5), precision="tf32", recompute="full",
-                      attention="unfused", elementwise="eager", gpus_per_node=4)
+                      attention="unfused", elementwise="eager", gpus_per_node=4,
+                      make_vocab_size_divisible_by=1)
 PERSEUS_XL_GPU = "a100-pcie-80gb"
 #: Measured method -> the suite's optimizer that reproduces it.
 PERSEUS_XL_METHODS = {"perseus": "perseus", "zeus_global": "zeus-power-limit",

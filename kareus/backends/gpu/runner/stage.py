@@ -4,6 +4,8 @@ plan schedules for the engine, and the synthetic microbatch data.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from kareus.backends.gpu.engine import Schedule, StageEngine
@@ -19,11 +21,12 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torc
 def build_stage(w: Workload, stage: int, tp_rank: int, device: torch.device, dtype: torch.dtype,
                 seed: int, layers: int | None = None, first: bool | None = None,
                 last: bool | None = None) -> GPTStage:
-    """The stage's modules for one TP rank, weights seeded by (seed, stage, TP rank)."""
+    """The stage's modules for one TP rank, weights seeded by (seed, stage, TP rank); the
+    vocabulary padded as the workload pads it (:attr:`Workload.padded_vocab`)."""
     p = w.parallel
     torch.manual_seed(seed * 7919 + 1000 * stage + tp_rank)
     return GPTStage(
-        w.model, layers if layers is not None else w.stage_layers()[stage],
+        replace(w.model, vocab=w.padded_vocab), layers if layers is not None else w.stage_layers()[stage],
         first=(stage == 0) if first is None else first,
         last=(stage == p.pp - 1) if last is None else last,
         tp=p.tp, tp_rank=tp_rank, max_seq=p.seq, dtype=dtype, device=device)
