@@ -22,7 +22,7 @@ import click
 import numpy as np
 
 from kareus.frontier import change_pct, pareto_indices, spread_indices
-from kareus.methods.exact import min_energy_within
+from kareus.methods.exact import min_energy_within, reference_options
 from kareus.methods.tradeoff import SlackReclaimer, evaluate_on_options, solve
 from kareus.optimizer.kareus import kareus_options
 from kareus.plugins import load_optimizer
@@ -78,8 +78,7 @@ def optimality_gaps() -> list[dict]:
         p = make_problem(workload, gpu="a100-sxm4-40gb", **layout)
         stages, micro = p.graph.stages, p.graph.microbatches
         opts = kareus_options(p)
-        thin = {k: [v[i] for i in spread_indices([o.time_s for o in v], 8)]
-                for k, v in opts.items()}
+        thin = reference_options(opts, 8)
         ps = p.gpu.static_power_w
         steps = list(solve(thin, stages, micro, ps))
         reclaim = SlackReclaimer(thin, stages, micro, ps)

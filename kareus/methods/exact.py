@@ -50,6 +50,21 @@ class ExactSolution:
     choice: dict[Instruction, int]
 
 
+def reference_options(options: Mapping[tuple[int, Direction], Sequence[Option]], per_type: int
+                      ) -> dict[tuple[int, Direction], list[Option]]:
+    """A small instance's options: each instruction type's Pareto-optimal ones (time s, energy
+    J), at most ``per_type`` of them spread evenly over their times. A dominated option is never
+    worth choosing, so keeping one would make the instance easier than it looks."""
+    from kareus.frontier import pareto_indices, spread_indices
+
+    out = {}
+    for key, opts in options.items():
+        front = [opts[i] for i in pareto_indices([o.time_s for o in opts],  # by time
+                                                 [o.energy_j for o in opts])]
+        out[key] = [front[i] for i in spread_indices([o.time_s for o in front], per_type)]
+    return out
+
+
 def min_energy_within(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
                       microbatches: int, static_power_w: float, deadline_s: float,
                       time_limit_s: float = 60.0) -> ExactSolution | None:
