@@ -27,16 +27,18 @@ _TOL = 1e-9
 
 def pareto_indices(times: ArrayLike, energies: ArrayLike) -> NDArray[np.int64]:
     """Indices of the points no other point dominates (smaller-or-equal in both, smaller in one),
-    sorted by time ascending; of exact duplicates the first is kept."""
+    sorted by time ascending; of exact duplicates the first is kept; a point with a non-finite
+    time or energy is never kept."""
     t = np.asarray(times, dtype=np.float64)
     e = np.asarray(energies, dtype=np.float64)
     if t.shape != e.shape or t.ndim != 1:
         raise ValueError("times and energies must be 1-D arrays of equal length")
+    finite = np.isfinite(t) & np.isfinite(e)
     order = np.lexsort((e, t))  # by time, then energy
     keep: list[int] = []
     best_e = np.inf
     for i in order:
-        if e[i] < best_e:
+        if finite[i] and e[i] < best_e:
             keep.append(int(i))
             best_e = e[i]
     return np.asarray(keep, dtype=np.int64)
@@ -111,10 +113,12 @@ def _iso_reduction(ref_x: Sequence[float], ref_y: Sequence[float], x: Sequence[f
     least ``y`` among the method's points with ``x`` no larger (by more than the fraction
     ``slack``); ``None`` if there is none. With (x, y) = (time, energy) this is the iso-time
     energy reduction; swapped, iso-energy time."""
-    if not np.isfinite(np.asarray(ref_x, float)).any():
+    rx, ry = np.asarray(ref_x, float), np.asarray(ref_y, float)
+    ok = np.flatnonzero(np.isfinite(rx) & np.isfinite(ry))  # a reference point must be whole
+    if not ok.size:
         return None
-    i = fastest(ref_x, ref_y)
-    x_ref, y_ref = float(ref_x[i]), float(ref_y[i])
+    i = ok[fastest(rx[ok], ry[ok])]
+    x_ref, y_ref = float(rx[i]), float(ry[i])
     j = best_within(x, y, x_ref * (1 + slack))
     return None if j is None else reduction_pct(y_ref, float(np.asarray(y, float)[j]))
 

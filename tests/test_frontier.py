@@ -93,3 +93,17 @@ def test_even_indices_keep_both_ends_and_the_limit():
     assert fr.even_indices(11, 3) == [0, 5, 10]
     assert fr.even_indices(100, 1) == [0, 99]  # at least the two ends
     assert len(fr.even_indices(1000, 15)) == 15
+
+
+def test_non_finite_points_are_never_on_a_frontier_nor_a_reference():
+    """The harness drops such points first; the formulas hold without it too."""
+    import math
+
+    from kareus.frontier import iso_time_energy_reduction, pareto_indices
+
+    assert pareto_indices([math.nan, 1.0, 2.0], [1.0, 5.0, 4.0]).tolist() == [1, 2]
+    assert pareto_indices([1.0, 2.0], [math.inf, 4.0]).tolist() == [1]
+    # the reference's fastest point has no energy: its fastest whole point (2 s, 10 J) counts
+    assert iso_time_energy_reduction([1.0, 2.0], [math.nan, 10.0], [2.0], [9.0]) == \
+        pytest.approx(10.0)
+    assert iso_time_energy_reduction([math.nan], [1.0], [2.0], [9.0]) is None

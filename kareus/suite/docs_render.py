@@ -8,7 +8,8 @@ A block is written in the markdown as::
 
 and NAME is one of :data:`RENDERERS`. Every number a block shows is read from a committed output
 (``results/paper/tables.md``, ``results/paper/*.csv``, ``results/paper/metadata.json``,
-``results/fidelity/summary.json``), so that a rerun after new results needs no manual edit::
+``results/fidelity/summary.json``, ``results/whatif/summary.json``), so that a rerun after new
+results needs no manual edit::
 
     python -m kareus.suite.docs_render          # rewrite the blocks
     python -m kareus.suite.docs_render --check  # exit 1 and name the blocks that differ
@@ -436,6 +437,39 @@ def render_parameter_kinds(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_whatif(root: Path) -> str:
+    """One table per what-if study, from results/whatif/summary.json (``benchmarks/whatif.py``):
+    Kareus's and Nanobatching + Perseus's frontiers against Perseus's, Kareus's fastest plan
+    against Megatron-LM's, and Perseus's least-energy plan's time against its fastest."""
+    path = root / "results" / "whatif" / "summary.json"
+    if not path.is_file():
+        return ("Not recorded yet: run `python benchmarks/whatif.py --write "
+                "results/whatif/summary.json`.\n")
+
+    def pct(v: object) -> str:
+        return "not attainable" if v is None else f"{_num(v):+.1f}"
+
+    out = []
+    for name, study in json.loads(path.read_text()).items():
+        out.append(f"**{name}**: `{study['command']}` ({study['gpu']}; {study['wall_s']:.0f} s on "
+                   f"{study['date']}, commit `{study['git_commit'][:10]}`)\n")
+        out.append("| config | Kareus iso-time ΔE % | Kareus iso-energy ΔT % | NB+Perseus iso-time "
+                   "ΔE % | NB+Perseus iso-energy ΔT % | Kareus fastest vs Megatron-LM ΔT / ΔE % "
+                   "| Perseus least-energy plan's time vs its fastest |")
+        out.append("|---|---|---|---|---|---|---|")
+        for config, r in study["configs"].items():
+            stretch = (f"{r['perseus_least_energy_s']:.3g} s vs {r['perseus_fastest_s']:.3g} s "
+                       f"({100 * (r['perseus_least_energy_s'] / r['perseus_fastest_s'] - 1):+.0f} %)"
+                       if r.get("perseus_fastest_s") else "-")
+            out.append(f"| {config} | {pct(r['kareus_iso_time_pct'])} | "
+                       f"{pct(r['kareus_iso_energy_pct'])} | {pct(r['nb_perseus_iso_time_pct'])} | "
+                       f"{pct(r['nb_perseus_iso_energy_pct'])} | "
+                       f"{pct(r['kareus_fastest_time_pct'])} / "
+                       f"{pct(r['kareus_fastest_energy_pct'])} | {stretch} |")
+        out.append("")
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "parameters": render_parameters,
     "parameter-kinds": render_parameter_kinds,
@@ -448,6 +482,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "locked-clocks": render_locked_clocks,
     "megatron-scaling": render_megatron_scaling,
     "power-curves": render_power_curves,
+    "whatif": render_whatif,
 }
 
 

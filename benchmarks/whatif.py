@@ -1,0 +1,114 @@
+"""The what-if studies' figures, recorded for docs/results.md.
+
+Runs each what-if suite with ``reproduce.py`` (its cells reused where they are current, so a
+rerun after a run costs seconds) and records, per configuration, what docs/results.md shows:
+Kareus's and Nanobatching + Perseus's frontier against Perseus's (iso-time energy and iso-energy
+time reductions, %), their fastest plans against Megatron-LM's (time and energy reductions, %),
+and how far down the clock range Perseus's most frugal plan runs (its time over its fastest
+plan's). The suites' own folders (``results/<suite>[-<gpu>]/``, 25 MB each with figures) are not
+committed; this record is, and ``python -m kareus.suite.docs_render`` renders it::
+
+    python benchmarks/whatif.py --jobs 2 --write results/whatif/summary.json   # ~15 min, 2 cores
+    python benchmarks/whatif.py --no-run --write results/whatif/summary.json   # record what ran
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Each what-if study: its results folder and ``reproduce.py``'s arguments.
+STUDIES: dict[str, list[str]] = {
+    "paper-h100-sxm": ["--suite", "paper", "--gpu", "h100-sxm"],
+    "paper-h200": ["--suite", "paper", "--gpu", "h200"],
+    "static-sweep": ["--suite", "static-sweep"],
+    "scale": ["--suite", "scale"],
+}
+
+
+def _reduction(summary: dict, block: str, name: str, key: str) -> float | None:
+    """One comparison metric of a configuration's summary (%), ``None`` when not attainable."""
+    value = summary["comparison"][block].get(name, {}).get(key)
+    return None if value is None else round(float(value), 2)
+
+
+def configuration_record(summary: dict) -> dict[str, float | None]:
+    """What docs/results.md shows of one configuration's ``summary.json``."""
+    out: dict[str, float | None] = {}
+    for name, short in (("kareus", "kareus"), ("nanobatch-perseus", "nb_perseus")):
+        for key, field in (("iso_time_energy_reduction_pct", "iso_time_pct"),
+                           ("iso_energy_time_reduction_pct", "iso_energy_pct")):
+            out[f"{short}_{field}"] = _reduction(summary, "frontier_vs_perseus", name, key)
+        for key, field in (("time_reduction_pct", "fastest_time_pct"),
+                           ("energy_reduction_pct", "fastest_energy_pct")):
+            out[f"{short}_{field}"] = _reduction(summary, "max_throughput_vs_megatron", name, key)
+    points = summary["optimizers"].get("perseus", {}).get("points") or []
+    if points:
+        fastest = min(p["time_s"] for p in points)
+        frugal = min(points, key=lambda p: (p["energy_j"], p["time_s"]))["time_s"]
+        out["perseus_fastest_s"] = round(fastest, 4)
+        out["perseus_least_energy_s"] = round(frugal, 4)
+    return out
+
+
+def study_record(folder: Path, args: list[str], wall_s: float | None) -> dict:
+    """The record of one study's results folder (``results/<study>/``)."""
+    meta = json.loads((folder / "metadata.json").read_text())
+    configs = {}
+    for summary_file in sorted(folder.glob("*/summary.json")):
+        configs[summary_file.parent.name] = configuration_record(
+            json.loads(summary_file.read_text()))
+    return {"command": "python reproduce.py " + " ".join(args) + " --jobs 2",
+            "gpu": meta["gpu"], "git_commit": meta["git_commit"],
+            "date": dt.date.today().isoformat(),
+            "wall_s": round(wall_s if wall_s is not None else meta.get("wall_s_this_run", 0.0), 1),
+            "configs": configs}
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--run/--no-run", default=True, show_default=True,
+              help="Run the suites first (cells reused where current) [record what is there].")
+@click.option("--jobs", type=int, default=2, show_default=True, help="reproduce.py --jobs.")
+@click.option("--only", default=",".join(STUDIES), show_default=True,
+              help="Comma-separated studies.")
+@click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
+              help="Merge the record into this JSON file (results/whatif/summary.json).")
+def main(run: bool, jobs: int, only: str, write_path: str | None) -> None:
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STUDIES]
+    if unknown:
+        raise click.UsageError(f"unknown studies {unknown}; choose from {', '.join(STUDIES)}")
+    record = {}
+    for name in names:
+        args = STUDIES[name]
+        wall = None
+        if run:
+            click.echo(f"== {name}: python reproduce.py {' '.join(args)} --jobs {jobs}", err=True)
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, str(REPO / "reproduce.py"), *args,
+                                   "--jobs", str(jobs)], cwd=REPO, check=False)
+            wall = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise click.ClickException(f"{name}: reproduce.py exited {done.returncode}")
+        folder = REPO / "results" / name
+        if not (folder / "metadata.json").is_file():
+            raise click.ClickException(f"{folder} holds no results; run without --no-run")
+        record[name] = study_record(folder, args, wall)
+        click.echo(json.dumps({name: record[name]}, indent=1))
+    if write_path:
+        path = Path(write_path)
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**old, **record}, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
