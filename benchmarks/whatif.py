@@ -25,8 +25,10 @@ import click
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Each what-if study: its results folder and ``reproduce.py``'s arguments.
+#: Each what-if study (and the paper suite on A100, beside which the docs read them): its
+#: results folder and ``reproduce.py``'s arguments.
 STUDIES: dict[str, list[str]] = {
+    "paper": ["--suite", "paper"],  # the A100 testbed, to compare with (results/paper: committed)
     "paper-h100-sxm": ["--suite", "paper", "--gpu", "h100-sxm"],
     "paper-h200": ["--suite", "paper", "--gpu", "h200"],
     "static-sweep": ["--suite", "static-sweep"],
@@ -62,10 +64,12 @@ def configuration_record(summary: dict) -> dict[str, float | None]:
 def study_record(folder: Path, args: list[str], wall_s: float | None) -> dict:
     """The record of one study's results folder (``results/<study>/``)."""
     meta = json.loads((folder / "metadata.json").read_text())
-    configs = {}
-    for summary_file in sorted(folder.glob("*/summary.json")):
-        configs[summary_file.parent.name] = configuration_record(
-            json.loads(summary_file.read_text()))
+    import pandas as pd
+
+    # the suite's own order, as its tables list the configurations
+    order = pd.read_csv(folder / "frontier.csv")["config"].tolist()
+    configs = {name: configuration_record(json.loads((folder / name / "summary.json").read_text()))
+               for name in order}
     return {"command": "python reproduce.py " + " ".join(args) + " --jobs 2",
             "gpu": meta["gpu"], "git_commit": meta["git_commit"],
             "date": dt.date.today().isoformat(),
@@ -107,7 +111,7 @@ def main(run: bool, jobs: int, only: str, write_path: str | None) -> None:
         path = Path(write_path)
         old = json.loads(path.read_text()) if path.is_file() else {}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**old, **record}, indent=1, sort_keys=True) + "\n")
+        path.write_text(json.dumps({**old, **record}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
