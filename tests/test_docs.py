@@ -176,3 +176,25 @@ def test_the_hand_quoted_first_principles_figures_are_the_simulator_s() -> None:
                 f"| static share of energy | **{static} %** | 85 W × 16 × {t} s = "
                 f"{res.energy.static_j / 1e3:.2f} kJ of {res.energy.total_j / 1e3:.2f} kJ. |"):
         assert row in calibration
+
+
+def test_the_what_if_record_reads_the_suites_as_their_tables_do() -> None:
+    """benchmarks/whatif.py reads each suite's summaries; its record of the paper suite must be
+    the committed results/paper's (a stale record, or a reader that took another field, shows)."""
+    import importlib.util
+    import json
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("whatif", ROOT / "benchmarks" / "whatif.py")
+    whatif = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(whatif)
+    fresh = whatif.study_record(ROOT / "results" / "paper", whatif.STUDIES["paper"], None)
+    frontier = pd.read_csv(ROOT / "results" / "paper" / "frontier.csv").set_index("config")
+    assert list(fresh["configs"]) == list(frontier.index)
+    for config, r in fresh["configs"].items():
+        for column, field in (("kareus iso-time ΔE %", "kareus_iso_time_pct"),
+                              ("kareus iso-energy ΔT %", "kareus_iso_energy_pct")):
+            assert r[field] == pytest.approx(frontier.loc[config, column], abs=0.006)
+    recorded = json.loads((ROOT / "results" / "whatif" / "summary.json").read_text())["paper"]
+    assert recorded["configs"] == fresh["configs"]
