@@ -32,9 +32,14 @@ def file_problem(path: str | os.PathLike[str]) -> str | None:
 
 
 def loads_json(text: str) -> object:
-    """``json.loads(text)``; a document nested deeper than the parser's recursion limit raises
-    :class:`json.JSONDecodeError` ("nested too deeply") instead of :class:`RecursionError`."""
+    """``json.loads(text)``; a document nested deeper than the parser's recursion limit, or an
+    integer longer than Python converts (4,300 digits), raises :class:`json.JSONDecodeError`
+    instead of :class:`RecursionError` or a plain :class:`ValueError`."""
     try:
         return json.loads(text)
+    except json.JSONDecodeError:
+        raise
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text[:1], 0) from None
+    except ValueError as e:  # int("1" * 5000): "Exceeds the limit (4300 digits) ..."
+        raise json.JSONDecodeError(str(e).split(";")[0], text[:1], 0) from None

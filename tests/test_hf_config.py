@@ -468,3 +468,15 @@ def test_contradicting_aliases_are_refused(hf, capsys, tmp_path):
     assert "n_layer = 12 and num_hidden_layers = 24 contradict each other" in err
     same = write(tmp_path, _folder="same", **{**base, "num_hidden_layers": base["n_layer"]})
     assert get_model(str(same)).layers == base["n_layer"]
+
+
+def test_an_integer_too_long_to_parse_is_refused_in_one_line(capsys, tmp_path):
+    """Python refuses to convert integers of more than 4,300 digits (a ValueError, not a
+    JSONDecodeError): the reader still says the file is not valid JSON, exit 2."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "vocab_size": 1' + "0" * 5000
+                                        + "}")
+    code, out, err = run(capsys, "simulate", "-w", str(folder))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "is not valid JSON" in err and "4300 digits" in err

@@ -725,12 +725,11 @@ def test_the_command_line_simulates_a_measured_run_as_the_fidelity_check_does(
     from kareus.suite.megatron_runs import VTRAIN_GPU, VTRAIN_NETWORK, run_workload
 
     pytest.importorskip("transformers")
-    padded_vocab = (50257 + 128 * tp - 1) // (128 * tp) * (128 * tp)  # Megatron-LM's padding
     model = tmp_path / "gpt-3.6b"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({
+    (model / "config.json").write_text(json.dumps({  # the tokenizer's vocabulary: both pad it
         "model_type": "gpt2", "n_embd": 3072, "n_head": 32, "n_layer": 30,
-        "n_positions": 2048, "vocab_size": padded_vocab}))
+        "n_positions": 2048, "vocab_size": 50257}))
     gpus = tmp_path / "gpus"
     gpus.mkdir()
     raw = json.loads((BUILTIN_DIR / f"{VTRAIN_GPU}.json").read_text())
@@ -813,3 +812,10 @@ def test_the_vocabulary_is_padded_as_megatron_lm_pads_it(capsys):
     assert json.loads(capsys.readouterr().out)["parallel"]["make_vocab_size_divisible_by"] == 1
     assert main(["simulate", "-w", "gpt3-xl", "--make-vocab-size-divisible-by", "0"]) == 2
     assert "--make-vocab-size-divisible-by must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--mbs", "--make-vocab-size-divisible-by", "--microbatches"])
+def test_an_absurd_job_integer_is_refused_in_one_line(capsys, flag):
+    assert main(["simulate", "-w", "gpt3-xl", flag, "1" + "0" * 400]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "larger than any job's" in err

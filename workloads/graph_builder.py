@@ -696,7 +696,11 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
     # fp32 / tf32: the weight is the master copy, read and written; otherwise the fp32 master
     # is read and written and the working-precision copy written
     weight = 2 * p.element_bytes if p.precision in ("fp32", "tf32") else 2 * 4 + p.element_bytes
-    step = memory_op("optimizer_step", shard * (grad_b + weight + 4 * 4), flops=12.0 * shard)
+    # fp16 keeps fp32 main gradients: Megatron-LM's Float16OptimizerWithFloat16Params copies
+    # the 16-bit gradients into them (read 2, write 4) and the step reads them (4)
+    step_grad_b = grad_b + 4 + 4 if p.precision == "fp16" else grad_b
+    step = memory_op("optimizer_step", shard * (step_grad_b + weight + 4 * 4),
+                     flops=12.0 * shard)
     tail: list[Segment] = []
     gather = None
     if ranks > 1:
@@ -818,7 +822,9 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
 
 def model_flops(w: Workload) -> float:
     """Model FLOPs of one iteration, whole job, without recomputation: 3x the forward FLOPs of
-    every layer's matmuls and attention plus the output layer (the usual MFU convention)."""
+    every layer's matmuls and attention plus the output layer, the model's own vocabulary and
+    half the causal scores (PaLM's MFU convention; Megatron-LM's logged TFLOP/s counts the padded
+    vocabulary and every score, so it reads higher)."""
     m, p = w.model, w.parallel
     # the model's FLOPs, whatever kernels compute them: causal attention counts half the scores
     # (as flash attention computes it; 32-bit precisions always run the unfused path)

@@ -479,6 +479,9 @@ MAX_PIPELINE_SLOTS = 1 << 20
 #: barely grows with them (0.14 s to build a million-GPU graph), but a count past this is a
 #: typo.
 MAX_GPUS = 1 << 20
+#: The largest integer a job's shape may give (a 32-bit index's reach): beyond it the costs'
+#: floating-point arithmetic overflows, and no job is that large.
+MAX_JOB_INTEGER = 2**31 - 1
 #: Memory one (microbatch, stage) pair takes through the graph and a simulated plan (bytes),
 #: measured on ``kareus simulate`` (peak resident size over microbatch counts).
 GRAPH_BYTES_PER_SLOT = 1500
@@ -489,9 +492,12 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
     for name in ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "nanobatches",
                  "gpus_per_node", "make_vocab_size_divisible_by"):
         value = getattr(p, name)
+        flag = "--" + name.replace("_", "-")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            flag = "--" + name.replace("_", "-")
             raise WorkloadError(f"{flag} must be a positive integer, got {value!r}")
+        if value > MAX_JOB_INTEGER:
+            raise WorkloadError(f"{flag} ({len(str(value))} digits) is larger than any job's "
+                                f"(at most {MAX_JOB_INTEGER:,})")
     if p.num_gpus > MAX_GPUS:
         raise WorkloadError(
             f"{p.num_gpus:,} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}); at most "
