@@ -61,8 +61,9 @@ def configuration_record(summary: dict) -> dict[str, float | None]:
     return out
 
 
-def study_record(folder: Path, args: list[str], wall_s: float | None) -> dict:
-    """The record of one study's results folder (``results/<study>/``)."""
+def study_record(folder: Path, args: list[str], wall_s: float | None, jobs: int = 2) -> dict:
+    """The record of one study's results folder (``results/<study>/``), run with ``--jobs
+    jobs`` in ``wall_s`` seconds (``None``: the run that wrote it, as its metadata says)."""
     meta = json.loads((folder / "metadata.json").read_text())
     import pandas as pd
 
@@ -70,9 +71,10 @@ def study_record(folder: Path, args: list[str], wall_s: float | None) -> dict:
     order = pd.read_csv(folder / "frontier.csv")["config"].tolist()
     configs = {name: configuration_record(json.loads((folder / name / "summary.json").read_text()))
                for name in order}
-    return {"command": "python reproduce.py " + " ".join(args) + " --jobs 2",
+    written = dt.date.fromtimestamp((folder / "metadata.json").stat().st_mtime)
+    return {"command": "python reproduce.py " + " ".join(args) + f" --jobs {jobs}",
             "gpu": meta["gpu"], "git_commit": meta["git_commit"],
-            "date": dt.date.today().isoformat(),
+            "date": written.isoformat(),
             "wall_s": round(wall_s if wall_s is not None else meta.get("wall_s_this_run", 0.0), 1),
             "configs": configs}
 
@@ -105,7 +107,7 @@ def main(run: bool, jobs: int, only: str, write_path: str | None) -> None:
         folder = REPO / "results" / name
         if not (folder / "metadata.json").is_file():
             raise click.ClickException(f"{folder} holds no results; run without --no-run")
-        record[name] = study_record(folder, args, wall)
+        record[name] = study_record(folder, args, wall, jobs)
         click.echo(json.dumps({name: record[name]}, indent=1))
     if write_path:
         path = Path(write_path)

@@ -452,7 +452,7 @@ def render_whatif(root: Path) -> str:
     out = []
     for name, study in json.loads(path.read_text()).items():
         out.append(f"**{name}**: `{study['command']}` ({study['gpu']}; {study['wall_s']:.0f} s on "
-                   f"{study['date']}, commit `{study['git_commit'][:10]}`)\n")
+                   f"{study['date']}, commit `{str(study.get('git_commit'))[:10]}`)\n")
         out.append("| config | Kareus iso-time ΔE % | Kareus iso-energy ΔT % | NB+Perseus iso-time "
                    "ΔE % | NB+Perseus iso-energy ΔT % | Kareus fastest vs Megatron-LM ΔT / ΔE % "
                    "| Perseus least-energy plan's time vs its fastest |")
