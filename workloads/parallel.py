@@ -492,16 +492,19 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
     for name in ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "nanobatches",
                  "gpus_per_node", "make_vocab_size_divisible_by"):
         value = getattr(p, name)
-        flag = "--" + name.replace("_", "-")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            flag = "--" + name.replace("_", "-")
             raise WorkloadError(f"{flag} must be a positive integer, got {value!r}")
-        if value > MAX_JOB_INTEGER:
-            raise WorkloadError(f"{flag} ({len(str(value))} digits) is larger than any job's "
-                                f"(at most {MAX_JOB_INTEGER:,})")
     if p.num_gpus > MAX_GPUS:
         raise WorkloadError(
             f"{p.num_gpus:,} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}); at most "
             f"{MAX_GPUS:,}")
+    for name in ("mbs", "microbatches", "seq", "nanobatches", "gpus_per_node",
+                 "make_vocab_size_divisible_by"):
+        value = getattr(p, name)
+        if value > MAX_JOB_INTEGER:
+            raise WorkloadError(f"--{name.replace('_', '-')} ({len(str(value))} digits) is "
+                                f"larger than any job's (at most {MAX_JOB_INTEGER:,})")
     if model.heads % p.tp:
         raise WorkloadError(
             f"{model.name}: {model.heads} attention heads are not divisible by TP={p.tp}; "
