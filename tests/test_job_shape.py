@@ -337,12 +337,14 @@ def test_each_stage_synchronises_over_its_own_groups():
     assert 1.4 * t12 < t6 < t3  # two NICs carry a 2 + 2 group, one a 3 + 1 group
 
 
-@pytest.mark.parametrize("precision, per_param", [("bf16", 4 + 8 + 2 + 16), ("fp16", 2 + 8 + 2 + 16),
+@pytest.mark.parametrize("precision, per_param", [("bf16", 4 + 8 + 2 + 16),
+                                                   ("fp16", 2 + 4 + 4 + 8 + 2 + 16),
                                                    ("tf32", 4 + 8 + 16), ("fp32", 4 + 8 + 16)])
 def test_adam_step_reads_and_writes_the_master_weight(precision, per_param):
     """Adam's HBM bytes per parameter: the gradient, the fp32 master weight read and written,
     the two fp32 moments read and written, and with 16-bit training the working copy written;
-    in fp32 / tf32 the weight is the master."""
+    in fp32 / tf32 the weight is the master; fp16 first copies its 16-bit gradients into fp32
+    main gradients (read 2, write 4), which the step reads (4)."""
     w = make_workload("gpt3-xl", tp=1, pp=1, dp=1, precision=precision)
     step = build_iteration_graph(w).stage_tail[0][-1].compute[0]
     assert step.bytes == pytest.approx(per_param * w.stage_params(0))
