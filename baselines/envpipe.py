@@ -43,6 +43,7 @@ from kareus.methods.tradeoff import (
     Option,
     replay_knobs,
     stage_waits,
+    wait_before,
     whole_dag_problem,
     with_first_forward_waits,
 )
@@ -156,8 +157,7 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
     delays = boundary_delays(stages, p2p_s)
     hops = sum(delays[min(a.stage, b.stage)] for a, b in zip(path, path[1:]) if a.stage != b.stage)
     length = (sum(measured[ins.type_key][clock[ins]] for ins in path) + hops
-              + sum(waits[ins.stage] for ins in path
-                    if ins.direction == "forward" and ins.microbatch == 0))
+              + sum(wait_before(ins, waits) for ins in path))
     return EnvPipeRun(clock, tuple(path), length, steps)
 
 

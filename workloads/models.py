@@ -86,7 +86,7 @@ class ModelSpec:
         (Megatron-core's module order: each linear with its bias, GPT-3 keeping biases; the
         norm scales (and shifts); SwiGLU's gate and up projections as one ``fc1``)."""
         h = self.hidden
-        norm = h * (2 if self.norm == "layernorm" else 1)
+        norm = self.norm_params()
         biased = self.mlp == "gelu"
         qkv_out = self.q_width + 2 * self.kv_width
         mlp_mats = 3 if self.mlp == "swiglu" else 2
@@ -97,6 +97,11 @@ class ModelSpec:
                 ("mlp_norm", norm),
                 ("fc1", (mlp_mats - 1) * h * self.ffn + (self.ffn if biased else 0)),
                 ("fc2", self.ffn * h + (h if biased else 0)))
+
+    def norm_params(self) -> int:
+        """Parameters of one norm over the hidden width: LayerNorm's scale and shift, RMSNorm's
+        scale."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights, biases for GPT-3, norm scales)."""
@@ -111,8 +116,8 @@ class ModelSpec:
     def total_params(self) -> int:
         """All parameters, output layer included unless tied."""
         out = 0 if self.tied_embeddings else self.vocab * self.hidden
-        final_norm = (2 if self.norm == "layernorm" else 1) * self.hidden  # scale (and bias)
-        return self.layers * self.layer_params() + self.embedding_params() + out + final_norm
+        return (self.layers * self.layer_params() + self.embedding_params() + out
+                + self.norm_params())
 
 
 def _gpt3(name: str, hidden: int, heads: int, layers: int) -> ModelSpec:

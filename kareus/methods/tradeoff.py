@@ -458,10 +458,11 @@ def _add_first_forward_waits(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction,
     node_of = {id(d.get("op")): n for n, d in dag.nodes(data=True)}
     next_id = max(dag.nodes) + 1
     for ins, lt in nodes:
-        if ins.direction != "forward" or ins.microbatch != 0 or waits[ins.stage] <= 0:
+        wait = wait_before(ins, waits)
+        if wait <= 0:
             continue
         node = node_of[id(lt)]
-        dag.add_node(next_id, op=_fixed_operation(waits[ins.stage], unit_time_s))
+        dag.add_node(next_id, op=_fixed_operation(wait, unit_time_s))
         for u in list(dag.predecessors(node)):
             dag.remove_edge(u, node)
             dag.add_edge(u, next_id)
@@ -482,16 +483,18 @@ def stage_waits(stages: int, wait_s: Sequence[float] | None) -> tuple[float, ...
     return waits
 
 
+def wait_before(ins: Instruction, waits: Sequence[float]) -> float:
+    """The wait (s) before ``ins`` starts its work: its stage's first-forward wait if it is its
+    stage's first forward, else none."""
+    return waits[ins.stage] if ins.direction == "forward" and ins.microbatch == 0 else 0.0
+
+
 def with_first_forward_waits(durations: Mapping[Instruction, float],
                              waits: Sequence[float]) -> dict[Instruction, float]:
     """``durations`` (s) with each stage's first forward lengthened by its wait (s), as the
     iteration runs it: on the 1F1B schedule (:func:`kareus.graph.schedule_times`) the wait
     then comes after the forward's input and before its work."""
-    out = dict(durations)
-    for s, w in enumerate(waits):
-        if w > 0:
-            out[Instruction(s, 0, "forward")] += w
-    return out
+    return {ins: d + wait_before(ins, waits) for ins, d in durations.items()}
 
 
 def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
@@ -609,9 +612,8 @@ class SlackReclaimer:
         return self.delays[min(a.stage, b.stage)] if a.stage != b.stage else 0.0
 
     def _wait(self, ins: Instruction) -> float:
-        """The wait (s) before ``ins`` starts its work: its stage's first-forward wait."""
-        return (self.waits[ins.stage] if ins.microbatch == 0 and ins.direction == "forward"
-                else 0.0)
+        """The wait (s) before ``ins`` starts its work (:func:`wait_before`)."""
+        return wait_before(ins, self.waits)
 
     def _one_pass(self, chosen: dict[Instruction, Option]) -> bool:
         end: dict[Instruction, float] = {}
