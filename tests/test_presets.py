@@ -1,7 +1,7 @@
-"""Presets as data: the GPU files load to exactly the presets the suite had in code (a frozen
-copy, tests/data/presets_frozen.json, dumped from the code presets before they became files),
-a user adds a GPU by adding a file, a malformed file is refused in one line, and a refit
-rewrites one file."""
+"""Presets as data: the GPU files load to exactly the frozen copy in
+tests/data/presets_frozen.json (dumped from the code presets before they became files; a value
+changed on purpose, such as a refit or a better source, is changed in both), a user adds a GPU by
+adding a file, a malformed file is refused in one line, and a refit rewrites one file."""
 
 import json
 from dataclasses import fields
@@ -414,8 +414,8 @@ def test_every_preset_says_where_its_numbers_come_from(capsys):
         p = P.get_preset(name)
         kinds = p.source_kinds()
         assert sum(kinds.values()) == len(p.sources) and "unstated" not in kinds
-        assert set(kinds) <= {"datasheet", "published", "fitted", "derived", "assumed",
-                              "definition"}
+        assert set(kinds) <= {"datasheet", "published", "measured", "fitted", "derived",
+                              "assumed", "definition"}
     h100 = P.get_preset("h100-sxm")
     assert h100.source_kinds()["assumed"] > P.get_preset("a100-sxm4-40gb").source_kinds()["assumed"]
     assert main(["simulate", "-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",

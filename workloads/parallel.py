@@ -407,7 +407,7 @@ class Workload:
         """Messages for the stages whose estimated memory exceeds the GPU's (empty: fits)."""
         return [
             f"stage {s} needs about {b / 2**30:.1f} GiB per GPU, more than the "
-            f"{gpu_memory_bytes / 2**30:.0f} GiB available"
+            f"{gpu_memory_bytes / 2**30:.1f} GiB available"
             for s, b in self.memory_estimate_bytes().items()
             if b > gpu_memory_bytes
         ]

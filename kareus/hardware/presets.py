@@ -3,17 +3,19 @@
 The presets are data: one JSON file per GPU in ``kareus/hardware/gpus/`` (and, for a user's own
 GPUs, in the folder ``$KAREUS_GPU_DIR`` names), grouped as :data:`GROUPS` says (compute, memory,
 links and collectives, overlap per kernel class, host, power), every value with its source:
-``datasheet`` (vendor specification), ``published`` (a measurement in a paper), ``fitted`` (the
-command and the measurement it was fitted on), ``derived`` (computed from other entries, the rule
-stated), ``definition`` or ``assumed`` (a modelling prior with its reasoning). What belongs to
-the host and the framework rather than the GPU, and so is the same for every GPU, lives once in
-``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form), as do the collective libraries'
-defaults that a GPU with its own measurement overrides (NCCL's latency per ring step, a tuned
-collective's fixed cost); every GPU file takes those values unless it sets its own. Refits write the files (:func:`update_preset_file`: ``kareus calibrate
---partition-sweep ... --write-preset``, ``benchmarks/fidelity.py --fit/--fit-megatron
---write-preset``), a built-in preset's shared value to the shared file only, so a refit is a
-one-file diff; a user's GPU file (``$KAREUS_GPU_DIR``) gets its refit shared value itself. In
-memory a preset is the flat, frozen :class:`GPUPreset` the simulator reads.
+``datasheet`` (vendor specification), ``published`` (a measurement in a paper), ``measured`` (a
+reading taken on the card itself, such as CUDA's device query, and where it was published),
+``fitted`` (the command and the measurement it was fitted on), ``derived`` (computed from other
+entries, the rule stated), ``definition`` or ``assumed`` (a modelling prior with its reasoning).
+What belongs to the host and the framework rather than the GPU, and so is the same for every GPU,
+lives once in ``kareus/hardware/host.json`` (:data:`SHARED_FILE`, same form), as do the collective
+libraries' defaults that a GPU with its own measurement overrides (NCCL's latency per ring step, a
+tuned collective's fixed cost); every GPU file takes those values unless it sets its own. Refits
+write the files (:func:`update_preset_file`: ``kareus calibrate --partition-sweep ...
+--write-preset``, ``benchmarks/fidelity.py --fit/--fit-megatron --write-preset``), a built-in
+preset's shared value to the shared file only, so a refit is a one-file diff; a user's GPU file
+(``$KAREUS_GPU_DIR``) gets its refit shared value itself. In memory a preset is the flat, frozen
+:class:`GPUPreset` the simulator reads.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class GPUPreset:
         fp32_flops_per_clk_per_sm: fp32 FLOP per SM per clock on the CUDA cores (FMA = 2).
         precisions: The math precisions the GPU runs (``bf16``, ``fp16``, ``tf32``, ``fp32``).
         clock_min_mhz, clock_max_mhz, clock_step_mhz: Lockable SM clock range and step.
-        memory_bytes: HBM capacity.
+        memory_bytes: Device memory a process can allocate (bytes): CUDA's total, the card's
+            binary capacity less ECC's share (GDDR) and the driver's reservation.
         hbm_bw: HBM bandwidth (B/s); independent of the SM clock.
         nvlink_bw: Intra-node link bandwidth per GPU per direction (B/s): NVLink, or PCIe on
             PCIe cards.
@@ -246,8 +249,8 @@ class GPUPreset:
 
     def source_kinds(self) -> dict[str, int]:
         """How many of the preset's numbers are of each kind of source (the word before the
-        colon of each :attr:`sources` entry: datasheet, published, fitted, derived, assumed,
-        ...), most common first."""
+        colon of each :attr:`sources` entry: datasheet, published, measured, fitted, derived,
+        assumed, ...), most common first."""
         counts: dict[str, int] = {}
         for text in self.sources.values():
             kind = text.split(":", 1)[0].strip() if ":" in text else "unstated"
