@@ -59,10 +59,17 @@ def grad_bucket_params(dp: int) -> int:
     (Megatron-core's default ``bucket_size``; context-parallel ranks not counted)."""
     return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp)
 #: Adam's fp32 master weight and two moments (bytes per parameter, shardable over DP x CP with the
-#: distributed optimizer); mixed precision keeps the master copy, fp32 training does not, and
-#: fp16 (whose gradients are 16-bit) also an fp32 copy of the gradients: Megatron-core's
-#: distributed-optimizer guide counts 18 / 6 + 12/d bytes for bf16, 20 / 4 + 16/d for fp16.
-_OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 16, "tf32": 8, "fp32": 8}
+#: distributed optimizer), held through the whole iteration; mixed precision keeps the master
+#: copy, fp32 training does not.
+_OPTIMIZER_BYTES: dict[str, int] = {"bf16": 12, "fp16": 12, "tf32": 8, "fp32": 8}
+#: What the optimizer step adds for its own duration (bytes per parameter, sharded like the
+#: optimizer): fp16's gradients are 16-bit, so the step copies them into fp32 main gradients
+#: (``main_param.grad = main_grad.float()`` in Megatron-LM's ``Float16OptimizerWithFloat16Params``)
+#: and frees them at the next ``zero_grad``, before the forward pass; bf16's main gradients are
+#: fp32 already (the copy is an alias). With the held bytes this is Megatron-core's
+#: distributed-optimizer guide's 18 / 6 + 12/d bytes for bf16 and 20 / 4 + 16/d for fp16, at the
+#: step; the activations are freed by then.
+_STEP_ONLY_BYTES: dict[str, int] = {"bf16": 0, "fp16": 4, "tf32": 0, "fp32": 0}
 #: CUDA context, NCCL buffers, allocator fragmentation (bytes); a rough allowance.
 _RUNTIME_OVERHEAD_BYTES = 3 * 2**30
 
@@ -376,16 +383,19 @@ class Workload:
         microbatches in flight (1F1B keeps ``pp - stage`` of them: each layer's input under full
         recomputation, everything but the core attention under selective, everything under
         none), one layer's working set during recomputation/backward, the logits on the last
-        stage, and a runtime allowance."""
+        stage, and a runtime allowance; or, where larger, the optimizer step's (the states with
+        the step's own copies, :data:`_STEP_ONLY_BYTES`, and the allowance, the activations
+        freed)."""
         m, p = self.model, self.parallel
         layers = self.stage_layers()
         tokens = p.tokens_per_gpu
         out: dict[int, float] = {}
         for s, n in enumerate(layers):
             params = self.stage_params(s)
-            optimizer = _OPTIMIZER_BYTES[p.precision] / (p.grad_sync_ranks
-                                                         if p.distributed_optimizer else 1)
+            shards = p.grad_sync_ranks if p.distributed_optimizer else 1
+            optimizer = _OPTIMIZER_BYTES[p.precision] / shards
             states = params * (p.element_bytes + GRAD_BYTES[p.precision] + optimizer)
+            step = states + params * _STEP_ONLY_BYTES[p.precision] / shards
             in_flight = min(p.pp - s, p.microbatches)
             eb = p.element_bytes
             per_layer_input = tokens * m.hidden * eb
@@ -400,7 +410,7 @@ class Workload:
             stored = n * per_layer * in_flight
             working = (tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp) * eb / 2
             logits = tokens * self.padded_vocab / p.tp * 4 * 2 if s == p.pp - 1 else 0.0
-            out[s] = states + stored + working + logits + _RUNTIME_OVERHEAD_BYTES
+            out[s] = max(states + stored + working + logits, step) + _RUNTIME_OVERHEAD_BYTES
         return out
 
     def check_fits(self, gpu_memory_bytes: float) -> list[str]:
