@@ -54,6 +54,31 @@ def test_recompute_modes_order_the_backward():
     assert peak("full", "flash") < peak("selective", "flash") == peak("none", "flash")
 
 
+def test_unfused_attention_and_the_loss_hold_what_megatron_allocates():
+    """Unfused attention under full recomputation holds one layer's scores while it is
+    recomputed and differentiated: its QK^T product (2 bytes each at 16 bits), softmax (2),
+    dropout mask (1) and output (2). The vocab-parallel cross-entropy keeps an fp32 softmax of
+    the logits and makes their gradient in the training precision: 4 + 2 bytes per logit in
+    bf16."""
+    def job(**kw):
+        return make_workload("gpt3-xl", tp=2, pp=2, mbs=4, seq=2048, microbatches=4,
+                             recompute="full", **kw)
+
+    scores = job(attention="unfused")
+    flash = job(attention="flash")
+    p = scores.parallel
+    one_score = scores.model.heads / p.tp * p.tokens_per_gpu * p.seq  # at 2 bytes: 1 unit
+    for s in (0, 1):
+        assert (scores.memory_estimate_bytes()[s] - flash.memory_estimate_bytes()[s]
+                == pytest.approx(7 * one_score)), s
+
+    short, padded = job(make_vocab_size_divisible_by=1), job(make_vocab_size_divisible_by=1024)
+    rows = (padded.padded_vocab - short.padded_vocab) / p.tp
+    params = padded.stage_params(1) - short.stage_params(1)
+    assert (padded.memory_estimate_bytes()[1] - short.memory_estimate_bytes()[1]
+            == pytest.approx(18 * params + (4 + 2) * p.tokens_per_gpu * rows))
+
+
 def test_precision_sets_the_state_bytes_as_megatron_counts_them():
     """Megatron-core's distributed-optimizer guide: bf16 parameters with fp32 gradients take 18
     bytes per parameter (6 + 12/d sharded), fp16 parameters and gradients 20 (4 + 16/d: the
@@ -715,7 +740,8 @@ def test_context_parallelism_needs_the_fused_attention(extra, needle, capsys):
 
 def test_flash_attention_stores_no_score_matrix():
     """Without recomputation the unfused path keeps the 5·a·s²·b score bytes per layer (Korthikanti
-    et al.); flash attention keeps O(s) per head, so its estimate has no s² term."""
+    et al.), and the layer being computed its 2·a·s²·b QK^T product; flash attention keeps O(s)
+    per head, so its estimate has no s² term."""
     flash = make_workload("llama3.2-3b", tp=8, recompute="none")
     unfused = make_workload("llama3.2-3b", tp=8, recompute="none", attention="unfused")
     m, p = flash.model, flash.parallel
@@ -723,7 +749,7 @@ def test_flash_attention_stores_no_score_matrix():
     scores = 5 * m.heads / p.tp * tokens * p.seq * p.element_bytes / 2
     stored = flash.stage_layers()[0] * min(p.pp, p.microbatches) * scores
     assert unfused.memory_estimate_bytes()[0] - flash.memory_estimate_bytes()[0] == \
-        pytest.approx(stored, rel=1e-9)
+        pytest.approx(stored + scores * 2 / 5, rel=1e-9)
     # a CP2 x TP4 layout fits a 40 GB card once the scores are not counted (66 GiB before)
     cp = make_workload("llama3.2-3b", tp=4, cp=2, recompute="none")
     assert cp.memory_warnings(get_preset("a100-sxm4-40gb").memory_bytes) == []

@@ -381,11 +381,11 @@ class Workload:
         """Rough peak memory per GPU for each stage (bytes): weights, gradients, Adam states
         (sharded over DP x CP with the distributed optimizer), stored activations of the
         microbatches in flight (1F1B keeps ``pp - stage`` of them: each layer's input under full
-        recomputation, everything but the core attention under selective, everything under
-        none), one layer's working set during recomputation/backward, the logits on the last
-        stage, and a runtime allowance; or, where larger, the optimizer step's (the states with
-        the step's own copies, :data:`_STEP_ONLY_BYTES`, and the allowance, the activations
-        freed)."""
+        recomputation, everything but the core attention under selective, everything under none),
+        one layer's working set during recomputation/backward (with unfused attention, its scores),
+        the cross-entropy's fp32 softmax of the logits and their gradient on the last stage, and a
+        runtime allowance; or, where larger, the optimizer step's (the states with the step's own
+        copies, :data:`_STEP_ONLY_BYTES`, and the allowance, the activations freed)."""
         m, p = self.model, self.parallel
         layers = self.stage_layers()
         tokens = p.tokens_per_gpu
@@ -402,14 +402,21 @@ class Workload:
             # Korthikanti et al. (2022): a layer stores ~34·s·b·h + 5·a·s²·b bytes at 16 bits
             # without recomputation, the 5·a·s²·b of it the core attention's
             layer_acts = tokens * m.hidden * (10 + 24 / p.tp) * eb / 2
-            # flash attention keeps O(s) per head (its output and log-sum-exp), not the scores
-            attn_acts = (5 * m.heads / p.tp * tokens * (p.seq / p.cp) * eb / 2
-                         if p.core_attention == "unfused" else 0.0)
+            # flash attention keeps O(s) per head (its output and log-sum-exp), not the scores;
+            # the unfused one, per score, its softmax (2 bytes at 16 bits), dropout mask (1) and
+            # dropout output (2), and holds the QK^T product (2) while it computes them
+            score = (m.heads / p.tp * tokens * (p.seq / p.cp) * eb / 2
+                     if p.core_attention == "unfused" else 0.0)
+            attn_acts = 5 * score
             per_layer = {"full": per_layer_input, "selective": layer_acts,
                          "none": layer_acts + attn_acts}[p.recompute]
             stored = n * per_layer * in_flight
-            working = (tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp) * eb / 2
-            logits = tokens * self.padded_vocab / p.tp * 4 * 2 if s == p.pp - 1 else 0.0
+            # the layer being recomputed and differentiated (its scores too, unless stored)
+            working = ((tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp) * eb / 2
+                       + 2 * score + (attn_acts if p.recompute != "none" else 0.0))
+            # Megatron-LM's vocab-parallel cross-entropy keeps an fp32 softmax of the logits (the
+            # training precision's copy freed) and, in the backward, makes their gradient
+            logits = tokens * self.padded_vocab / p.tp * (4 + eb) if s == p.pp - 1 else 0.0
             out[s] = max(states + stored + working + logits, step) + _RUNTIME_OVERHEAD_BYTES
         return out
 
