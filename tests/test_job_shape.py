@@ -146,6 +146,58 @@ def test_stage_layers_refusals(split, needle):
         make_workload("gpt3-xl", tp=1, pp=4, layer_split=split)
 
 
+def test_sequence_parallelism_shards_the_norms_and_splits_each_all_reduce():
+    """Megatron-LM's --sequence-parallel: each TP all-reduce becomes a reduce-scatter after the
+    row-parallel GEMM and an all-gather before the column-parallel one, over the same
+    [tokens, hidden] bytes; the backward also gathers each column-parallel GEMM's input again
+    for its weight gradient; the norms and residual adds run on 1/TP of the tokens; stored
+    activations and the tensor sent between stages are 1/TP. With TP 1 nothing changes."""
+    plain = make_workload("llama3.2-3b", tp=8, pp=2, recompute="selective")
+    sp = make_workload("llama3.2-3b", tp=8, pp=2, recompute="selective", sequence_parallel=True)
+    gp, gs = build_iteration_graph(plain), build_iteration_graph(sp)
+    whole = plain.parallel.element_bytes * plain.parallel.tokens_per_gpu * plain.model.hidden
+
+    def comms(g, direction):
+        return [(s.comm.collective, s.comm.bytes)
+                for s in g.instruction_graphs[(0, direction)].sequential if s.comm]
+
+    assert comms(gp, "forward") == [("all_reduce", whole)] * 2
+    assert comms(gs, "forward") == [("all_gather", whole), ("reduce_scatter", whole)] * 2
+    assert comms(gs, "backward") == [("all_gather", whole), ("all_gather", whole),
+                                     ("reduce_scatter", whole)] * 2
+
+    def norm_bytes(g):
+        return sorted(op.bytes for s in g.instruction_graphs[(0, "forward")].sequential
+                      for op in s.compute if op.name in ("norm", "bda"))
+    assert norm_bytes(gs) == pytest.approx([b / 8 for b in norm_bytes(gp)])
+    assert gs.p2p.bytes == pytest.approx(gp.p2p.bytes / 8)
+    # the GEMMs see every token either way
+    gemms = [sorted(op.flops for s in g.instruction_graphs[(0, "forward")].sequential
+                    for op in s.compute if op.kind == "gemm") for g in (gp, gs)]
+    assert gemms[0] == gemms[1]
+    # Korthikanti et al.: 34/t instead of 10 + 24/t per token and layer under selective
+    # recomputation; the memory-bound kernels shrink, so the iteration is shorter
+    assert sp.memory_estimate_bytes()[0] < plain.memory_estimate_bytes()[0]
+    assert _time(sp).energy.time_s < _time(plain).energy.time_s
+    one, off = (build_iteration_graph(make_workload("llama3.2-3b", tp=1, pp=2, **kw))
+                for kw in ({"sequence_parallel": True}, {}))
+    assert one.instruction_graphs == off.instruction_graphs and one.p2p == off.p2p
+
+
+def test_sequence_parallelism_refusals(capsys):
+    status = main(["simulate", "-w", "llama3.2-3b", "--tp", "8", "--seq", "4100",
+                   "--sequence-parallel"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "not divisible by 8" in err
+    from kareus.backends.gpu.serialize import check_supported
+    from kareus.errors import InputError
+    with pytest.raises(InputError, match="--sequence-parallel is not implemented"):
+        check_supported(make_workload("llama3.2-3b", tp=8, sequence_parallel=True))
+    assert main(["simulate", "-w", "llama3.2-3b", "--tp", "8", "--sequence-parallel",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["sequence_parallel"] is True
+
+
 def test_groups_spanning_nodes_use_the_network():
     inside = build_iteration_graph(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2))
     across = build_iteration_graph(make_workload("gpt3-2.7b", tp=8, pp=1, dp=2, gpus_per_node=4))

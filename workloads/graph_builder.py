@@ -366,6 +366,9 @@ class _LayerOps:
         self.eager = p.elementwise == "eager"
         self.s_local = p.seq // p.cp
         self.t = b * self.s_local  # tokens on this GPU
+        self.sp = p.sequence_sharded
+        # tokens of the norms, dropouts and residual adds: 1/TP of them with sequence parallelism
+        self.t_norm = self.t // p.tp if self.sp else self.t
         self.hq = model.heads // p.tp  # local query heads
         self.hkv = model.kv_heads // p.tp
         self.ffn = model.ffn // p.tp
@@ -376,9 +379,23 @@ class _LayerOps:
 
     # -- collectives -------------------------------------------------------------------------
     def _tp_ar(self, name: str) -> CommOp | None:
+        """The TP all-reduce of a row-parallel GEMM's output (or a column-parallel one's input
+        gradient); with sequence parallelism its reduce-scatter (the same bytes)."""
         if self.tp == 1:
             return None
+        if self.sp:
+            return self._tp_sp(name.replace("allreduce", "reducescatter"), "reduce_scatter")
         return _comm(name, "all_reduce", self.eb * self.t * self.m.hidden, self.tp, self.tp_place)
+
+    def _tp_sp(self, name: str, collective: Collective) -> CommOp:
+        """A sequence-parallel all-gather or reduce-scatter of ``[tokens, hidden]`` over TP (the
+        bytes of the whole, gathered tensor)."""
+        return _comm(name, collective, self.eb * self.t * self.m.hidden, self.tp, self.tp_place)
+
+    def _sp_gather(self, cut: str, name: str) -> list[_Cut]:
+        """The cut at a sequence-parallel all-gather over TP (none without sequence
+        parallelism, so the layer's segments stay as they are)."""
+        return [_Cut(cut, self._tp_sp(name, "all_gather"))] if self.sp else []
 
     def _cp_kv(self, name: str, collective: Collective) -> CommOp | None:
         if self.cp == 1:
@@ -425,7 +442,7 @@ class _LayerOps:
     def _residual(self, backward: bool) -> list[ComputeOp]:
         """The residual branch's bias-dropout-add: one fused kernel, or eager's two
         (:func:`eager_residual`)."""
-        t, h, eb = self.t, self.m.hidden, self.eb
+        t, h, eb = self.t_norm, self.m.hidden, self.eb
         if self.eager:
             return eager_residual(t * h, eb, backward)
         if backward:
@@ -459,9 +476,11 @@ class _LayerOps:
         h = m.hidden
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
+        tn = self.t_norm
         ops: list[ComputeOp | _Cut] = [
             *self._residual(backward=False),
-            norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+            norm_op("norm", 2 * eb * tn * h, flops=5.0 * tn * h),
+            *self._sp_gather("ln1", "tp_allgather_ln1"),
             self._gemm("linear_qkv", t, h, qkv_n),
         ]
         if m.qk_norm:
@@ -474,7 +493,8 @@ class _LayerOps:
         ops.append(self._gemm("linear_proj", t, self.hq * d, h))
         ops.append(_Cut("ao" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_attn")))
         ops += self._residual(backward=False)
-        ops.append(norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
+        ops.append(norm_op("norm", 2 * eb * tn * h, flops=5.0 * tn * h))
+        ops += self._sp_gather("ln2", "tp_allgather_ln2")
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
         ops.append(self._gemm("linear_fc1", t, h, fc1_n))
         ops += self._activation(backward=False)
@@ -489,13 +509,20 @@ class _LayerOps:
         qkv_n = (self.hq + 2 * self.hkv) * d
         qk_elems = t * (self.hq + self.hkv) * d
         fc1_n = self.ffn * (2 if m.mlp == "swiglu" else 1)
-        ops: list[ComputeOp | _Cut] = [norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h)]
+        tn = self.t_norm
+        # with sequence parallelism the output gradient of a row-parallel GEMM is gathered (the
+        # reduce-scatter's backward), and a column-parallel GEMM's input gathered again for its
+        # weight gradient (Megatron-LM keeps only its shard)
+        ops: list[ComputeOp | _Cut] = [
+            norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h),
+            *self._sp_gather("mlp_grad", "tp_allgather_fc2_grad")]
         ops += self._gemm_bwd("linear_fc2", t, self.ffn, h)
         ops += self._activation(backward=True)
-        ops += self._gemm_bwd("linear_fc1", t, h, fc1_n)
+        ops += self._column_parallel_bwd("linear_fc1", t, h, fc1_n, "fc1")
         ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad")))
-        ops.append(norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
+        ops.append(norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h))
         ops += self._residual(backward=True)
+        ops += self._sp_gather("attn_grad", "tp_allgather_proj_grad")
         ops += self._gemm_bwd("linear_proj", t, self.hq * d, h)
         if self.cp > 1:
             ops.append(_Cut("o", self._cp_kv("cp_allgather_kv", "all_gather")))
@@ -508,9 +535,16 @@ class _LayerOps:
             ops.append(memory_op("rope_bwd", 2 * eb * qk_elems, flops=3.0 * qk_elems))
         if m.qk_norm:
             ops.append(norm_op("qk_norm_bwd", 3 * eb * qk_elems, flops=8.0 * qk_elems))
-        ops += self._gemm_bwd("linear_qkv", t, h, qkv_n)
+        ops += self._column_parallel_bwd("linear_qkv", t, h, qkv_n, "qkv")
         ops.append(_Cut("qkv" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_qkv_dgrad")))
         return ops
+
+    def _column_parallel_bwd(self, name: str, m: int, k: int, n: int, short: str
+                             ) -> list[ComputeOp | _Cut]:
+        """A column-parallel GEMM's backward: its input gradient, then (sequence parallelism)
+        the all-gather of its input, then its weight gradient."""
+        dgrad, wgrad = self._gemm_bwd(name, m, k, n)
+        return [dgrad, *self._sp_gather(f"{short}_input", f"tp_allgather_{short}_input"), wgrad]
 
 
 _SLOT_KIND = {
@@ -604,9 +638,14 @@ def _flatten(blocks: list[tuple[str, list[ComputeOp | _Cut]]]
 
 
 def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segment, ...]:
-    """Embedding on the first stage, final norm + output layer + loss on the last (full mbs)."""
+    """Embedding on the first stage, final norm + output layer + loss on the last (full mbs).
+    With sequence parallelism the embedding's all-reduce is a reduce-scatter (its gradient
+    gathered back), and the final norm runs on 1/TP of the tokens, gathered for the output
+    layer (its input gathered again for the weight gradient, its input gradient
+    reduce-scattered)."""
     m, p = w.model, w.parallel
     t = p.tokens_per_gpu
+    tn = t // p.tp if p.sequence_sharded else t  # the norms' tokens
     h, v = m.hidden, w.padded_vocab // p.tp
     eb = p.element_bytes
     place = p.group_placement(p.tp, 1, stage)
@@ -615,17 +654,26 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     def tp_all_reduce(name: str, nbytes: float) -> CommOp | None:
         return _comm(name, "all_reduce", nbytes, p.tp, place) if p.tp > 1 else None
 
+    def tp_sp(name: str, collective: Collective) -> CommOp:
+        return _comm(name, collective, eb * t * h, p.tp, place)
+
     if stage == 0:
         if direction == "forward":
             ops = [memory_op("embedding", 3 * eb * t * h)]
             if m.embedding_norm:  # after the embedding's all-reduce in Megatron-LM; same work
-                ops.append(norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h))
-            segs.append(Segment(label_slots(ops),
-                                tp_all_reduce("tp_allreduce_embedding", eb * t * h)))
+                ops.append(norm_op("norm", 2 * eb * tn * h, flops=5.0 * tn * h))
+            segs.append(Segment(label_slots(ops), (
+                tp_sp("tp_reducescatter_embedding", "reduce_scatter") if p.sequence_sharded
+                else tp_all_reduce("tp_allreduce_embedding", eb * t * h))))
         else:
+            norm = ([norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h)]
+                    if m.embedding_norm else [])
             ops = [memory_op("embedding_bwd", 3 * eb * t * h)]
-            if m.embedding_norm:
-                ops.insert(0, norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h))
+            if p.sequence_sharded:
+                segs.append(Segment(label_slots(norm), tp_sp("tp_allgather_embedding_grad",
+                                                             "all_gather")))
+            else:
+                ops = norm + ops
             segs.append(Segment(label_slots(ops), None))
     if stage == p.pp - 1:
         backward = direction == "backward"
@@ -636,8 +684,12 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
                               ((4 + eb) if backward else (eb + 4 + 4)) * t * v,
                               flops=(3.0 if backward else 5.0) * t * v)]
         if direction == "forward":
-            head = [norm_op("norm", 2 * eb * t * h, flops=5.0 * t * h),
+            head = [norm_op("norm", 2 * eb * tn * h, flops=5.0 * tn * h),
                     gemm_op("linear_output", t, h, v, elem_bytes=eb, precision=p.precision)]
+            if p.sequence_sharded:  # the norm's shard gathered for the output layer
+                segs.append(Segment(label_slots(head[:1]),
+                                    tp_sp("tp_allgather_output", "all_gather")))
+                head = head[1:]
             if p.cross_entropy == "unfused":  # an all-reduce after the max, target and sum
                 by = {op.name: op for op in loss}
                 cast = [by["cross_entropy_cast"]] if "cross_entropy_cast" in by else []
@@ -652,6 +704,15 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
                 return tuple(segs)
             ops = [*head, *loss]
             ar = tp_all_reduce("tp_allreduce_loss", 4 * 3 * t)
+        elif p.sequence_sharded:
+            dgrad, wgrad = _gemm_bwd("linear_output", t, h, v, elem_bytes=eb,
+                                     precision=p.precision)
+            segs += [Segment(label_slots([*loss, dgrad]),
+                             tp_sp("tp_allgather_output_input", "all_gather")),
+                     Segment(label_slots([wgrad]),
+                             tp_sp("tp_reducescatter_output_dgrad", "reduce_scatter"))]
+            ops = [norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h)]
+            ar = None
         else:
             ops = [
                 *loss,
@@ -802,8 +863,10 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
         # the stage boundaries' slowest link: a boundary crosses nodes when ranks one stage
         # apart (TP·CP·DP) sit on different nodes; with stages smaller than a node only some do
         place = p.group_placement(p.pp, p.gpus_per_stage)
+        # the activation a rank sends: its sequence shard with sequence parallelism
+        shard = p.tp if p.sequence_sharded else 1
         p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.tokens_per_gpu
-                                                         * m.hidden), 2,
+                                                         * m.hidden / shard), 2,
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
         across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s) for s in range(p.pp)}

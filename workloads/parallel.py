@@ -136,6 +136,13 @@ class ParallelConfig:
         make_vocab_size_divisible_by: Megatron-LM's flag of that name: the vocabulary is padded
             to a multiple of this times TP (:attr:`Workload.padded_vocab`; 128, Megatron-LM's
             default; 1 keeps it as it is, as Hugging Face code run by Merak does).
+        sequence_parallel: Megatron-LM's ``--sequence-parallel``: with TP > 1 the layer norms,
+            dropouts and residual adds run on 1/TP of the tokens, each TP all-reduce becomes a
+            reduce-scatter after the row-parallel GEMM and an all-gather before the
+            column-parallel one (the same bytes on the wire), the backward gathers each
+            column-parallel GEMM's input again for its weight gradient, and the activations
+            stored and sent between stages are 1/TP. With TP 1 it changes nothing (Megatron-LM
+            turns it off). The layer norms' small gradient all-reduce over TP is not modelled.
     """
 
     tp: int = 8
@@ -157,6 +164,7 @@ class ParallelConfig:
     elementwise: Elementwise = "fused"
     cross_entropy: CrossEntropy = "fused"
     make_vocab_size_divisible_by: int = 128
+    sequence_parallel: bool = False
 
     def job_fields(self) -> dict[str, object]:
         """The job's shape as commands and result files report it (``--json``'s and
@@ -179,6 +187,11 @@ class ParallelConfig:
     def gpus_per_stage(self) -> int:
         """GPUs that run one pipeline stage (TP x CP x DP)."""
         return self.tp * self.cp * self.dp
+
+    @property
+    def sequence_sharded(self) -> bool:
+        """Whether sequence parallelism is on and shards anything (it needs TP > 1)."""
+        return self.sequence_parallel and self.tp > 1
 
     @property
     def tokens_per_gpu(self) -> int:
@@ -398,10 +411,13 @@ class Workload:
             step = states + params * _STEP_ONLY_BYTES[p.precision] / shards
             in_flight = min(p.pp - s, p.microbatches)
             eb = p.element_bytes
-            per_layer_input = tokens * m.hidden * eb
+            sharded = p.tp if p.sequence_sharded else 1
+            per_layer_input = tokens * m.hidden * eb / sharded
             # Korthikanti et al. (2022): a layer stores ~34·s·b·h + 5·a·s²·b bytes at 16 bits
-            # without recomputation, the 5·a·s²·b of it the core attention's
-            layer_acts = tokens * m.hidden * (10 + 24 / p.tp) * eb / 2
+            # without recomputation, the 5·a·s²·b of it the core attention's; TP shards 24 of
+            # the 34, sequence parallelism the other 10
+            per_token = 34 / p.tp if p.sequence_sharded else 10 + 24 / p.tp
+            layer_acts = tokens * m.hidden * per_token * eb / 2
             # flash attention keeps O(s) per head (its output and log-sum-exp), not the scores;
             # the unfused one, per score, its softmax (2 bytes at 16 bits), dropout mask (1) and
             # dropout output (2), and holds the QK^T product (2) while it computes them
@@ -412,7 +428,7 @@ class Workload:
                          "none": layer_acts + attn_acts}[p.recompute]
             stored = n * per_layer * in_flight
             # the layer being recomputed and differentiated (its scores too, unless stored)
-            working = ((tokens * m.hidden * (10 + 24 / p.tp) + tokens * m.ffn * 4 / p.tp) * eb / 2
+            working = ((tokens * m.hidden * per_token + tokens * m.ffn * 4 / p.tp) * eb / 2
                        + 2 * score + (attn_acts if p.recompute != "none" else 0.0))
             # Megatron-LM's vocab-parallel cross-entropy keeps an fp32 softmax of the logits (the
             # training precision's copy freed) and, in the backward, makes their gradient
@@ -479,7 +495,8 @@ def pipeline_fill_warnings(microbatches: int, stages: int) -> list[str]:
 JOB_FIELDS: tuple[str, ...] = (
     "tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
     "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
-    "attention", "elementwise", "cross_entropy", "make_vocab_size_divisible_by")
+    "attention", "elementwise", "cross_entropy", "make_vocab_size_divisible_by",
+    "sequence_parallel")
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
@@ -545,6 +562,10 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"{p.microbatches * p.pp * GRAPH_BYTES_PER_SLOT / 2**30:,.1f} GiB of memory; at most "
             f"{MAX_PIPELINE_SLOTS:,} (--microbatches <= {MAX_PIPELINE_SLOTS // p.pp:,} here)"
         )
+    if p.sequence_sharded and (p.seq // p.cp) % p.tp:
+        raise WorkloadError(
+            f"--sequence-parallel splits each sequence over TP={p.tp}: its {p.seq // p.cp} "
+            f"tokens per GPU (--seq {p.seq} / CP {p.cp}) are not divisible by {p.tp}")
     if p.cp > 1 and p.seq % (2 * p.cp):
         raise WorkloadError(
             f"sequence length {p.seq} must be divisible by 2*CP={2 * p.cp} "
@@ -618,6 +639,7 @@ def make_workload(
     elementwise: Elementwise | None = None,
     cross_entropy: CrossEntropy | None = None,
     make_vocab_size_divisible_by: int | None = None,
+    sequence_parallel: bool | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
     is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`).
@@ -639,7 +661,8 @@ def make_workload(
                          overlap_grad_reduce=overlap_grad_reduce,
                          overlap_param_gather=overlap_param_gather, attention=attention,
                          elementwise=elementwise, cross_entropy=cross_entropy,
-                         make_vocab_size_divisible_by=make_vocab_size_divisible_by).items()
+                         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                         sequence_parallel=sequence_parallel).items()
         if v is not None
     }
     return Workload(model=model, parallel=replace(parallel, **overrides))

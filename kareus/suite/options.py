@@ -95,6 +95,9 @@ JOB_SHAPE_OPTIONS = [
     click.option("--cross-entropy", type=click.Choice(["fused", "unfused"]), default=None,
                  help="The loss: one fused kernel [fused: the paper's testbed], or Megatron-LM's "
                       "default vocabulary-parallel cross entropy in PyTorch ops."),
+    click.option("--sequence-parallel", is_flag=True, callback=_flag_or_none,
+                 help="Megatron-LM's sequence parallelism: norms and dropouts on 1/TP of the "
+                      "tokens, each TP all-reduce a reduce-scatter plus an all-gather."),
     click.option("--make-vocab-size-divisible-by", type=int, default=None,
                  help="Pad the vocabulary to a multiple of N x TP, as Megatron-LM does [128]; "
                       "1 keeps it (Hugging Face code, Merak)."),

@@ -34,6 +34,10 @@ def check_supported(w: Workload) -> None:
             "workloads/torch_model.py has no distributed (ring / all-gather) attention; use "
             "--cp 1 or --backend sim")
     p = w.parallel
+    if p.sequence_sharded:
+        raise InputError(
+            "--sequence-parallel is not implemented in the GPU backend: workloads/torch_model.py "
+            "all-reduces over TP; leave the flag out, or use --backend sim")
     if p.attention != "flash" or p.elementwise != "fused" or p.cross_entropy != "fused":
         raise InputError(
             f"--attention {p.attention} --elementwise {p.elementwise} --cross-entropy "
