@@ -86,6 +86,27 @@ def test_a_killed_run_keeps_finished_phases(tmp_path):
             json.loads(p.read_text())
 
 
+@pytest.mark.slow
+def test_the_time_limits_sigterm_stops_the_run_and_writes_the_summary(tmp_path):
+    """device_check.sh's time limit sends SIGTERM: the run stops in its phase, keeps the ones
+    finished and writes summary.json (which phase stopped, the settings after), exit 124."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.device_check.phases", "--out",
+                             str(tmp_path), "--fake", "--only", "env,power"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in proc.stdout:
+        if line.startswith("-- power"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.stdout.read()
+    assert proc.wait(timeout=60) == 124
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stopped_in"] == "power" and not summary["ok"]
+    assert summary["phases"]["env"]["ok"] and "SIGTERM" in summary["phases"]["power"]["error"]
+    assert not summary["settings_changed"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--out", "x", "--only", "nope"], "unknown phase 'nope'"),
     (["--out", "x", "--only", "env", "--from", "env"], "not both"),

@@ -222,7 +222,7 @@ def test_backend_instruction_and_partition_on_one_gpu():
     assert cost.time_s > 0 and np.isfinite(cost.dynamic_energy_j)
     part = g.instruction_graphs[(0, "forward")].partitions[0]
     grid = b.evaluate_partition(part, np.array([b.gpu.clock_max_mhz]), np.array([8]),
-                                np.array([0]))
+                                np.array([[0, 0]]))  # one (start, end) window
     assert grid.time_s.shape == (1, 1, 1) and grid.time_s[0, 0, 0] > 0
 
 

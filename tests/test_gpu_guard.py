@@ -25,7 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
     "nvmlDeviceSetComputeMode", "nvmlDeviceSetMigMode", "nvmlDeviceResetApplicationsClocks",
     "nvmlDeviceSetGpuOperationMode", "nvmlDeviceSetEccMode", "nvmlDeviceClearEccErrorCounts",
     "nvmlUnitSetLedState", "nvmlGpuInstanceDestroy", "nvmlDeviceCreateGpuInstance",
-    "nvmlDeviceModifyDrainState", "nvmlDeviceRemoveGpu", "nvmlSetVgpuVersion"])
+    "nvmlDeviceModifyDrainState", "nvmlDeviceRemoveGpu", "nvmlSetVgpuVersion",
+    "nvmlDevicePowerSmoothingSetState", "nvmlDevicePowerSmoothingUpdatePresetProfileParam",
+    "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles",
+    "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles",
+    "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1", "nvmlDeviceFreezeNvLinkUtilizationCounter",
+    "nvmlDeviceReadWritePRM_v1"])
 def test_setter_names_are_recognised(name):
     assert is_setter(name)
 
@@ -33,7 +38,8 @@ def test_setter_names_are_recognised(name):
 @pytest.mark.parametrize("name", [
     "nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetTotalEnergyConsumption", "nvmlInit",
     "nvmlShutdown", "nvmlEventSetCreate", "nvmlEventSetWait", "nvmlDeviceGetClockInfo",
-    "nvmlSystemGetDriverVersion"])
+    "nvmlSystemGetDriverVersion", "nvmlDeviceWorkloadPowerProfileGetProfilesInfo",
+    "nvmlDevicePowerSmoothingGetState"])
 def test_getters_are_not_setters(name):
     assert not is_setter(name)
 

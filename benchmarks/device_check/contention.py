@@ -150,6 +150,7 @@ class CommLike:
 
         smids = torch.full((k,), -1, device=self.device, dtype=torch.int32)
         if self.kernel is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())  # smids filled first
             with torch.cuda.stream(self.stream):
                 self.kernel(grid=(k, 1, 1), block=(512, 1, 1),
                             args=[self.src, self.dst, self.n4, iters, smids],

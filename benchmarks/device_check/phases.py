@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -158,16 +159,21 @@ def phase_env(run: Run) -> JsonObject:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "nccl": text(lambda: ".".join(map(str, torch.cuda.nccl.version()))) if cuda else None,
         "zeus": text(_zeus_version),
-        "gpu_name": dev.name(), "memory_bytes": dev.memory_bytes(),
+        "gpu_name": text(dev.name), "memory_bytes": text(dev.memory_bytes),
         "sms": props.multi_processor_count if props else None,
         "shared_memory_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
-        "max_sm_clock_mhz": dev.max_sm_clock_mhz(), "sm_clock_mhz": dev.sm_clock_mhz(),
+        "max_sm_clock_mhz": text(dev.max_sm_clock_mhz), "sm_clock_mhz": text(dev.sm_clock_mhz),
         "compile_kernel": hasattr(torch.cuda, "_compile_kernel"),
-        "energy_counter": (counter := counter_update_period(
-            dev, 1.0 if not run.card.fake else 0.2)).to_dict(),
         "guard": run.guard.describe(), "settings_before": run.settings_before.to_dict(),
     }
-    rec["ok"] = bool(counter.works) and run.guard.active
+    try:  # the record keeps the versions above when the card's energy counter cannot be read
+        counter = counter_update_period(dev, 1.0 if not run.card.fake else 0.2)
+        rec["energy_counter"] = counter.to_dict()
+        works = bool(counter.works)
+    except Exception as e:  # noqa: BLE001
+        rec["energy_counter"] = f"unavailable: {type(e).__name__}: {e}"
+        works = False
+    rec["ok"] = works and run.guard.active
     return rec
 
 
@@ -204,12 +210,14 @@ def phase_pytest(run: Run) -> JsonObject:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=run.cfg.pytest_limit_s,
                               cwd=Path(__file__).resolve().parents[2])
-        rc, out = proc.returncode, proc.stdout + proc.stderr
+        rc, out, summary = proc.returncode, proc.stdout + proc.stderr, proc.stdout
     except subprocess.TimeoutExpired as e:
         rc = 124
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
             else (e.stdout or "")
-    tail = out.strip().splitlines()[-1] if out.strip() else ""
+        summary = out
+    # pytest's summary line ends its stdout (stderr, after it in ``out``, may hold warnings)
+    tail = summary.strip().splitlines()[-1] if summary.strip() else ""
     counts = {w: int(n) for n, w in
               (x.split()[:2] for x in tail.strip("= ").split(", ") if x[:1].isdigit())
               if n.isdigit()} if " in " in tail else {}
@@ -312,20 +320,27 @@ def phase_contention(run: Run) -> JsonObject:
     preset = _preset(run)
     w = reduced_workload(c.models[0], 1, tp=1, pp=1, dp=1, mbs=c.mbs, seq=c.seq,
                          microbatches=1)
-    comm = CommLike(run.card.device, nbytes=(256 << 20) if not run.card.fake else (1 << 16))
+    ks, comm_error = list(c.contention_ks), None
+    try:
+        comm: CommLike | None = CommLike(run.card.device,
+                                         nbytes=(256 << 20) if not run.card.fake else (1 << 16))
+    except Exception as e:  # noqa: BLE001  (NVRTC missing: the ops alone are still measured)
+        comm, ks, comm_error = None, [0], f"{type(e).__name__}: {e}"
+        run.log(f"  the communication-like kernel is unavailable ({comm_error}); ops alone only")
     sim = SimulatorBackend(preset)
     rows: list[ContentionRow] = []
     for case in op_cases(w, run.card.device):
-        rows += measure_case(case, list(c.contention_ks), run.card.dev, run.card.device, comm,
+        rows += measure_case(case, ks, run.card.dev, run.card.device, comm,
                              c.contention_window_s, sim, preset)
-        for r in rows[-len(c.contention_ks):]:
+        for r in rows[-len(ks):]:
             run.log(f"  {r.op} k={r.comm_sms}: {r.time_per_call_s * 1e6:.0f} us "
                     f"(x{r.slowdown or 0:.3f}; simulator x{r.simulated.slowdown:.3f})"
                     f", SMs proven {r.sms_proven}")
     proven = [r.sms_proven for r in rows if r.comm_sms and r.sms_proven is not None]
     return {"workload": w.name, "preset": preset.name, "rows": [r.to_dict() for r in rows],
-            "all_sms_proven": all(proven) if proven else None,
-            "ok": all(r.time_per_call_s > 0 for r in rows) and all(proven)}
+            "all_sms_proven": all(proven) if proven else None, "comm_kernel_error": comm_error,
+            "ok": all(r.time_per_call_s > 0 for r in rows) and all(proven)
+            and comm_error is None}
 
 
 def phase_fault(run: Run) -> JsonObject:
@@ -431,25 +446,38 @@ def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
     run.log(f"== device check on {card.dev.name()}{' (fake, CPU)' if fake else ''}: "
             f"{', '.join(phases)}; NVML guard on ({len(guard.blocked)} setters blocked)")
     status: dict[str, Json] = dict(prev)
-    for name in phases:
-        path = out / f"{name}.json"
-        if path.exists() and len(phases) == len(PHASES):
-            status[name] = prev.get(name, {"ok": None, "skipped": "record exists"})
-            run.log(f"-- {name}: record exists, skipped")
-            continue
-        run.log(f"-- {name}")
-        t0 = time.monotonic()
-        try:
-            rec = RUNNERS[name](run)
-        except Exception as e:  # noqa: BLE001 - record the failure, go on to the next phase
-            error = f"{type(e).__name__}: {e}".splitlines()[0]
-            rec = {"ok": False, "error": error, "traceback": traceback.format_exc()[-4000:]}
-            run.log(f"   failed: {error}")
-        wall = time.monotonic() - t0
-        rec["wall_s"] = wall
-        atomic_write_json(path, rec)
-        status[name] = {"ok": rec["ok"], "wall_s": wall}
-        run.log(f"   {name}: ok={rec['ok']} in {wall:.1f} s")
+    stopped: str | None = None
+
+    def on_term(signum: int, frame: object) -> None:
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, on_term)  # the time limit: write the summary
+    try:
+        for name in phases:
+            path = out / f"{name}.json"
+            if path.exists() and len(phases) == len(PHASES):
+                status[name] = prev.get(name, {"ok": None, "skipped": "record exists"})
+                run.log(f"-- {name}: record exists, skipped")
+                continue
+            run.log(f"-- {name}")
+            t0 = time.monotonic()
+            try:
+                rec = RUNNERS[name](run)
+            except Exception as e:  # noqa: BLE001 - record the failure, go on to the next phase
+                error = f"{type(e).__name__}: {e}".splitlines()[0]
+                rec = {"ok": False, "error": error, "traceback": traceback.format_exc()[-4000:]}
+                run.log(f"   failed: {error}")
+            wall = time.monotonic() - t0
+            rec["wall_s"] = wall
+            atomic_write_json(path, rec)
+            status[name] = {"ok": rec["ok"], "wall_s": wall}
+            run.log(f"   {name}: ok={rec['ok']} in {wall:.1f} s")
+    except _Stopped:
+        stopped = name
+        status[name] = {"ok": False, "error": "stopped by SIGTERM (the run's time limit)"}
+        run.log(f"!! SIGTERM during {name}: stopped; writing the summary")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     after = card.settings()
     changed = difference(before, after)
     attempts = list(guard.attempts)
@@ -459,13 +487,18 @@ def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
         "ok": ok, "phases": status, "settings_before": before.to_dict(),
         "settings_after": after.to_dict(),
         "settings_changed": changed, "blocked_setter_attempts": attempts,
-        "fake_device": fake, "wall_s": time.monotonic() - t_start})
+        "fake_device": fake, "stopped_in": stopped, "wall_s": time.monotonic() - t_start})
     if changed:
         run.log(f"!! CARD SETTINGS CHANGED: {changed}")
     if attempts:
         run.log(f"!! blocked NVML setter calls: {attempts}")
     run.log(f"== ok={ok} in {time.monotonic() - t_start:.1f} s")
-    return 0 if ok else 1
+    return 124 if stopped else 0 if ok else 1
+
+
+class _Stopped(BaseException):
+    """SIGTERM arrived (``device_check.sh``'s time limit): not an ``Exception``, so no phase's
+    own handler swallows it, and the run stops and writes its summary."""
 
 
 @click.command(help=__doc__.split("\n\n")[0])

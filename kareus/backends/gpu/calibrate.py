@@ -29,7 +29,7 @@ import pandas as pd
 
 from kareus.atomic import atomic_write_json, atomic_write_text
 from kareus.backends.gpu.backend import GPUBackend
-from kareus.backends.gpu.results import InstructionResult, PlanResult
+from kareus.backends.gpu.results import InstructionResult, PartitionResult, PlanResult
 from kareus.energy import measured_energy
 from kareus.errors import InputError
 from kareus.frontier import change_pct, mape_pct
@@ -53,8 +53,10 @@ def observed_clock(backend: GPUBackend, requested: float) -> float:
     sampled during the window (the request if nothing was sampled)."""
     if backend.allow_clock_control:
         return requested
-    seen = [r.window.sm_clock_mhz for r in backend.last_run
-            if isinstance(r, (InstructionResult, PlanResult)) and r.window.sm_clock_mhz]
+    windows = [w for r in backend.last_run for w in (
+        [row.window for row in r.rows] if isinstance(r, PartitionResult)
+        else [r.window] if isinstance(r, (InstructionResult, PlanResult)) else [])]
+    seen = [w.sm_clock_mhz for w in windows if w.sm_clock_mhz]
     return float(np.mean(seen)) if seen else requested
 
 
