@@ -267,7 +267,8 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
             f"  MFU              {details['mfu']:.1%}",
             f"  {preset.provenance()}",
         ]
-        lines += [f"  warning: {m}" for m in fits + fill + positions]
+        lines += [f"  warning: {m}"
+                  for m in fits + fill + positions + w.sequence_parallel_warnings()]
         if stages:
             lines += ["", _breakdown_text(stages, result.gpus_per_stage)]
         return "\n".join(lines)

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
     "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles",
     "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles",
     "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1", "nvmlDeviceFreezeNvLinkUtilizationCounter",
-    "nvmlDeviceReadWritePRM_v1"])
+    "nvmlDeviceReadWritePRM_v1", "nvmlDevicePowerSmoothingActivatePresetProfile"])
 def test_setter_names_are_recognised(name):
     assert is_setter(name)
 

@@ -184,6 +184,28 @@ def test_sequence_parallelism_shards_the_norms_and_splits_each_all_reduce():
     assert one.instruction_graphs == off.instruction_graphs and one.p2p == off.p2p
 
 
+def test_sequence_parallel_embedding_output_layer_and_partitions():
+    """The embedding reduce-scatters under sequence parallelism (RoPE models), but with a
+    learned position table added after it Megatron-core keeps the all-reduce and takes its
+    shard (GPT-3); the output layer gathers the final norm's shard, gathers its input again for
+    the weight gradient and reduce-scatters its input gradient. With CP every nanobatch
+    partition keeps a key of its own."""
+    def extra(name, direction, stage, **kw):
+        w = make_workload(name, tp=8, pp=2, sequence_parallel=True, **kw)
+        ig = build_iteration_graph(w).instruction_graphs[(stage, direction)]
+        return [s.comm.collective if s.comm else None for s in ig.extra]
+
+    assert extra("llama3.2-3b", "forward", 0) == ["reduce_scatter"]
+    assert extra("gpt3-xl", "forward", 0) == ["all_reduce"]
+    assert extra("llama3.2-3b", "backward", 0) == ["all_gather", None]
+    assert extra("llama3.2-3b", "forward", 1) == ["all_gather", "all_reduce"]
+    assert extra("llama3.2-3b", "backward", 1) == ["all_gather", "reduce_scatter", None]
+    g = build_iteration_graph(make_workload("llama3.2-3b", tp=4, cp=2, sequence_parallel=True))
+    for ig in g.instruction_graphs.values():
+        keys = [part.key for part in ig.partitions]
+        assert keys and len(keys) == len(set(keys))
+
+
 def test_sequence_parallelism_refusals(capsys):
     status = main(["simulate", "-w", "llama3.2-3b", "--tp", "8", "--seq", "4100",
                    "--sequence-parallel"])
@@ -196,6 +218,12 @@ def test_sequence_parallelism_refusals(capsys):
     assert main(["simulate", "-w", "llama3.2-3b", "--tp", "8", "--sequence-parallel",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parallel"]["sequence_parallel"] is True
+    # without TP it does nothing, and says so (Megatron-LM turns it off with a warning)
+    assert main(["simulate", "-w", "llama3.2-3b", "--tp", "1", "--sequence-parallel"]) == 0
+    assert "warning: --sequence-parallel does nothing with TP 1" in capsys.readouterr().out
+    assert main(["frontier", "-w", "llama3.2-3b", "--tp", "1", "--sequence-parallel",
+                 "-o", "megatron"]) == 0
+    assert "--sequence-parallel does nothing with TP 1" in capsys.readouterr().err
 
 
 def test_groups_spanning_nodes_use_the_network():

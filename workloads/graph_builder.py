@@ -639,9 +639,10 @@ def _flatten(blocks: list[tuple[str, list[ComputeOp | _Cut]]]
 
 def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segment, ...]:
     """Embedding on the first stage, final norm + output layer + loss on the last (full mbs).
-    With sequence parallelism the embedding's all-reduce is a reduce-scatter (its gradient
-    gathered back), and the final norm runs on 1/TP of the tokens, gathered for the output
-    layer (its input gathered again for the weight gradient, its input gradient
+    With sequence parallelism the embedding's all-reduce is a reduce-scatter (RoPE and ALiBi
+    models; with learned positions Megatron-core keeps the all-reduce and takes its shard), its
+    gradient gathered back, and the final norm runs on 1/TP of the tokens, gathered for the
+    output layer (its input gathered again for the weight gradient, its input gradient
     reduce-scattered)."""
     m, p = w.model, w.parallel
     t = p.tokens_per_gpu
@@ -660,11 +661,18 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     if stage == 0:
         if direction == "forward":
             ops = [memory_op("embedding", 3 * eb * t * h)]
-            if m.embedding_norm:  # after the embedding's all-reduce in Megatron-LM; same work
-                ops.append(norm_op("norm", 2 * eb * tn * h, flops=5.0 * tn * h))
-            segs.append(Segment(label_slots(ops), (
-                tp_sp("tp_reducescatter_embedding", "reduce_scatter") if p.sequence_sharded
-                else tp_all_reduce("tp_allreduce_embedding", eb * t * h))))
+            # Megatron-core reduce-scatters the embedding under sequence parallelism unless a
+            # learned position table is added after it: then it all-reduces and takes its shard
+            scatter = p.sequence_sharded and (m.rope or m.alibi)
+            comm = (tp_sp("tp_reducescatter_embedding", "reduce_scatter") if scatter
+                    else tp_all_reduce("tp_allreduce_embedding", eb * t * h))
+            norm = ([norm_op("norm", 2 * eb * tn * h, flops=5.0 * tn * h)]
+                    if m.embedding_norm else [])  # after the embedding's collective
+            if p.sequence_sharded and comm is not None:
+                segs += [Segment(label_slots(ops), comm)] + (
+                    [Segment(label_slots(norm), None)] if norm else [])
+            else:
+                segs.append(Segment(label_slots(ops + norm), comm))
         else:
             norm = ([norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h)]
                     if m.embedding_norm else [])

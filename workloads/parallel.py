@@ -142,7 +142,10 @@ class ParallelConfig:
             column-parallel one (the same bytes on the wire), the backward gathers each
             column-parallel GEMM's input again for its weight gradient, and the activations
             stored and sent between stages are 1/TP. With TP 1 it changes nothing (Megatron-LM
-            turns it off). The layer norms' small gradient all-reduce over TP is not modelled.
+            turns it off). Not modelled: Megatron-LM's overlap of the input's all-gather with the
+            input-gradient GEMM and of the reduce-scatter with the weight-gradient GEMM (the
+            collectives run between the kernels, as the all-reduces do without it), and the
+            layer norms' small gradient all-reduce over TP.
     """
 
     tp: int = 8
@@ -460,10 +463,19 @@ class Workload:
 
     def job_warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
         """Every warning a command prints before it runs the job: :meth:`memory_warnings`
-        (raising with ``strict``), :meth:`pipeline_fill_warnings`, then
-        :meth:`position_warnings`."""
+        (raising with ``strict``), :meth:`pipeline_fill_warnings`, :meth:`position_warnings`,
+        then :meth:`sequence_parallel_warnings`."""
         return (self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
-                + self.position_warnings())
+                + self.position_warnings() + self.sequence_parallel_warnings())
+
+    def sequence_parallel_warnings(self) -> list[str]:
+        """A message when ``--sequence-parallel`` is given without TP, where it does nothing
+        (Megatron-LM turns it off with a warning); empty otherwise."""
+        p = self.parallel
+        if p.sequence_parallel and p.tp == 1:
+            return ["--sequence-parallel does nothing with TP 1 (Megatron-LM turns it off): "
+                    "the sequence is split over the tensor-parallel group"]
+        return []
 
     def position_warnings(self) -> list[str]:
         """A message when the sequence is longer than the positions a model with learned
@@ -562,15 +574,15 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
             f"{p.microbatches * p.pp * GRAPH_BYTES_PER_SLOT / 2**30:,.1f} GiB of memory; at most "
             f"{MAX_PIPELINE_SLOTS:,} (--microbatches <= {MAX_PIPELINE_SLOTS // p.pp:,} here)"
         )
-    if p.sequence_sharded and (p.seq // p.cp) % p.tp:
-        raise WorkloadError(
-            f"--sequence-parallel splits each sequence over TP={p.tp}: its {p.seq // p.cp} "
-            f"tokens per GPU (--seq {p.seq} / CP {p.cp}) are not divisible by {p.tp}")
     if p.cp > 1 and p.seq % (2 * p.cp):
         raise WorkloadError(
             f"sequence length {p.seq} must be divisible by 2*CP={2 * p.cp} "
             "(load-balanced causal context parallelism)"
         )
+    if p.sequence_sharded and (p.seq // p.cp) % p.tp:
+        raise WorkloadError(
+            f"--sequence-parallel splits each sequence over TP={p.tp}: its {p.seq // p.cp} "
+            f"tokens per GPU (--seq {p.seq} / CP {p.cp}) are not divisible by {p.tp}")
     for what, value, choices in (("precision", p.precision, PRECISIONS),
                                  ("attention", p.attention, ATTENTION_KINDS),
                                  ("elementwise mode", p.elementwise, ELEMENTWISE_KINDS),

@@ -48,8 +48,9 @@ class GPUPreset:
         fp32_flops_per_clk_per_sm: fp32 FLOP per SM per clock on the CUDA cores (FMA = 2).
         precisions: The math precisions the GPU runs (``bf16``, ``fp16``, ``tf32``, ``fp32``).
         clock_min_mhz, clock_max_mhz, clock_step_mhz: Lockable SM clock range and step.
-        memory_bytes: Device memory a process can allocate (bytes): CUDA's total, the card's
-            binary capacity less ECC's share (GDDR) and the driver's reservation.
+        memory_bytes: Device memory a process can allocate (bytes): CUDA's total where it was
+            read (the card's binary capacity less ECC's share on GDDR and the driver's
+            reservation), else nvidia-smi's; each preset's source says which.
         hbm_bw: HBM bandwidth (B/s); independent of the SM clock.
         nvlink_bw: Intra-node link bandwidth per GPU per direction (B/s): NVLink, or PCIe on
             PCIe cards.

@@ -38,12 +38,12 @@ from kareus.json_types import JsonObject
 from kareus.errors import DeviceError
 
 #: NVML function names that change the card's state (setters, resets, clears, updates,
-#: creation and destruction of GPU/compute instances, drain state, GPU removal, counter freezes,
-#: register writes), power smoothing's and workload power profiles' included.
+#: activations, creation and destruction of GPU/compute instances, drain state, GPU removal,
+#: counter freezes, register writes), power smoothing's and workload power profiles' included.
 SETTER_RE = re.compile(
     r"^nvml(?:Device|Unit|System|GpuInstance|ComputeInstance|VgpuInstance|VgpuType|Gpm)?"
     r"(?:PowerSmoothing|WorkloadPowerProfile)?"
-    r"(?:Set|Reset|Clear|Create|Destroy|Modify|Remove|Discover|Update|Freeze|ReadWrite)"
+    r"(?:Set|Reset|Clear|Create|Destroy|Modify|Remove|Discover|Update|Freeze|ReadWrite|Activate)"
     r"[A-Z_]?\w*$")
 
 #: Environment variable that asks a process to activate the guard at start.
