@@ -368,7 +368,7 @@ class _LayerOps:
         self.t = b * self.s_local  # tokens on this GPU
         self.sp = p.sequence_sharded
         # tokens of the norms, dropouts and residual adds: 1/TP of them with sequence parallelism
-        self.t_norm = self.t // p.tp if self.sp else self.t
+        self.t_norm = p.sequence_shard(self.t)
         self.hq = model.heads // p.tp  # local query heads
         self.hkv = model.kv_heads // p.tp
         self.ffn = model.ffn // p.tp
@@ -646,7 +646,7 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
     reduce-scattered)."""
     m, p = w.model, w.parallel
     t = p.tokens_per_gpu
-    tn = t // p.tp if p.sequence_sharded else t  # the norms' tokens
+    tn = p.sequence_shard(t)  # the norms' tokens
     h, v = m.hidden, w.padded_vocab // p.tp
     eb = p.element_bytes
     place = p.group_placement(p.tp, 1, stage)
@@ -872,9 +872,8 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
         # apart (TP·CP·DP) sit on different nodes; with stages smaller than a node only some do
         place = p.group_placement(p.pp, p.gpus_per_stage)
         # the activation a rank sends: its sequence shard with sequence parallelism
-        shard = p.tp if p.sequence_sharded else 1
-        p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.tokens_per_gpu
-                                                         * m.hidden / shard), 2,
+        p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.sequence_shard(
+            p.tokens_per_gpu) * m.hidden), 2,
                      intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
         across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s) for s in range(p.pp)}

@@ -196,6 +196,12 @@ class ParallelConfig:
         """Whether sequence parallelism is on and shards anything (it needs TP > 1)."""
         return self.sequence_parallel and self.tp > 1
 
+    def sequence_shard(self, tokens: int) -> int:
+        """A GPU's share of ``tokens`` where sequence parallelism splits them over TP (the norms'
+        and residual adds' tokens, the activations stored and sent between stages): ``tokens /
+        TP`` with it, all of them without."""
+        return tokens // self.tp if self.sequence_sharded else tokens
+
     @property
     def tokens_per_gpu(self) -> int:
         """Tokens of one microbatch that one GPU processes (its CP shard)."""
@@ -414,8 +420,7 @@ class Workload:
             step = states + params * _STEP_ONLY_BYTES[p.precision] / shards
             in_flight = min(p.pp - s, p.microbatches)
             eb = p.element_bytes
-            sharded = p.tp if p.sequence_sharded else 1
-            per_layer_input = tokens * m.hidden * eb / sharded
+            per_layer_input = p.sequence_shard(tokens) * m.hidden * eb
             # Korthikanti et al. (2022): a layer stores ~34·s·b·h + 5·a·s²·b bytes at 16 bits
             # without recomputation, the 5·a·s²·b of it the core attention's; TP shards 24 of
             # the 34, sequence parallelism the other 10
