@@ -235,6 +235,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
     fits = w.memory_warnings(preset.memory_bytes, strict)
     fill = w.pipeline_fill_warnings()
     positions = w.position_warnings()
+    sequence = w.sequence_parallel_warnings()
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
     plan = IterationPlan.uniform(graph, preset.clock_max_mhz, label="megatron")
@@ -251,7 +252,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
         points=[Point.from_result(result)], details=details,
         parallel=w.parallel.job_fields(),
         stage_layers=list(w.stage_layers()), memory_warnings=fits, pipeline_warnings=fill,
-        position_warnings=positions,
+        position_warnings=positions, sequence_parallel_warnings=sequence,
         **({"breakdown": [sb.to_dict() for sb in stages]} if breakdown else {}),
     )
 
@@ -268,7 +269,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
             f"  {preset.provenance()}",
         ]
         lines += [f"  warning: {m}"
-                  for m in fits + fill + positions + w.sequence_parallel_warnings()]
+                  for m in fits + fill + positions + sequence]
         if stages:
             lines += ["", _breakdown_text(stages, result.gpus_per_stage)]
         return "\n".join(lines)

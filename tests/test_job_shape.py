@@ -217,10 +217,16 @@ def test_sequence_parallelism_refusals(capsys):
         check_supported(make_workload("llama3.2-3b", tp=8, sequence_parallel=True))
     assert main(["simulate", "-w", "llama3.2-3b", "--tp", "8", "--sequence-parallel",
                  "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["parallel"]["sequence_parallel"] is True
+    record = json.loads(capsys.readouterr().out)
+    assert record["parallel"]["sequence_parallel"] is True
+    assert record["sequence_parallel_warnings"] == []
     # without TP it does nothing, and says so (Megatron-LM turns it off with a warning)
     assert main(["simulate", "-w", "llama3.2-3b", "--tp", "1", "--sequence-parallel"]) == 0
     assert "warning: --sequence-parallel does nothing with TP 1" in capsys.readouterr().out
+    assert main(["simulate", "-w", "llama3.2-3b", "--tp", "1", "--sequence-parallel",
+                 "--json"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["sequence_parallel_warnings"]
+    assert warning.startswith("--sequence-parallel does nothing with TP 1")
     assert main(["frontier", "-w", "llama3.2-3b", "--tp", "1", "--sequence-parallel",
                  "-o", "megatron"]) == 0
     assert "--sequence-parallel does nothing with TP 1" in capsys.readouterr().err
