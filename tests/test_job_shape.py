@@ -206,6 +206,27 @@ def test_sequence_parallel_embedding_output_layer_and_partitions():
         assert keys and len(keys) == len(set(keys))
 
 
+def test_norm_gradients_are_all_reduced_over_tp_when_ranks_see_part_of_them():
+    """Megatron-core's ``_allreduce_layernorm_grads``: one flat all-reduce over TP after the
+    backward, of the q/k norms' gradients (each rank sees its heads) and, under sequence
+    parallelism, of every norm's and row-parallel bias's (each rank sees its tokens)."""
+    def norm_sync(name: str, **job) -> list[tuple[float, int]]:
+        g = build_iteration_graph(make_workload(name, pp=1, **job))
+        return [(seg.comm.bytes, seg.comm.group) for seg in g.stage_tail[0]
+                if seg.comm is not None and seg.comm.name == "tp_allreduce_norm_grads"]
+
+    # Llama 3.2 3B: 28 layers x 2 RMSNorm scales of 3,072 + the final norm, fp32 main grads
+    assert norm_sync("llama3.2-3b", tp=8, sequence_parallel=True) == [
+        ((28 * 2 + 1) * 3072 * 4, 8)]
+    # GPT-3 XL (2,048 wide): LayerNorm scale and shift twice, proj's and fc2's biases
+    assert norm_sync("gpt3-xl", tp=4, sequence_parallel=True) == [
+        ((24 * (2 * 2 + 2) + 2) * 2048 * 4, 4)]
+    # Qwen 3 1.7B without sequence parallelism: only the q and k norms (128 wide) per layer
+    assert norm_sync("qwen3-1.7b", tp=8) == [(28 * 2 * 128 * 4, 8)]
+    # nothing to synchronise: no TP, or whole norms without q/k norms
+    assert norm_sync("qwen3-1.7b", tp=1) == norm_sync("llama3.2-3b", tp=8) == []
+
+
 def test_sequence_parallelism_refusals(capsys):
     status = main(["simulate", "-w", "llama3.2-3b", "--tp", "8", "--seq", "4100",
                    "--sequence-parallel"])

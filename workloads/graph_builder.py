@@ -746,6 +746,11 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
       buckets are reduced during the last microbatch's backward (:func:`overlapped_grad_sync`
       in the simulator decides how much stays exposed); the tail keeps the collective with the
       bucket count in its name so the backend can tell.
+    - The gradients of the parameters every TP rank holds whole but sees only part of (the
+      q/k norms; under sequence parallelism every norm and the row-parallel biases,
+      :meth:`~workloads.parallel.Workload.tp_replicated_grad_params`) are all-reduced over the
+      stage's TP group in one flat buffer, as Megatron-core's ``finalize_model_grads`` does
+      after the data-parallel reduction.
     - With tied embeddings and more than one stage, the first stage's input embedding and the
       last stage's output layer are two copies of one matrix: after the data-parallel
       reduction, each pair of ranks holding them (Megatron-LM's embedding group, ``(pp - 1) x
@@ -782,6 +787,11 @@ def _stage_tail(w: Workload, stage: int) -> tuple[Segment, ...]:
         else:
             tail.append(Segment((), _comm("dp_allreduce_grads", "all_reduce", grad_b * params,
                                           ranks, place)))
+    replicated = w.tp_replicated_grad_params(stage)
+    if replicated:
+        tail.append(Segment((), _comm("tp_allreduce_norm_grads", "all_reduce",
+                                      grad_b * replicated, p.tp,
+                                      p.group_placement(p.tp, 1, stage))))
     if m.tied_embeddings and p.pp > 1 and stage in (0, p.pp - 1):
         tail.append(Segment((), _comm(
             "pp_allreduce_embedding_grads", "all_reduce", grad_b * w.padded_vocab * m.hidden / p.tp,

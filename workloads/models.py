@@ -103,6 +103,19 @@ class ModelSpec:
         scale."""
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
+    def tp_replicated_layer_params(self, sequence_parallel: bool) -> int:
+        """Parameters of one layer that every TP rank holds whole but computes only part of the
+        gradient of, which Megatron-core therefore all-reduces over the TP group
+        (``_allreduce_layernorm_grads``): the per-head q/k norm scales (each rank sees its own
+        heads), and under sequence parallelism (each rank sees its own tokens) also the norms
+        and the row-parallel GEMMs' biases (GPT-3's ``proj`` and ``fc2``)."""
+        tensors = dict(self.layer_tensors())
+        params = tensors["qk_norm"]
+        if sequence_parallel:
+            row_biases = 2 * self.hidden if self.mlp == "gelu" else 0
+            params += tensors["input_norm"] + tensors["mlp_norm"] + row_biases
+        return params
+
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights, biases for GPT-3, norm scales)."""
         return sum(n for _, n in self.layer_tensors())

@@ -144,8 +144,9 @@ class ParallelConfig:
             stored and sent between stages are 1/TP. With TP 1 it changes nothing (Megatron-LM
             turns it off). Not modelled: Megatron-LM's overlap of the input's all-gather with the
             input-gradient GEMM and of the reduce-scatter with the weight-gradient GEMM (the
-            collectives run between the kernels, as the all-reduces do without it), and the
-            layer norms' small gradient all-reduce over TP.
+            collectives run between the kernels, as the all-reduces do without it). The norms'
+            gradients are all-reduced over TP after the backward
+            (:meth:`Workload.tp_replicated_grad_params`).
     """
 
     tp: int = 8
@@ -358,6 +359,18 @@ class Workload:
             params += self.embedding_params() / p.tp
         if stage == p.pp - 1 and (not m.tied_embeddings or p.pp > 1):
             params += self.padded_vocab * m.hidden / p.tp
+        return params
+
+    def tp_replicated_grad_params(self, stage: int) -> int:
+        """Parameters of ``stage`` whose gradients are all-reduced over its TP group after the
+        backward (:meth:`ModelSpec.tp_replicated_layer_params` of each of its layers, and the
+        final norm on the last stage under sequence parallelism); 0 without TP."""
+        m, p = self.model, self.parallel
+        if p.tp == 1:
+            return 0
+        params = self.stage_layers()[stage] * m.tp_replicated_layer_params(p.sequence_sharded)
+        if p.sequence_sharded and stage == p.pp - 1:
+            params += m.norm_params()
         return params
 
     def stage_layers(self) -> tuple[int, ...]:
