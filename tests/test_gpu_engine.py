@@ -170,9 +170,6 @@ def _grad_shard(name: str, g: torch.Tensor, spec: ModelSpec, tp: int, r: int) ->
 
 def _worker(rank: int, port: int, out: str) -> None:
     """One of two gloo ranks: TP engine vs reference, then PP=2 and TP=2 plan jobs."""
-    import time
-
-    t0 = time.monotonic()
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -204,7 +201,6 @@ def _worker(rank: int, port: int, out: str) -> None:
             want = _grad_shard(n, ref_grads[n], spec, 2, rank)
             errs.append(float((p.grad - want).abs().max() / (want.abs().max() + 1e-12)))
     result["tp_max_err"] = max(errs)
-    result["t-tp"] = time.monotonic() - t0
     # 2. plan jobs through the runner: PP=2 (1F1B + P2P), then TP=2 (CTA-limited groups)
     cfg = MeasureConfig(warmup_s=0, warmup_steps=1, window_s=0, min_steps=1)
     for tag, tp, pp in (("pp2", 1, 2), ("tp2", 2, 1)):
@@ -221,7 +217,6 @@ def _worker(rank: int, port: int, out: str) -> None:
             job = Job("plan", workload=w, plan=IterationPlan(ins), measure=cfg, device="cpu",
                       dtype="float32", fake_device=True)
             r = execute(job, os.path.join(out, f"{tag}-{nano}"))
-            result[f"t-{tag}-{nano}"] = time.monotonic() - t0
             d = r.to_dict()
             result[f"{tag}-{nano}"] = {"losses": d["losses"], "times": d["instruction_times"],
                                        "steps": d["steps"], "stage": d["stage"]}

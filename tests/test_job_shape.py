@@ -589,7 +589,8 @@ def test_issue_map_is_the_op_by_op_queue(mbs, host_scale):
     r = sim.evaluate_plan(g, IterationPlan.uniform(g, 1410.0))
     tail = sum(sim._segment_cost(seg, f)[0] for seg in g.stage_tail.get(0, ()))
     assert r.energy.time_s == pytest.approx(end + tail)
-    assert signs == ({True} if host_scale < 1 else {False} if host_scale > 1 else signs)
+    if host_scale != 1:  # a host faster (slower) than the GPU leads (trails) it everywhere
+        assert signs == ({True} if host_scale < 1 else {False})
 
 
 def test_single_stage_optimizers_plan_with_the_host():
