@@ -203,7 +203,7 @@ def test_one_fastest_point_when_times_tie_within_rounding():
     """Two plans as fast within floating-point noise: the JSON's max_throughput and the table's
     'vs fastest' baseline are the same point, the one with less energy."""
     from kareus.backends.base import Point
-    from kareus.cli import _frontier_table
+    from kareus.cli.frontiers import _frontier_table
     from kareus.suite.records import frontier_object
 
     points = [Point(1.0, 10.0, 5.0, 5.0, 0), Point(1.0 + 2e-16, 9.0, 4.0, 5.0, 1),
