@@ -24,12 +24,16 @@ import json
 import math
 import statistics
 import time
+from pathlib import Path
 
 import click
 import numpy as np
 
+from kareus.atomic import check_writable_dir
 from kareus.graph import Partition
-from kareus.optimizer.search import Evaluator, PartitionSpace, SearchResult, make_search
+from kareus.optimizer.kareus import partition_space
+from kareus.optimizer.search import Evaluator, SearchResult, make_search
+from kareus.progress import SILENT, Progress
 from kareus.suite.problem import make_problem
 
 GPU = "a100-sxm4-40gb"
@@ -53,11 +57,8 @@ def _partitions():
                 found.update({p.key: p for p in ig.partitions if p.key in keys})
         for key in keys:
             part = found[key]
-            cp = part.comm is not None and part.comm.collective != "all_reduce"
-            sms = problem.knobs.cp_comm_sms if cp else problem.knobs.comm_sms
-            space = PartitionSpace(np.array(problem.knobs.clocks_mhz), np.array(sms),
-                                   np.arange(len(part.compute)))
-            yield f"{workload} {label} {key}", problem, part, space
+            # the Kareus optimizer's own grid: the collective's SM counts, every window
+            yield f"{workload} {label} {key}", problem, part, partition_space(part, problem.knobs)
 
 
 def _random(ev: Evaluator, budget: int, rng: np.random.Generator) -> SearchResult:
@@ -73,12 +74,14 @@ def _refs(exact: SearchResult) -> dict[str, tuple[float, float]]:
             "space": (1.05 * float(exact.time_s.max()), 1.05 * float(exact.total_energy_j.max()))}
 
 
-def measure(seeds: int, percents: tuple[int, ...]) -> list[dict]:
+def measure(seeds: int, percents: tuple[int, ...], progress: Progress = SILENT) -> list[dict]:
     import pymoo.algorithms.moo.nsga2  # noqa: F401  (imports out of the timed searches)
     import sklearn.ensemble  # noqa: F401
 
     rows = []
+    task = progress.start("partitions searched", sum(len(keys) for *_, keys in CASES))
     for label, problem, part, space in _partitions():
+        task.advance()
         exact = make_search("exhaustive").search(Evaluator(problem.backend, part, space), None,
                                                  np.random.default_rng(0))
         refs = _refs(exact)
@@ -99,6 +102,7 @@ def measure(seeds: int, percents: tuple[int, ...]) -> list[dict]:
                         "seed": seed, "wall_s": wall,
                         **{f"hv_{k}": res.hypervolume(r) / exact_hv[k] for k, r in refs.items()},
                     })
+    task.done()
     return rows
 
 
@@ -119,12 +123,18 @@ def _summary(rows: list[dict], percents: tuple[int, ...]) -> dict:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--seeds", default=3, show_default=True, help="Seeds per partition and budget.")
+@click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Seeds per partition and budget.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print every run and the means as JSON.")
 def main(seeds: int, plot: str | None, as_json: bool) -> None:
+    from kareus.suite.progress import terminal_progress
+
+    if plot:
+        check_writable_dir(Path(plot).resolve().parent, "--plot")
     t0 = time.perf_counter()
-    rows = measure(seeds, PERCENTS)
+    with terminal_progress() as progress:
+        rows = measure(seeds, PERCENTS, progress)
     summary = _summary(rows, PERCENTS)
     if as_json:
         click.echo(json.dumps({"gpu": GPU, "percents": PERCENTS, "seeds": seeds,

@@ -165,3 +165,14 @@ def test_2_percent_budget_reaches_the_exact_fronts(problem, part, space, exact):
         assert np.median(dyn) >= 0.97, (name, dyn)
         if name == "surrogate":
             assert min(tot) >= 0.90, (name, tot)
+
+
+def test_a_partition_space_refuses_windows_that_are_not_launch_wait_pairs():
+    """A flat list of launch slots once reached the searches, which then read it as pairs."""
+    clocks, sms = np.array([1200.0, 1410.0]), np.array([0, 12])
+    assert PartitionSpace(clocks, sms, partition_windows(3)).shape == (2, 2, 7)
+    for windows in (np.arange(4), np.zeros((0, 2), dtype=np.int64), np.zeros((3, 3))):
+        with pytest.raises(ValueError, match="windows"):
+            PartitionSpace(clocks, sms, windows)
+    with pytest.raises(ValueError, match="clocks and SM counts"):
+        PartitionSpace(np.array([]), sms, partition_windows(3))

@@ -33,6 +33,15 @@ class PartitionSpace:
     comm_sms: NDArray[np.int64]
     windows: NDArray[np.int64]
 
+    def __post_init__(self) -> None:
+        if np.ndim(self.clocks_mhz) != 1 or np.ndim(self.comm_sms) != 1 \
+                or not (np.size(self.clocks_mhz) and np.size(self.comm_sms)):
+            raise ValueError("a partition space's clocks and SM counts are non-empty 1-D arrays")
+        if np.ndim(self.windows) != 2 or np.shape(self.windows)[1] != 2 \
+                or not np.shape(self.windows)[0]:
+            raise ValueError("a partition space's windows are (launch, wait) pairs, shape (W, 2); "
+                             f"got shape {np.shape(self.windows)}")
+
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.clocks_mhz.size, self.comm_sms.size, int(self.windows.shape[0]))
