@@ -70,10 +70,11 @@ def tail(work: list[float], sms: int) -> float:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--sms", default=108, show_default=True, help="SMs of the GPU (A100: 108).")
-@click.option("--query-blocks", default=32, show_default=True,
+@click.option("--sms", default=108, show_default=True, type=click.IntRange(min=1),
+              help="SMs of the GPU (A100: 108).")
+@click.option("--query-blocks", default=32, show_default=True, type=click.IntRange(min=1),
               help="Query blocks per (batch, head): sequence / 128.")
-@click.option("--overhead", default=2.0, show_default=True,
+@click.option("--overhead", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Fixed work per tile, in key-block units.")
 def main(sms: int, query_blocks: int, overhead: float) -> None:
     sim = SimulatorBackend(get_preset(DEFAULT_GPU).with_overrides(sms=sms))

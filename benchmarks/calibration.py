@@ -5,6 +5,7 @@ instruction, for the earlier law (``before``: no sustained-clock ceiling, the ca
 limit) and the current one (``after``: ceiling and held cap fitted).
 
     python benchmarks/calibration.py [--detail] [--plot calibration.png] [--json] [--top-window 150]
+                                     [--cross-gpu] [--write results/fidelity/summary.json]
 
 ``--cross-gpu`` adds a table: each GPU's voltage curve (knee and voltage ratio) carried from the
 other measured GPU, its knee at the same fraction of the top clock or at the same MHz, the rest
@@ -38,6 +39,7 @@ from kareus.hardware.calibration import (
 )
 from kareus.hardware.presets import GPUPreset, get_preset
 from kareus.hardware.profile import load_profile
+from kareus.progress import SILENT, Progress
 from kareus.suite.datasets import perseus_profile
 
 CASES = [("a100-sxm4-80gb", "a100_sxm"), ("a40", "a40")]
@@ -45,9 +47,10 @@ DIRECTIONS = [("gpt3-175b", "bloom"), ("bloom", "gpt3-175b")]
 LAWS = {"before": False, "after": True}
 
 
-def run() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
+def run(progress: Progress = SILENT) -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
     """Every (GPU, direction, law): the fit, the hold-out summary, per-instruction errors, rows."""
     report, tables, frames = [], [], []
+    task = progress.start("profile fits", len(CASES) * len(DIRECTIONS) * len(LAWS))
     for gpu, tag in CASES:
         preset = get_preset(gpu)
         for fit_model, test_model in DIRECTIONS:
@@ -58,6 +61,7 @@ def run() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
             test = load_profile(test_path)
             for law_name, limits in LAWS.items():
                 res = calibrate(load_profile(fit_path), preset, clock_limits=limits)
+                task.advance()
                 rows, tr = predict_relative(res, preset, test)
                 key = dict(gpu=gpu, fit=fit_model, test=test_model, law=law_name)
                 tables.append(transfer_table(rows).assign(**key))
@@ -73,6 +77,7 @@ def run() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
                     "hold_energy_mape_pct": tr.energy_mape_pct,
                     "hold_energy_max_pct": tr.energy_max_pct, "hold_points": tr.points,
                 })
+    task.done()
     return report, pd.concat(tables, ignore_index=True), pd.concat(frames, ignore_index=True)
 
 
@@ -153,7 +158,7 @@ def cross_gpu_table() -> list[dict]:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--detail", is_flag=True, help="Print every (stage, instruction).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the fits and hold-outs as JSON.")
 @click.option("--top-window", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Also fit each profile on its top MHz only and predict the clocks below.")
 @click.option("--cross-gpu", is_flag=True,
@@ -164,9 +169,19 @@ def cross_gpu_table() -> list[dict]:
                    "file (results/fidelity/summary.json: the docs render them from it).")
 def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None,
          cross_gpu: bool, write_json: str | None) -> None:
+    from pathlib import Path
+
+    from kareus.atomic import check_json_record, check_writable_dir
+
+    check_json_record(write_json, "--write")
+    if plot:
+        check_writable_dir(Path(plot).resolve().parent, "--plot")
+    from kareus.suite.progress import terminal_progress
+
     windows = None if top_window is None else top_window_extrapolation(top_window)
     carried = cross_gpu_table() if cross_gpu else None
-    report, table, frames = run()
+    with terminal_progress() as progress:
+        report, table, frames = run(progress)
     if write_json is not None:
         _write_record(write_json, report)
     if as_json:
@@ -224,16 +239,12 @@ def _write_record(path: str, report: list[dict]) -> None:
     """Merge the fits and hold-outs into the JSON file ``path`` as its ``power-curves`` entry
     (with the date and the command); the file's other entries are kept."""
     import datetime
-    from pathlib import Path
 
-    from kareus.atomic import atomic_write_json
+    from kareus.atomic import merge_json_record
 
-    p = Path(path)
-    data = json.loads(p.read_text()) if p.is_file() else {}
-    data["power-curves"] = {"date": datetime.date.today().isoformat(),
-                            "command": f"python benchmarks/calibration.py --write {path}",
-                            "rows": report}
-    atomic_write_json(p, dict(sorted(data.items())))
+    merge_json_record(path, {"power-curves": {
+        "date": datetime.date.today().isoformat(),
+        "command": f"python benchmarks/calibration.py --write {path}", "rows": report}})
     click.echo(f"(wrote power-curves to {path})", err=True)
 
 

@@ -13,8 +13,13 @@
 # Exit status: 0 every phase ok and settings unchanged; 1 otherwise; 2 bad input / no GPU.
 set -u -o pipefail
 
+usage="usage: $0 OUTDIR [--only P,Q | --from P] [--fake] [--models a,b]"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    echo "$usage"
+    exit 0
+fi
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
-    echo "usage: $0 OUTDIR [--only P,Q | --from P] [--fake] [--models a,b]" >&2
+    echo "$usage" >&2
     exit 2
 fi
 OUT="$1"

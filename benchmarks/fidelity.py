@@ -1,7 +1,8 @@
 """The simulator against real measurements, one section per data set.
 
     python benchmarks/fidelity.py [--gpu a100-sxm4-40gb] [--fit] [--fit-megatron] [--fit-nccl]
-                                  [--skip-partition] [--only SECTION]
+                                  [--write-preset] [--skip-partition] [--only SECTION,...]
+                                  [--write JSON] [--predictions CSV]
 
 Sections (``--only`` picks some: ``nccl``, ``artifact``, ``vtrain-single``, ``vtrain-multi``,
 ``megatron-sc21``, ``perseus-measured``, ``partition``): NCCL's all-reduce inside an A100 node
@@ -505,19 +506,14 @@ def _write_record(path: str, gpu: str) -> None:
     """Merge :data:`RECORD` into the JSON file ``path``: each section that ran replaces its own
     entry (with the date and the command), the others are kept."""
     import datetime
-    import json
-    from pathlib import Path
 
-    from kareus.atomic import atomic_write_json
+    from kareus.atomic import merge_json_record
 
-    p = Path(path)
-    data = json.loads(p.read_text()) if p.is_file() else {}
     today = datetime.date.today().isoformat()
-    for name, entry in RECORD.items():
-        data[name] = {"date": today, "gpu": gpu,
-                      "command": f"python benchmarks/fidelity.py --only {name} --write {path}",
-                      **entry}
-    atomic_write_json(p, dict(sorted(data.items())))
+    merge_json_record(path, {name: {"date": today, "gpu": gpu,
+                               "command": f"python benchmarks/fidelity.py --only {name} "
+                                          f"--write {path}", **entry}
+                        for name, entry in RECORD.items()})
     click.echo(f"\n(wrote {', '.join(sorted(RECORD))} to {path})")
 
 
@@ -715,6 +711,14 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
     get_preset(gpu)  # an unknown GPU is refused before any section, whichever run
     if skip_partition:
         sections.discard("partition")
+    if not sections:
+        raise InputError("nothing to run: --skip-partition drops the only section --only names")
+    if write_preset and not (do_fit or do_fit_megatron or do_fit_nccl):
+        raise InputError("--write-preset writes a fit: add --fit, --fit-megatron or --fit-nccl")
+    if predictions_csv is not None and "artifact" not in sections:
+        raise InputError("--predictions writes the artifact section's predictions: add artifact "
+                         "to --only")
+    _check_outputs(write_json, predictions_csv)
     nccl_law = _nccl(do_fit_nccl, write_preset) if "nccl" in sections or do_fit_nccl else {}
     _megatron(sections, do_fit_megatron, write_preset, nccl_law)
     if "megatron-sc21" in sections:
@@ -727,6 +731,17 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
         _partition(gpu)
     if write_json is not None and RECORD:
         _write_record(write_json, gpu)
+
+
+def _check_outputs(write_json: str | None, predictions_csv: str | None) -> None:
+    """Refuse, before any section runs, an output that could not be written at the end."""
+    from pathlib import Path
+
+    from kareus.atomic import check_json_record, check_writable_dir
+
+    check_json_record(write_json, "--write")
+    if predictions_csv is not None:
+        check_writable_dir(Path(predictions_csv).resolve().parent, "--predictions")
 
 
 def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None,

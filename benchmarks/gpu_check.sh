@@ -18,8 +18,13 @@
 # Expected runtime on one H200: 2-4 minutes.
 set -u -o pipefail
 
-if [ $# -lt 1 ]; then
-    echo "usage: $0 OUTDIR [check options]" >&2
+usage="usage: $0 OUTDIR [check options]"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    echo "$usage"
+    exit 0
+fi
+if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
+    echo "$usage" >&2
     exit 2
 fi
 OUT="$1"

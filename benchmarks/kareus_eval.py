@@ -26,6 +26,7 @@ from kareus.methods.exact import min_energy_within, reference_options
 from kareus.methods.tradeoff import SlackReclaimer, evaluate_on_options, solve
 from kareus.optimizer.kareus import kareus_options
 from kareus.plugins import load_optimizer
+from kareus.progress import ProgressTask
 from kareus.suite import harness
 from kareus.suite.problem import make_problem
 
@@ -109,10 +110,11 @@ class _Knobs:
         self.knobs = knobs
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--json", "as_json", is_flag=True)
-def main(as_json: bool) -> None:
-    report: dict = {"configs": [], "schedules": {}, "gaps": []}
+def _run_configs(task: ProgressTask, as_json: bool) -> tuple[list[dict], dict]:
+    """Perseus, Nanobatching + Perseus and Kareus on each of :data:`CONFIGS`: the frontier
+    metrics against Perseus (one row per configuration, printed as it finishes without
+    ``as_json``) and Kareus's schedules."""
+    rows, schedules = [], {}
     for model, kw in CONFIGS:
         problem = make_problem(model, gpu="a100-sxm4-40gb", **kw)
         runs = {}
@@ -120,6 +122,7 @@ def main(as_json: bool) -> None:
             t0 = time.perf_counter()
             runs[name] = harness.run_optimizer(name, load_optimizer(name), problem)
             runs[name].wall_s = time.perf_counter() - t0
+            task.advance()
         cmp_ = harness.compare(runs)["frontier_vs_perseus"]
         label = f"{model} {'CP2+TP4' if kw.get('cp') else 'TP8'}"
         row = {"config": label}
@@ -127,11 +130,28 @@ def main(as_json: bool) -> None:
             row[f"{name} iso-time dE%"] = cmp_[name]["iso_time_energy_reduction_pct"]
             row[f"{name} iso-energy dT%"] = cmp_[name]["iso_energy_time_reduction_pct"]
         row["kareus wall s"] = runs["kareus"].wall_s
-        report["configs"].append(row)
-        report["schedules"][label] = schedule_table(problem, runs["kareus"])
+        rows.append(row)
+        schedules[label] = schedule_table(problem, runs["kareus"])
         if not as_json:
-            click.echo(json.dumps(row))
-    report["gaps"] = optimality_gaps()
+            click.echo(f"{label}: " + ", ".join(
+                f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in row.items()
+                if k != "config"))
+    return rows, schedules
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True)
+def main(as_json: bool) -> None:
+    from kareus.suite.progress import terminal_progress
+
+    report: dict = {"configs": [], "schedules": {}, "gaps": []}
+    with terminal_progress() as progress:
+        task = progress.start("configurations x optimizers", 3 * len(CONFIGS))
+        report["configs"], report["schedules"] = _run_configs(task, as_json)
+        task.done()
+        task = progress.start("MILP optimality gaps", None)
+        report["gaps"] = optimality_gaps()
+        task.done()
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -191,6 +191,7 @@ def fastest_plans(problem: object) -> dict[str, dict[str, object]]:
 def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
     from kareus.suite.problem import make_problem
 
+    problem = make_problem(workload, gpu=gpu, tp=tp)  # bad input refused before any table
     cmp_ = partition_comparison(gpu)
     if cmp_ is None:
         click.echo("partition sweep: ../shared/kareus_artifact absent, skipped")
@@ -222,7 +223,6 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
         for r in sm_steps(cmp_):
             click.echo(f"    {str(r['window']):8s} {r['sms'] - 1:2d} -> {r['sms']:2d} SMs  "
                        f"{r['measured_us']:+5.0f} / {r['simulated_us']:+5.0f}")
-    problem = make_problem(workload, gpu=gpu, tp=tp)
     click.echo(f"\n{workload} TP{tp}: partitions at {problem.gpu.clock_max_mhz:.0f} MHz (µs)")
     for r in partition_table(problem):
         click.echo(f"  {r['partition']:14s} all-reduce {r['bus_MB']:.0f} MB bus: sequential "

@@ -13,8 +13,13 @@
 # importing amdsmi without AMD's library raises KeyError, which breaks other packages (ray).
 set -eu -o pipefail
 
-if [ $# -lt 1 ]; then
-    echo "usage: $0 DEST [PYTHON_VERSION]" >&2
+usage="usage: $0 DEST [PYTHON_VERSION]"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    echo "$usage"
+    exit 0
+fi
+if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
+    echo "$usage" >&2
     exit 2
 fi
 DEST="$1"

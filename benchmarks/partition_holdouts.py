@@ -94,23 +94,29 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
               help="Comma-separated hold-outs to run.")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True)
 def main(only: str, gpu: str) -> None:
+    from kareus.suite.progress import terminal_progress
+
     axes = [a.strip() for a in only.split(",") if a.strip()]
     for axis in axes:  # every name checked before the first fit
         fitted_rows(axis, np.zeros(0, np.int64), np.zeros(0, np.int64))
     runs = [(axis, None) for axis in axes]
     if "block-size" in axes:
         runs.insert(axes.index("block-size") + 1, ("block-size", 1.0))
-    for axis, exponent in runs:
-        r = holdout(axis, gpu, exponent)
-        if r is None:
-            click.echo("../shared/kareus_artifact absent: nothing to hold out")
-            return
-        label = AXES[axis] + (f", thread exponent {r['block_exponent']:.3g}"
-                              if axis == "block-size" else "")
-        click.echo(f"{axis} ({label}; {r['fit_s']:.0f} s): fit {r['fit_time_pct']:.2f} / "
-                   f"{r['fit_energy_pct']:.2f} %, predicted {r['rows']} rows {r['time_pct']:.2f} / "
-                   f"{r['energy_pct']:.2f} % (max {r['max_pct']:.2f} %, signed "
-                   f"{r['signed_pct']:+.2f} %), their measured fastest ranked {r['best_rank']}")
+    with terminal_progress() as progress:
+        task = progress.start("hold-outs (a fit each, ~1-2 min)", len(runs))
+        for axis, exponent in runs:
+            r = holdout(axis, gpu, exponent)
+            task.advance()
+            if r is None:
+                click.echo("../shared/kareus_artifact absent: nothing to hold out")
+                return
+            label = AXES[axis] + (f", thread exponent {r['block_exponent']:.3g}"
+                                  if axis == "block-size" else "")
+            click.echo(f"{axis} ({label}; {r['fit_s']:.0f} s): fit {r['fit_time_pct']:.2f} / "
+                       f"{r['fit_energy_pct']:.2f} %, predicted {r['rows']} rows "
+                       f"{r['time_pct']:.2f} / {r['energy_pct']:.2f} % (max {r['max_pct']:.2f} %, "
+                       f"signed {r['signed_pct']:+.2f} %), their measured fastest ranked "
+                       f"{r['best_rank']}")
 
 
 if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands

@@ -37,7 +37,7 @@ A40_CASES = [("gpt3-175b+a40_bf16.csv", 70.38, 0.1), ("bloom+a40_bf16.csv", 70.3
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--microbatches", default=12, show_default=True)
+@click.option("--microbatches", default=12, show_default=True, type=click.IntRange(min=1))
 @click.option("--a40", is_flag=True, help="Also the A40 profiles (0.1 ms unit; slow).")
 @click.option("--skip-sim", is_flag=True, help="Skip the simulator's fastest-plan table.")
 def main(microbatches: int, a40: bool, skip_sim: bool) -> None:

@@ -22,8 +22,8 @@ from workloads.graph_builder import build_iteration_graph
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--workload", default="llama3.2-3b")
-@click.option("--gpu", default=DEFAULT_GPU)
+@click.option("--workload", default="llama3.2-3b", show_default=True)
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True)
 def main(workload: str, gpu: str) -> None:
     preset = get_preset(gpu)
     w = make_workload(workload)

@@ -1,13 +1,14 @@
 """Wall time and peak memory of the three frontier methods, from the paper's size to 1,024 GPUs.
 
-    python benchmarks/solver_scale.py [--repo PATH] [--timeout-s 120] [--jobs LABEL,...]
+    python benchmarks/solver_scale.py [--repo PATH] [--timeout-s 600] [--jobs LABEL,...]
         [--methods perseus,nanobatch-perseus,kareus] [--solver fast|exact] [--csv OUT]
 
 Each (job, method) runs ``kareus frontier`` in its own process, so that the peak resident memory
 (``ru_maxrss`` of the child, from ``os.wait4``) is that run's alone; the wall time is the child's
 from start to exit, command start-up included. ``--repo`` runs another checkout of the suite
 (e.g. the commit before a change) with the same jobs, for before/after tables; a run past
-``--timeout-s`` is killed and reported as such. Jobs (A100 SXM4 80 GB):
+``--timeout-s`` is killed and reported as such. ``--csv`` gets each row as it finishes, so an
+interrupted run keeps the rows it finished. Jobs (A100 SXM4 80 GB):
 
 - ``PP2x8``: GPT-3 2.7B, TP8 PP2, 8 microbatches (the paper's scale);
 - ``PP8x32``: GPT-3 13B, TP8 PP8 DP2, 32 microbatches;
@@ -18,6 +19,7 @@ from start to exit, command start-up included. ``--repo`` runs another checkout 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
@@ -41,6 +43,10 @@ JOBS: dict[str, list[str]] = {
     "llama3.3-70b-512": ["-w", "llama3.3-70b", "--tp", "8", "--pp", "8", "--dp", "8", "--mbs",
                          "2", "--microbatches", "64"],
 }
+
+
+#: The columns of a result row (and of ``--csv``).
+ROW_FIELDS = ("job", "method", "status", "wall_s", "peak_mib")
 
 
 def run_one(repo: Path, job: str, method: str, timeout_s: float, solver: str | None
@@ -70,34 +76,56 @@ def run_one(repo: Path, job: str, method: str, timeout_s: float, solver: str | N
     if status == "ok" and code != 0:
         err = (child.stderr.read() or b"").decode().strip().splitlines()
         status = f"exit {code >> 8}: {err[-1] if err else ''}"
-    return {"job": job, "method": method, "status": status, "wall_s": round(wall, 1),
-            "peak_mib": round(usage.ru_maxrss / 1024, 0)}
+    row = {"job": job, "method": method, "status": status, "wall_s": round(wall, 1),
+           "peak_mib": round(usage.ru_maxrss / 1024, 0)}
+    assert tuple(row) == ROW_FIELDS
+    return row
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--repo", type=click.Path(exists=True, file_okay=False), default=str(ROOT),
               show_default=True, help="Checkout of the suite to run.")
-@click.option("--timeout-s", type=float, default=600.0, show_default=True)
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              show_default=True, help="Kill a run after this many seconds.")
 @click.option("--jobs", "jobs", default=",".join(JOBS), show_default=True)
 @click.option("--methods", default="perseus,nanobatch-perseus,kareus", show_default=True)
-@click.option("--solver", default=None, help="fast | exact (default: the suite's default).")
-@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--solver", type=click.Choice(["fast", "exact"]), default=None,
+              help="The solver (default: the suite's default).")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the rows to this CSV, each as it finishes.")
 def main(repo: str, timeout_s: float, jobs: str, methods: str, solver: str | None,
          csv_path: str | None) -> None:
-    rows = []
-    for job in jobs.split(","):
-        if job not in JOBS:
-            raise click.BadParameter(f"unknown job {job!r}; choose from {', '.join(JOBS)}")
-        for method in methods.split(","):
-            row = run_one(Path(repo), job, method, timeout_s, solver)
-            rows.append(row)
-            print(f"{job:18s} {method:18s} {row['wall_s']:8.1f} s {row['peak_mib']:7.0f} MiB  "
-                  f"{row['status']}", flush=True)
+    from kareus.atomic import check_writable_dir
+    from kareus.errors import InputError
+    from kareus.plugins import optimizer_names
+
+    if not (Path(repo) / "kareus" / "__init__.py").is_file():
+        raise InputError(f"--repo {repo}: not a checkout of the suite (no kareus/__init__.py)")
+    job_list, method_list = jobs.split(","), methods.split(",")
+    unknown = [j for j in job_list if j not in JOBS]
+    if unknown:
+        raise InputError(f"--jobs: unknown job {unknown[0]!r}; choose from {', '.join(JOBS)}")
+    known = optimizer_names()
+    unknown = [m for m in method_list if m not in known]
+    if unknown:
+        raise InputError(f"--methods: unknown optimizer {unknown[0]!r}; choose from "
+                         f"{', '.join(known)}")
     if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        check_writable_dir(Path(csv_path).resolve().parent, "--csv")
+    with contextlib.ExitStack() as stack:
+        writer = None
+        if csv_path:
+            out = stack.enter_context(open(csv_path, "w", newline=""))
+            writer = csv.DictWriter(out, fieldnames=list(ROW_FIELDS))
+            writer.writeheader()
+        for job in job_list:
+            for method in method_list:
+                row = run_one(Path(repo), job, method, timeout_s, solver)
+                print(f"{job:18s} {method:18s} {row['wall_s']:8.1f} s {row['peak_mib']:7.0f} MiB  "
+                      f"{row['status']}", flush=True)
+                if writer is not None:
+                    writer.writerow(row)
+                    out.flush()
 
 
 if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands

@@ -82,16 +82,23 @@ def study_record(folder: Path, args: list[str], wall_s: float | None, jobs: int 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--run/--no-run", default=True, show_default=True,
               help="Run the suites first (cells reused where current) [record what is there].")
-@click.option("--jobs", type=int, default=2, show_default=True, help="reproduce.py --jobs.")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True,
+              help="reproduce.py --jobs.")
 @click.option("--only", default=",".join(STUDIES), show_default=True,
               help="Comma-separated studies.")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
               help="Merge the record into this JSON file (results/whatif/summary.json).")
 def main(run: bool, jobs: int, only: str, write_path: str | None) -> None:
-    names = [n.strip() for n in only.split(",") if n.strip()]
+    from kareus.atomic import check_json_record, merge_json_record
+    from kareus.errors import InputError, KareusError
+    from kareus.suite.options import comma_list
+
+    names = comma_list(only, "--only")
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
-        raise click.UsageError(f"unknown studies {unknown}; choose from {', '.join(STUDIES)}")
+        raise InputError(f"--only: unknown study {unknown[0]!r}; choose from "
+                         f"{', '.join(STUDIES)}")
+    check_json_record(write_path, "--write")
     record = {}
     for name in names:
         args = STUDIES[name]
@@ -103,18 +110,17 @@ def main(run: bool, jobs: int, only: str, write_path: str | None) -> None:
                                    "--jobs", str(jobs)], cwd=REPO, check=False)
             wall = time.perf_counter() - t0
             if done.returncode != 0:
-                raise click.ClickException(f"{name}: reproduce.py exited {done.returncode}")
+                raise KareusError(f"{name}: reproduce.py exited {done.returncode}")
         folder = REPO / "results" / name
         if not (folder / "metadata.json").is_file():
-            raise click.ClickException(f"{folder} holds no results; run without --no-run")
+            raise InputError(f"{folder} holds no results; run without --no-run")
         record[name] = study_record(folder, args, wall, jobs)
         click.echo(json.dumps({name: record[name]}, indent=1))
     if write_path:
-        path = Path(write_path)
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**old, **record}, indent=1) + "\n")
+        merge_json_record(write_path, record, indent=1, sort_keys=False)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands
+    from kareus.exit_status import run_command
+
+    raise SystemExit(run_command(main, None, "whatif.py"))

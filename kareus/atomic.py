@@ -90,3 +90,43 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
                     continue
                 break
     return path
+
+
+def read_json_record(path: str | Path, option: str) -> dict:
+    """The JSON object in the record file ``path``, a file that several runs merge their entries
+    into (``results/fidelity/summary.json``); empty when there is no file yet. Raises
+    :class:`~kareus.errors.InputError` naming ``option`` when the file cannot be read or holds no
+    JSON object, so that a run can refuse it before its work rather than fail after."""
+    from kareus.errors import InputError
+
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{option} {path}: cannot merge into it ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{option} {path}: holds JSON but not an object of entries")
+    return data
+
+
+def check_json_record(path: str | Path | None, option: str) -> None:
+    """Refuse (:class:`~kareus.errors.InputError`), before any work, a record file that could not
+    be merged into at the end: its folder cannot be written (:func:`check_writable_dir`), or the
+    file holds no JSON object (:func:`read_json_record`). ``None``: nothing to check."""
+    if path is not None:
+        check_writable_dir(Path(os.path.abspath(path)).parent, option)
+        read_json_record(path, option)
+
+
+def merge_json_record(path: str | Path, entries: dict[str, object], *, option: str = "--write",
+                      indent: int = 2, sort_keys: bool = True) -> None:
+    """Replace ``entries``' top-level keys in the record file ``path`` (created if missing; its
+    other entries kept), written atomically with a final newline; ``sort_keys`` orders the entries
+    by name, else new ones follow the file's."""
+    merged = {**read_json_record(path, option), **entries}
+    if sort_keys:
+        merged = dict(sorted(merged.items()))
+    atomic_write_text(path, json.dumps(merged, indent=indent) + "\n")

@@ -512,3 +512,26 @@ def test_a_partition_config_past_int64_is_named_as_written(capsys, tmp_path):
     code, _, err = run(capsys, "partition", "--spec", str(spec),
                        "--configs", str(configs), "--gpu", "a100-sxm4-40gb", "--clock", "1200")
     one_line_2(code, err, "comm_block_size 99999999999999999999 is out of range")
+
+
+def test_a_record_file_is_checked_before_the_run_and_merged_after_it(tmp_path):
+    """The benchmarks' record files (results/fidelity/summary.json): a file that holds no JSON
+    object is refused (exit 2, one line) before any work; a merge replaces only its entries."""
+    from kareus.atomic import check_json_record, merge_json_record
+    from kareus.errors import InputError
+
+    record = tmp_path / "summary.json"
+    check_json_record(record, "--write")  # no file yet: fine, and nothing is created
+    assert not record.exists()
+    merge_json_record(record, {"b": {"x": 1}, "a": {"y": 2}})
+    merge_json_record(record, {"b": {"x": 3}})
+    assert record.read_text().endswith("\n")
+    assert list(json.loads(record.read_text()).items()) == [("a", {"y": 2}), ("b", {"x": 3})]
+    merge_json_record(record, {"0": {}}, sort_keys=False)
+    assert list(json.loads(record.read_text())) == ["a", "b", "0"]
+    for text, fragment in (("[1, 2]", "not an object"), ("{oops", "JSONDecodeError")):
+        record.write_text(text)
+        with pytest.raises(InputError, match=fragment):
+            check_json_record(record, "--write")
+    with pytest.raises(InputError, match="--write"):
+        check_json_record("/proc/nowhere/summary.json", "--write")

@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(main_command.main(args=argv, prog_name="python -m "
                                      "benchmarks.device_check.phases", standalone_mode=False))
     except click.ClickException as e:
-        e.show()
+        print(f"error: {e.format_message()}".splitlines()[0], file=sys.stderr)
         return 2
     except InputError as e:
         print(f"error: {e}".splitlines()[0], file=sys.stderr)
