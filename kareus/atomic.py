@@ -3,6 +3,9 @@
 The suite's one atomic writer: :func:`atomic_path` hands out a temporary file in the target's
 folder and renames it into place once it is complete; :func:`atomic_write_text`,
 :func:`atomic_write_json` and the figures of :mod:`kareus.suite.report` all go through it.
+:func:`check_writable_dir` refuses an output folder before any work is done. Record files that
+several runs merge their entries into (the benchmarks' ``results/*/summary.json``) are checked
+up front by :func:`check_json_record` and merged by :func:`merge_json_record`.
 """
 
 from __future__ import annotations
