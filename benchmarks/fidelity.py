@@ -711,8 +711,11 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
     get_preset(gpu)  # an unknown GPU is refused before any section, whichever run
     if skip_partition:
         sections.discard("partition")
-    if not sections:
+    if not (sections or do_fit_megatron or do_fit_nccl):
         raise InputError("nothing to run: --skip-partition drops the only section --only names")
+    if do_fit and "artifact" not in sections:
+        raise InputError("--fit refits on the artifact section's frontiers: add artifact to "
+                         "--only")
     if write_preset and not (do_fit or do_fit_megatron or do_fit_nccl):
         raise InputError("--write-preset writes a fit: add --fit, --fit-megatron or --fit-nccl")
     if predictions_csv is not None and "artifact" not in sections:

@@ -245,7 +245,9 @@ class IterationGraph:
         p2p_across_nodes: For each stage boundary (``b``: between stages ``b`` and ``b + 1``),
             whether its transfer crosses nodes; empty: every boundary as ``p2p`` says. With
             stages smaller than a node some neighbours share one.
-        stage_tail: Per-stage work after the last backward (DP gradient sync, optimizer step).
+        stage_tail: Per-stage work after the last backward (DP gradient sync, optimizer step),
+            in order; with ``overlap_grad_reduce`` its first segment is the data-parallel
+            gradient reduction that overlaps the last backward.
         model_flops: Model FLOPs of one iteration over the whole job, without recomputation
             (for model FLOPs utilization).
         overlap_grad_reduce: The stage tail's data-parallel gradient reduction runs in

@@ -206,7 +206,7 @@ def test_sequence_parallel_embedding_output_layer_and_partitions():
         assert keys and len(keys) == len(set(keys))
 
 
-def test_norm_gradients_are_all_reduced_over_tp_when_ranks_see_part_of_them():
+def test_norm_gradients_are_all_reduced_over_tp_when_ranks_see_part_of_them(tmp_path):
     """Megatron-core's ``_allreduce_layernorm_grads``: one flat all-reduce over TP after the
     backward, of the q/k norms' gradients (each rank sees its heads) and, under sequence
     parallelism, of every norm's and row-parallel bias's (each rank sees its tokens)."""
@@ -221,10 +221,29 @@ def test_norm_gradients_are_all_reduced_over_tp_when_ranks_see_part_of_them():
     # GPT-3 XL (2,048 wide): LayerNorm scale and shift twice, proj's and fc2's biases
     assert norm_sync("gpt3-xl", tp=4, sequence_parallel=True) == [
         ((24 * (2 * 2 + 2) + 2) * 2048 * 4, 4)]
+    # Bloom (1,024 wide, 4 layers): the embedding's LayerNorm too, run on each rank's tokens
+    bloom = tmp_path / "bloom.json"
+    bloom.write_text(json.dumps({"model_type": "bloom", "n_embed": 1024, "n_head": 16,
+                                 "n_layer": 4, "vocab_size": 50880}))
+    assert norm_sync(str(bloom), tp=4, sequence_parallel=True) == [
+        ((4 * (2 * 2 + 2) + 2 + 2) * 1024 * 4, 4)]
     # Qwen 3 1.7B without sequence parallelism: only the q and k norms (128 wide) per layer
     assert norm_sync("qwen3-1.7b", tp=8) == [(28 * 2 * 128 * 4, 8)]
     # nothing to synchronise: no TP, or whole norms without q/k norms
     assert norm_sync("qwen3-1.7b", tp=1) == norm_sync("llama3.2-3b", tp=8) == []
+    # it follows the data-parallel reduction (Megatron-core's order), which stays first in the
+    # tail, where --overlap-grad-reduce hides it under the last backward
+    job = dict(tp=8, dp=2, pp=1, microbatches=4)
+    overlapped = make_workload("qwen3-1.7b", overlap_grad_reduce=True, **job)
+    tail = build_iteration_graph(overlapped).stage_tail[0]
+    assert [seg.comm.name for seg in tail[:2]] == ["dp_allreduce_grads",
+                                                   "tp_allreduce_norm_grads"]
+    sim = SimulatorBackend(get_preset("a100-sxm4-40gb"))
+    tails = []
+    for w in (overlapped, make_workload("qwen3-1.7b", **job)):
+        g = build_iteration_graph(w)
+        tails.append(sim.evaluate_plan(g, IterationPlan.uniform(g, 1410.0)).stage_tail_s[0])
+    assert tails[0] < 0.5 * tails[1]
 
 
 def test_sequence_parallelism_refusals(capsys):

@@ -87,7 +87,7 @@ class ModelSpec:
         norm scales (and shifts); SwiGLU's gate and up projections as one ``fc1``)."""
         h = self.hidden
         norm = self.norm_params()
-        biased = self.mlp == "gelu"
+        biased = self.linear_biases
         qkv_out = self.q_width + 2 * self.kv_width
         mlp_mats = 3 if self.mlp == "swiglu" else 2
         return (("input_norm", norm),
@@ -112,18 +112,29 @@ class ModelSpec:
         tensors = dict(self.layer_tensors())
         params = tensors["qk_norm"]
         if sequence_parallel:
-            row_biases = 2 * self.hidden if self.mlp == "gelu" else 0
+            row_biases = 2 * self.hidden if self.linear_biases else 0  # proj's and fc2's
             params += tensors["input_norm"] + tensors["mlp_norm"] + row_biases
         return params
+
+    @property
+    def linear_biases(self) -> bool:
+        """Whether the linear layers keep their biases: the GELU models (GPT-3, Bloom) do, the
+        SwiGLU ones (Llama, Qwen) have none."""
+        return self.mlp == "gelu"
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights, biases for GPT-3, norm scales)."""
         return sum(n for _, n in self.layer_tensors())
 
+    def embedding_norm_params(self) -> int:
+        """Parameters of the LayerNorm after the token embedding (its scale and shift; Bloom's),
+        0 without one."""
+        return 2 * self.hidden if self.embedding_norm else 0
+
     def embedding_params(self) -> int:
         """Parameters of the input embedding (and learned positions for GPT-3)."""
         pos = 0 if self.rope or self.alibi else self.positions * self.hidden
-        norm = 2 * self.hidden if self.embedding_norm else 0
+        norm = self.embedding_norm_params()
         return self.vocab * self.hidden + pos + norm
 
     def total_params(self) -> int:

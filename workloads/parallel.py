@@ -363,14 +363,17 @@ class Workload:
 
     def tp_replicated_grad_params(self, stage: int) -> int:
         """Parameters of ``stage`` whose gradients are all-reduced over its TP group after the
-        backward (:meth:`ModelSpec.tp_replicated_layer_params` of each of its layers, and the
-        final norm on the last stage under sequence parallelism); 0 without TP."""
+        backward (:meth:`ModelSpec.tp_replicated_layer_params` of each of its layers; under
+        sequence parallelism also the final norm on the last stage and an embedding norm, as
+        Bloom's, on the first, both run on each rank's share of the tokens); 0 without TP."""
         m, p = self.model, self.parallel
         if p.tp == 1:
             return 0
         params = self.stage_layers()[stage] * m.tp_replicated_layer_params(p.sequence_sharded)
         if p.sequence_sharded and stage == p.pp - 1:
             params += m.norm_params()
+        if p.sequence_sharded and stage == 0:
+            params += m.embedding_norm_params()
         return params
 
     def stage_layers(self) -> tuple[int, ...]:
