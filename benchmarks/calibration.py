@@ -30,6 +30,7 @@ import sys
 import click
 import pandas as pd
 
+from kareus.errors import InputError
 from kareus.frontier import mape_pct
 from kareus.hardware.calibration import (
     MIN_CLOCKS_BELOW_KNEE,
@@ -57,7 +58,7 @@ def run(progress: Progress = SILENT) -> tuple[list[dict], pd.DataFrame, pd.DataF
             fit_path = perseus_profile(f"{fit_model}+{tag}_bf16.csv")
             test_path = perseus_profile(f"{test_model}+{tag}_bf16.csv")
             if fit_path is None or test_path is None:
-                sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
+                raise InputError("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
             test = load_profile(test_path)
             for law_name, limits in LAWS.items():
                 res = calibrate(load_profile(fit_path), preset, clock_limits=limits)
@@ -93,7 +94,7 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
         for model, _ in DIRECTIONS:
             path = perseus_profile(f"{model}+{tag}_bf16.csv")
             if path is None:
-                sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
+                raise InputError("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
             profile = load_profile(path)
             cut = profile.frequency.max() - window_mhz
             inside, below = (profile.frequency >= cut), (profile.frequency < cut)
@@ -143,7 +144,7 @@ def cross_gpu_table() -> list[dict]:
                 fit_path = perseus_profile(f"{fit_model}+{tag}_bf16.csv")
                 test_path = perseus_profile(f"{test_model}+{tag}_bf16.csv")
                 if fit_path is None or test_path is None:
-                    sys.exit("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
+                    raise InputError("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
                 res = calibrate(load_profile(fit_path), preset,
                                 min_clocks_below_knee=0 if knee is None else sys.maxsize)
                 _, tr = predict_relative(res, preset, load_profile(test_path))

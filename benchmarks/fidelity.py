@@ -44,7 +44,6 @@ preset file (``kareus/hardware/gpus/GPU.json``); ``--write-preset`` writes it (s
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -52,6 +51,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from kareus.errors import InputError
 from kareus.frontier import change_pct
 from kareus.suite.datasets import kareus_artifact
 from kareus.suite.fidelity import (
@@ -700,7 +700,6 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
 def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | None,
          do_fit_megatron: bool, do_fit_nccl: bool, write_preset: bool, only: str,
          write_json: str | None) -> None:
-    from kareus.errors import InputError
     from kareus.suite.options import comma_list
 
     sections = set(comma_list(only, "--only"))
@@ -751,7 +750,7 @@ def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None,
               write_preset: bool = False) -> None:
     path = kareus_artifact("calibration_frontiers.csv")
     if path is None:
-        sys.exit("shared/kareus_artifact not found; set KAREUS_SHARED_DIR")
+        raise InputError("shared/kareus_artifact not found; set KAREUS_SHARED_DIR")
     measured = load_measured(str(path))
     configs = measured_configs(measured)
     pd.set_option("display.width", 160)
