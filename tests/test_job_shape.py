@@ -268,8 +268,11 @@ def test_sequence_parallelism_refusals(capsys):
     (warning,) = json.loads(capsys.readouterr().out)["sequence_parallel_warnings"]
     assert warning.startswith("--sequence-parallel does nothing with TP 1")
     assert main(["frontier", "-w", "llama3.2-3b", "--tp", "1", "--sequence-parallel",
-                 "-o", "megatron"]) == 0
-    assert "--sequence-parallel does nothing with TP 1" in capsys.readouterr().err
+                 "-o", "megatron", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "--sequence-parallel does nothing with TP 1" in err
+    (warning,) = json.loads(out)["sequence_parallel_warnings"]
+    assert warning.startswith("--sequence-parallel does nothing with TP 1")
 
 
 def test_groups_spanning_nodes_use_the_network():

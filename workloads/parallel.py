@@ -483,11 +483,22 @@ class Workload:
         return pipeline_fill_warnings(self.parallel.microbatches, self.parallel.pp)
 
     def job_warnings(self, gpu_memory_bytes: float, strict: bool = False) -> list[str]:
-        """Every warning a command prints before it runs the job: :meth:`memory_warnings`
-        (raising with ``strict``), :meth:`pipeline_fill_warnings`, :meth:`position_warnings`,
-        then :meth:`sequence_parallel_warnings`."""
-        return (self.memory_warnings(gpu_memory_bytes, strict) + self.pipeline_fill_warnings()
-                + self.position_warnings() + self.sequence_parallel_warnings())
+        """Every warning a command prints before it runs the job, in the order of
+        :meth:`job_warnings_by_kind`."""
+        return [m for kind in self.job_warnings_by_kind(gpu_memory_bytes, strict).values()
+                for m in kind]
+
+    def job_warnings_by_kind(self, gpu_memory_bytes: float, strict: bool = False
+                             ) -> dict[str, list[str]]:
+        """The job's warnings by the ``--json`` field that lists them (docs/metrics.md):
+        ``memory_warnings`` (:meth:`memory_warnings`, raising with ``strict``),
+        ``pipeline_warnings`` (:meth:`pipeline_fill_warnings`), ``position_warnings``
+        (:meth:`position_warnings`) and ``sequence_parallel_warnings``
+        (:meth:`sequence_parallel_warnings`)."""
+        return {"memory_warnings": self.memory_warnings(gpu_memory_bytes, strict),
+                "pipeline_warnings": self.pipeline_fill_warnings(),
+                "position_warnings": self.position_warnings(),
+                "sequence_parallel_warnings": self.sequence_parallel_warnings()}
 
     def sequence_parallel_warnings(self) -> list[str]:
         """A message when ``--sequence-parallel`` is given without TP, where it does nothing

@@ -77,7 +77,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                                backend_options={"allow_clock_control": True}
                                if allow_clock_control else None,
                                **{k: v for k, v in overrides.items() if v is not None})
-        warn(problem.workload.job_warnings(problem.gpu.memory_bytes, strict))
+        warnings = problem.workload.job_warnings_by_kind(problem.gpu.memory_bytes, strict)
+        warn([m for kind in warnings.values() for m in kind])
         if breakdown:
             from kareus.backends.sim import SimulatorBackend
 
@@ -122,7 +123,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                           num_gpus=g.num_gpus, gpus_per_stage=g.gpus_per_stage,
                           points=run.frontier, evaluated_plans=len(run.points),
                           parallel=w.parallel.job_fields(),
-                          stage_layers=list(w.stage_layers()), **extra)
+                          stage_layers=list(w.stage_layers()), **warnings, **extra)
 
     head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "
             f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "

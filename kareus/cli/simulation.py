@@ -34,10 +34,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
     preset = get_preset(gpu)
     w = build_workload(workload, **overrides)
     check_precision(w, preset)
-    fits = w.memory_warnings(preset.memory_bytes, strict)
-    fill = w.pipeline_fill_warnings()
-    positions = w.position_warnings()
-    sequence = w.sequence_parallel_warnings()
+    warnings = w.job_warnings_by_kind(preset.memory_bytes, strict)
     graph = build_iteration_graph(w)
     sim = SimulatorBackend(preset)
     plan = IterationPlan.uniform(graph, preset.clock_max_mhz, label="megatron")
@@ -53,8 +50,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
         num_gpus=result.num_gpus, gpus_per_stage=result.gpus_per_stage,
         points=[Point.from_result(result)], details=details,
         parallel=w.parallel.job_fields(),
-        stage_layers=list(w.stage_layers()), memory_warnings=fits, pipeline_warnings=fill,
-        position_warnings=positions, sequence_parallel_warnings=sequence,
+        stage_layers=list(w.stage_layers()), **warnings,
         **({"breakdown": [sb.to_dict() for sb in stages]} if breakdown else {}),
     )
 
@@ -70,8 +66,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
             f"  MFU              {details['mfu']:.1%}",
             f"  {preset.provenance()}",
         ]
-        lines += [f"  warning: {m}"
-                  for m in fits + fill + positions + sequence]
+        lines += [f"  warning: {m}" for kind in warnings.values() for m in kind]
         if stages:
             lines += ["", breakdown_text(stages, result.gpus_per_stage)]
         return "\n".join(lines)
