@@ -170,13 +170,11 @@ def cross_gpu_table() -> list[dict]:
                    "file (results/fidelity/summary.json: the docs render them from it).")
 def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None,
          cross_gpu: bool, write_json: str | None) -> None:
-    from pathlib import Path
-
-    from kareus.atomic import check_json_record, check_writable_dir
+    from kareus.atomic import check_json_record, check_writable_file
 
     check_json_record(write_json, "--write")
-    if plot:
-        check_writable_dir(Path(plot).resolve().parent, "--plot")
+    if plot is not None:
+        check_writable_file(plot, "--plot")
     from kareus.suite.progress import terminal_progress
 
     windows = None if top_window is None else top_window_extrapolation(top_window)

@@ -737,13 +737,11 @@ def main(gpu: str, do_fit: bool, skip_partition: bool, predictions_csv: str | No
 
 def _check_outputs(write_json: str | None, predictions_csv: str | None) -> None:
     """Refuse, before any section runs, an output that could not be written at the end."""
-    from pathlib import Path
-
-    from kareus.atomic import check_json_record, check_writable_dir
+    from kareus.atomic import check_json_record, check_writable_file
 
     check_json_record(write_json, "--write")
     if predictions_csv is not None:
-        check_writable_dir(Path(predictions_csv).resolve().parent, "--predictions")
+        check_writable_file(predictions_csv, "--predictions")
 
 
 def _artifact(gpu: str, do_fit: bool, predictions_csv: str | None,

@@ -24,12 +24,11 @@ import json
 import math
 import statistics
 import time
-from pathlib import Path
 
 import click
 import numpy as np
 
-from kareus.atomic import check_writable_dir
+from kareus.atomic import check_writable_file
 from kareus.graph import Partition
 from kareus.optimizer.kareus import partition_space
 from kareus.optimizer.search import Evaluator, SearchResult, make_search
@@ -130,8 +129,8 @@ def _summary(rows: list[dict], percents: tuple[int, ...]) -> dict:
 def main(seeds: int, plot: str | None, as_json: bool) -> None:
     from kareus.suite.progress import terminal_progress
 
-    if plot:
-        check_writable_dir(Path(plot).resolve().parent, "--plot")
+    if plot is not None:
+        check_writable_file(plot, "--plot")
     t0 = time.perf_counter()
     with terminal_progress() as progress:
         rows = measure(seeds, PERCENTS, progress)

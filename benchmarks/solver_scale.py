@@ -95,13 +95,14 @@ def run_one(repo: Path, job: str, method: str, timeout_s: float, solver: str | N
               help="Write the rows to this CSV, each as it finishes.")
 def main(repo: str, timeout_s: float, jobs: str, methods: str, solver: str | None,
          csv_path: str | None) -> None:
-    from kareus.atomic import check_writable_dir
+    from kareus.atomic import check_writable_file
     from kareus.errors import InputError
     from kareus.plugins import optimizer_names
+    from kareus.suite.options import comma_list
 
     if not (Path(repo) / "kareus" / "__init__.py").is_file():
         raise InputError(f"--repo {repo}: not a checkout of the suite (no kareus/__init__.py)")
-    job_list, method_list = jobs.split(","), methods.split(",")
+    job_list, method_list = comma_list(jobs, "--jobs"), comma_list(methods, "--methods")
     unknown = [j for j in job_list if j not in JOBS]
     if unknown:
         raise InputError(f"--jobs: unknown job {unknown[0]!r}; choose from {', '.join(JOBS)}")
@@ -112,7 +113,7 @@ def main(repo: str, timeout_s: float, jobs: str, methods: str, solver: str | Non
         raise InputError(f"--methods: unknown optimizer {unknown[0]!r}; choose from "
                          f"{', '.join(known)}")
     if csv_path:
-        check_writable_dir(Path(csv_path).resolve().parent, "--csv")
+        check_writable_file(csv_path, "--csv")
     with contextlib.ExitStack() as stack:
         writer = None
         if csv_path:

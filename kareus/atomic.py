@@ -3,7 +3,8 @@
 The suite's one atomic writer: :func:`atomic_path` hands out a temporary file in the target's
 folder and renames it into place once it is complete; :func:`atomic_write_text`,
 :func:`atomic_write_json` and the figures of :mod:`kareus.suite.report` all go through it.
-:func:`check_writable_dir` refuses an output folder before any work is done. Record files that
+:func:`check_writable_dir` refuses an output folder before any work is done,
+:func:`check_writable_file` an output file. Record files that
 several runs merge their entries into (the benchmarks' ``results/*/summary.json``) are checked
 up front by :func:`check_json_record` and merged by :func:`merge_json_record`.
 """
@@ -95,6 +96,20 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     return path
 
 
+def check_writable_file(path: str | Path, option: str) -> Path:
+    """Make sure a result file can be written at ``path`` before any work is done: refuse
+    (:class:`~kareus.errors.InputError`, one line naming ``option``) an empty path, a folder, or a
+    file whose folder cannot be written (:func:`check_writable_dir`). Returns ``path``."""
+    from kareus.errors import InputError
+
+    if not str(path).strip():
+        raise InputError(f"{option}: empty path; name a file")
+    if Path(path).is_dir():
+        raise InputError(f"{option} {path} is a folder; give a file's path")
+    check_writable_dir(Path(os.path.abspath(path)).parent, f"{option}'s folder")
+    return Path(path)
+
+
 def read_json_record(path: str | Path, option: str) -> dict:
     """The JSON object in the record file ``path``, a file that several runs merge their entries
     into (``results/fidelity/summary.json``); empty when there is no file yet. Raises
@@ -120,7 +135,7 @@ def check_json_record(path: str | Path | None, option: str) -> None:
     be merged into at the end: its folder cannot be written (:func:`check_writable_dir`), or the
     file holds no JSON object (:func:`read_json_record`). ``None``: nothing to check."""
     if path is not None:
-        check_writable_dir(Path(os.path.abspath(path)).parent, option)
+        check_writable_file(path, option)
         read_json_record(path, option)
 
 

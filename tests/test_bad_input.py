@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kareus import reproduction
-from kareus.atomic import check_writable_dir
+from kareus.atomic import check_writable_dir, check_writable_file
 from kareus.cli import main
 from kareus.errors import InputError
 from tests.conftest import artifact_or_skip, profile_or_skip
@@ -117,6 +117,19 @@ def test_writable_folder_check_leaves_nothing_and_refuses_an_empty_path(tmp_path
         check_writable_dir(tmp_path / "file" / "x", "--out")
     with pytest.raises(InputError, match="--out: empty path"):
         check_writable_dir("", "--out")
+
+
+def test_writable_file_check_refuses_a_folder_an_empty_path_and_an_unwritable_folder(tmp_path):
+    target = tmp_path / "new" / "plot.png"
+    assert check_writable_file(target, "--plot") == target
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing, the folder included
+    with pytest.raises(InputError, match="--plot .* is a folder"):
+        check_writable_file(tmp_path, "--plot")
+    with pytest.raises(InputError, match="--plot: empty path"):
+        check_writable_file(" ", "--plot")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="--plot's folder .*cannot write results there"):
+        check_writable_file(tmp_path / "file" / "plot.png", "--plot")
 
 
 @pytest.mark.parametrize("args,fragment", [

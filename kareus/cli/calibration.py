@@ -272,16 +272,11 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
     spec = _load_spec(spec_path, "--partition-sweep")
     if out_path is None:
         raise InputError("--partition-sweep needs --out CALIB.json (where the fit is written)")
-    from kareus.atomic import check_writable_dir
+    from kareus.atomic import check_writable_file
 
     for option, path in (("--out", out_path), ("--figure", figure_path)):
-        if path is None:
-            continue
-        if not path.strip():
-            raise InputError(f"{option}: empty path; name a file")
-        if Path(path).is_dir():
-            raise InputError(f"{option} {path} is a folder; give a file's path")
-        check_writable_dir(Path(path).parent, f"{option}'s folder")
+        if path is not None:
+            check_writable_file(path, option)
     if figure_path is not None:
         from kareus.suite.report import check_figure_path
 
