@@ -13,10 +13,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import statistics
+import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import click
 import numpy as np
@@ -91,9 +95,10 @@ def optimality_gaps() -> list[dict]:
             t, e = pts[keep[i]]
             better = reclaim(step.knobs)
             t2, e2 = evaluate_on_options(_Knobs(better), thin, stages, micro, ps)
-            ex = min_energy_within(thin, stages, micro, ps, t)
+            with _solver_prints_silenced():
+                ex = min_energy_within(thin, stages, micro, ps, t)
+                ex2 = ex if t2 >= t else min_energy_within(thin, stages, micro, ps, t2)
             gaps.append(change_pct(ex.energy_j, e))
-            ex2 = ex if t2 >= t else min_energy_within(thin, stages, micro, ps, t2)
             after.append(change_pct(ex2.energy_j, e2))
         out.append({"instance": f"{workload} {stages} stages x {micro} microbatches"
                                 f"{' CP2' if layout.get('cp') else ''}, 8 options per type",
@@ -101,6 +106,24 @@ def optimality_gaps() -> list[dict]:
                     "reclaimed_mean_pct": float(np.mean(after)),
                     "reclaimed_max_pct": float(np.max(after)), "points": len(gaps)})
     return out
+
+
+@contextmanager
+def _solver_prints_silenced():
+    """Point this process's standard output (file descriptor 1) at ``/dev/null`` for the
+    block: the HiGHS inside SciPy's ``milp`` prints a debug line from its C code
+    (``HighsMipSolverData::transformNewIntegerFeasibleSolution``) with its output turned off,
+    which no Python-level redirect catches."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)  # the C library's buffer, before fd 1 is restored
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class _Knobs:
