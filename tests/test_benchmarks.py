@@ -48,3 +48,23 @@ def test_search_efficiency_measures_a_partition_on_the_optimizers_grid(monkeypat
     for r in rows:
         assert r["partition"] == label and 0 < r["evaluations"] <= r["budget"]
         assert 0.0 < r["hv_front"] <= 1.0 + 1e-9
+
+
+def test_sanity_records_its_figures_beside_the_record_s_other_entries(tmp_path):
+    """``sanity.py --write`` merges its figures as one entry of a record file (the docs render
+    the first-principles table from it) and keeps the file's other entries."""
+    import json
+
+    record = tmp_path / "summary.json"
+    record.write_text(json.dumps({"artifact": {"endpoints": 16}}))
+    result = CliRunner().invoke(_load(ROOT / "benchmarks" / "sanity.py").main,
+                                ["--write", str(record)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(record.read_text())
+    assert data["artifact"] == {"endpoints": 16}
+    f = data["first-principles"]
+    assert f["command"] == "python benchmarks/sanity.py" and f["workload"] == "llama3.2-3b"
+    # the printed figures are the recorded ones
+    assert f"T = {f['time_s']:.3f} s" in result.output
+    assert f["one_f_one_b_s"] <= f["time_s"]  # the estimate leaves out P2P and the step
+    assert f["ideal_time_s"] / f["time_s"] == pytest.approx(f["mfu_pct"] / 100, rel=0.05)

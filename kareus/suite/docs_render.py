@@ -286,6 +286,72 @@ def render_locked_clocks(root: Path) -> str:
             f"points |\n")
 
 
+def render_first_principles(root: Path) -> str:
+    """The first-principles check of one simulated iteration, each simulated figure beside the
+    datasheet arithmetic that explains it, from results/fidelity/summary.json's
+    ``first-principles`` entry (``benchmarks/sanity.py --write``)."""
+    f = _fidelity(root).get("first-principles")
+    if not f:
+        return ("Not recorded yet: run `python benchmarks/sanity.py --write "
+                "results/fidelity/summary.json`.\n")
+    t, st = f["time_s"], max(f["stages"], key=lambda s: s["busy_ms"])
+    share = {k: f"{100 * st[f'{k}_ms'] / st['busy_ms']:.0f} %" for k in ("gemm", "attention", "memory", "comm")}
+    recompute = {"full": ", full recomputation", "selective": ", selective recomputation",
+                 "none": ""}[f["recompute"]]
+    watts = [i["avg_power_w"] for i in f["instructions"]]
+    k = f["capped_kernel"]
+    layers = " + ".join(map(str, f["stage_layers"]))
+    activations = ("the sequence-parallel `[tokens / TP, hidden]` activations"
+                   if f["sequence_parallel"] else
+                   "the un-sharded `[tokens, hidden]` activations of TP without sequence "
+                   "parallelism")
+    extra = " (× 4/3)" if f["recompute"] == "full" else ""
+    cp = f" CP{f['cp']}" if f["cp"] > 1 else ""
+    lines = [
+        f"`{f['command']}`, {f['date']}: {f['workload']} on {f['gpus']} × {f['gpu']} "
+        f"(TP{f['tp']}{cp} PP{f['pp']}, MBS {f['mbs']} × "
+        f"{f['microbatches']} microbatches, seq {f['seq']}{recompute}, layers {layers}), "
+        f"Megatron-LM's plan ({f['clock_mhz']:.0f} MHz, no overlap):",
+        "",
+        "| figure | simulated | datasheet arithmetic |",
+        "|---|---|---|",
+        f"| iteration time | **{t:.3f} s** | model FLOPs {f['model_pflop']:.2f} PFLOP / "
+        f"({f['gpus']} × {f['peak_tflops']:.0f} TFLOP/s) = {f['ideal_time_s']:.3f} s ideal"
+        f"{'; recomputation adds a forward' + extra if f['recompute'] == 'full' else ''}. "
+        f"Per microbatch F+B the slowest stage ({st['stage']}) spends {st['busy_ms']:.0f} ms at "
+        f"the locked clock without the cap: GEMMs {st['gemm_ms']:.0f} ms "
+        f"({share['gemm']}, {st['tensor_tflops']:.0f} TFLOP/s in tensor kernels: the "
+        f"calibrated {100 * f['gemm_efficiency']:.0f} % efficiency, less for the narrow K of "
+        f"TP{f['tp']}'s row-parallel GEMMs), attention {st['attention_ms']:.0f} ms "
+        f"({share['attention']}), HBM-bound kernels {st['memory_ms']:.0f} ms "
+        f"({share['memory']}, {activations} at the calibrated {100 * f['hbm_efficiency']:.0f} % of "
+        f"HBM) and TP all-reduces {st['comm_ms']:.0f} ms ({share['comm']}). 1F1B: "
+        f"(M + S − 1) × the slowest stage = {f['microbatches'] + f['pp'] - 1} × "
+        f"{st['busy_ms']:.0f} ms = {f['one_f_one_b_s']:.2f} s, a bubble of "
+        f"{f['bubble_pct']:.1f} %; the GEMMs throttled by the cap, the P2P transfers ({f['p2p_ms']:.0f} ms each "
+        f"at most; {f['network_gb_s']:.2f} GB/s of network per GPU), the optimizer step and the "
+        f"embedding group's all-reduce add the rest. |",
+        f"| average power per GPU | **{f['avg_power_per_gpu_w']:.0f} W** | one GEMM "
+        f"(`{k['name']}`) back to back, asked for {f['clock_mhz']:.0f} MHz, runs at "
+        f"{k['runs_at_mhz']:.0f} MHz and {k['power_w']:.0f} W under the "
+        f"{k['power_limit_w']:.0f} W cap, and so it does inside an instruction, while the "
+        f"memory-bound kernels and all-reduces between the GEMMs keep the locked clock "
+        f"(instructions average {min(watts):.0f}–{max(watts):.0f} W, NCCL's channels drawing "
+        f"their own fitted power); bubbles at {f['static_power_w']:.0f} W. |",
+        f"| MFU | **{f['mfu_pct']:.1f} %** | {f['ideal_time_s']:.3f} s / {t:.3f} s. |",
+        f"| static share of energy | **{f['static_share_pct']:.1f} %** | "
+        f"{f['static_power_w']:.0f} W × {f['gpus']} × {t:.3f} s = {f['static_kj']:.2f} kJ of "
+        f"{f['energy_kj']:.2f} kJ. |",
+    ]
+    fastest = _fidelity(root).get("artifact", {}).get("fastest_time_s", {})
+    if fastest:
+        lines += ["", "Against measurement, the testbed's fastest Perseus iterations in the shared "
+                  "data (`fidelity.py --only artifact`): " + "; ".join(
+                      f"{name}: {v['measured']:.3f} s measured, {v['simulated']:.3f} s simulated"
+                      for name, v in fastest.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
 #: How the power-curve table names the GPUs and the profiles' models.
 _SHORT_NAMES = {"a100-sxm4-80gb": "A100", "a40": "A40", "gpt3-175b": "GPT-3", "bloom": "Bloom"}
 
@@ -482,6 +548,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "locked-clocks": render_locked_clocks,
     "megatron-scaling": render_megatron_scaling,
     "power-curves": render_power_curves,
+    "first-principles": render_first_principles,
     "whatif": render_whatif,
 }
 
