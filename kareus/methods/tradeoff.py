@@ -56,7 +56,9 @@ from kareus.frontier import even_indices
 from kareus.graph import Direction, Instruction, boundary_delays, dag_dependencies, one_f_one_b
 
 if TYPE_CHECKING:
+    import numpy as np
     from lowtime.cost_model import CostModel
+    from numpy.typing import NDArray
     from lowtime.operation import CandidateExecutionOptions, OperationSpec
     from lowtime.perseus.instruction import Instruction as LowtimeInstruction
 
@@ -308,63 +310,115 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
     """``lowtime``'s ``ExponentialModel`` (``a·exp(b·t) + c``) for candidate options.
 
     First exactly as the reference driver does (lowtime's own grid search over initial guesses,
-    the best fit kept).
-    lowtime rejects fits whose parameter covariance is infinite, which happens when three or
-    fewer options are fitted exactly, and its grid assumes costs of tens to thousands of J. Then
-    the same model is fitted here: ``c`` just below the least cost and ``a``, ``b`` from a line
-    through ``log(cost - c)``, refined by least squares; with two options, a near-flat exponential
-    through both; with one, a constant.
+    the best fit kept), if that fit is usable: finite at every option and closer to the options'
+    costs than their mean is (:func:`_fits`). lowtime rejects fits whose parameter covariance is
+    infinite, which happens when three or fewer options are fitted exactly, and its grid assumes
+    costs of tens to thousands of J at quantized times of tens to hundreds: at thousands of
+    units (a job whose instructions take seconds, e.g. one whose collectives cross a slow
+    network) ``exp(b·t)`` overflows or its first guess is kept unchanged. Then the same model is
+    fitted here in time shifted to the fastest option, ``a·exp(b·(t − t₀)) + c``: ``c`` just below
+    the least cost and ``a``, ``b`` from a line through ``log(cost − c)``, refined by least
+    squares; with two options, a near-flat exponential through both; with one, a constant. Where
+    no exponential fits either (costs that fall and rise again), the options' lower convex hull,
+    interpolated linearly, is the model.
     """
     import numpy as np
     from lowtime.cost_model import ExponentialModel
     from scipy.optimize import curve_fit
 
+    t = np.array([o.quant_time for o in cand.options], dtype=np.float64)
+    e = np.array([o.cost for o in cand.options], dtype=np.float64)
     try:
         with warnings.catch_warnings():  # lowtime's grid search warns for every rejected guess
             warnings.simplefilter("ignore")
-            return ExponentialModel(cand, search_strategy="best")
+            model = ExponentialModel(cand, search_strategy="best")
+        if _fits(model, t, e):
+            return model
     except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
         pass
-    t = np.array([o.quant_time for o in cand.options], dtype=np.float64)
-    e = np.array([o.cost for o in cand.options], dtype=np.float64)
-    fn = lambda x, a, b, c: a * np.exp(b * x) + c  # noqa: E731 - lowtime's own form
+    t0 = float(t.min())
+    s = t - t0
+    fn = lambda x, a, b, c: a * np.exp(b * x) + c  # noqa: E731 - lowtime's form, shifted
     if len(t) == 1:
-        coef = (0.0, 0.0, float(e[0]))
-    elif len(t) == 2:
+        return _exponential((0.0, 0.0, float(e[0])))
+    if len(t) == 2:
         b = -1e-3
-        a = (e[0] - e[1]) / (np.exp(b * t[0]) - np.exp(b * t[1]))
-        coef = (float(a), b, float(e[0] - a * np.exp(b * t[0])))
-    else:
-        c0 = e.min() - 0.05 * (np.ptp(e) + 1e-9)
-        slope, intercept = np.polyfit(t, np.log(e - c0), 1)
-        guess = (float(np.exp(intercept)), float(slope), float(c0))
-        try:
-            with warnings.catch_warnings():  # an exact fit has no covariance estimate
-                warnings.simplefilter("ignore")
-                fitted = curve_fit(fn, t, e, p0=guess, maxfev=50000)[0]
-            coef = (float(fitted[0]), float(fitted[1]), float(fitted[2]))
-        except (ValueError, RuntimeError) as err:
-            raise InputError(f"could not fit the exponential cost model to options at quantized "
-                             f"times {t.astype(int).tolist()}: {err}") from None
-    return _exponential(coef)
+        a = (e[0] - e[1]) / (np.exp(b * s[0]) - np.exp(b * s[1]))
+        model = _exponential((float(a), b, float(e[0] - a * np.exp(b * s[0]))), t0)
+        return model if _fits(model, t, e) else _lower_hull(t, e)
+    c0 = e.min() - 0.05 * (np.ptp(e) + 1e-9)
+    slope, intercept = np.polyfit(s, np.log(e - c0), 1)
+    guess = (float(np.exp(intercept)), float(slope), float(c0))
+    try:
+        with warnings.catch_warnings():  # an exact fit has no covariance estimate
+            warnings.simplefilter("ignore")
+            fitted = curve_fit(fn, s, e, p0=guess, maxfev=50000)[0]
+    except (ValueError, RuntimeError):
+        return _lower_hull(t, e)
+    model = _exponential((float(fitted[0]), float(fitted[1]), float(fitted[2])), t0)
+    return model if _fits(model, t, e) else _lower_hull(t, e)
 
 
-def _exponential(coefficients: tuple[float, float, float]) -> CostModel:
-    """lowtime's exponential cost model with given coefficients, through its public base."""
+def _fits(model: CostModel, t: NDArray[np.float64], e: NDArray[np.float64]) -> bool:
+    """Whether the cost ``model`` is usable for options at quantized times ``t`` costing ``e``
+    (J): finite at each, and its squared error no larger than that of the costs' mean."""
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        predicted = np.array([model(int(x)) for x in t], dtype=np.float64)
+    if not np.all(np.isfinite(predicted)):
+        return False
+    error = float(np.sum((predicted - e) ** 2))
+    return error <= max(float(np.sum((e - e.mean()) ** 2)), 1e-12 * float(np.sum(e ** 2)))
+
+
+def _exponential(coefficients: tuple[float, float, float], t0: float = 0.0) -> CostModel:
+    """lowtime's exponential cost model with given coefficients, in time shifted by ``t0``
+    (quantized units), through its public base."""
     import numpy as np
     from lowtime.cost_model import CostModel
 
     class FixedExponential(CostModel):
-        """``a·exp(b·t) + c`` (J) at quantized time ``t``, coefficients fitted here."""
+        """``a·exp(b·(t − t0)) + c`` (J) at quantized time ``t``, coefficients fitted here."""
 
         def __init__(self) -> None:
             self.coefficients = coefficients
+            self.t0 = t0
 
         def __call__(self, quant_time: int) -> float:
             a, b, c = self.coefficients
-            return float(a * np.exp(b * quant_time) + c)
+            return float(a * np.exp(b * (quant_time - self.t0)) + c)
 
     return FixedExponential()
+
+
+def _lower_hull(t: NDArray[np.float64], e: NDArray[np.float64]) -> CostModel:
+    """The lower convex hull of the options ``(t, e)`` (quantized time, J), interpolated
+    linearly between its corners and constant beyond them: convex, as the exponential is."""
+    import numpy as np
+    from lowtime.cost_model import CostModel
+
+    order = np.lexsort((e, t))
+    hull: list[tuple[float, float]] = []
+    for x, y in zip(t[order], e[order]):
+        if hull and hull[-1][0] == x:
+            continue  # the cheaper option at the same time came first
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (y - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])) <= 0:
+            hull.pop()
+        hull.append((float(x), float(y)))
+    xs, ys = np.array([p[0] for p in hull]), np.array([p[1] for p in hull])
+
+    class LowerHull(CostModel):
+        """The options' lower convex hull (J) at quantized time ``t``."""
+
+        def __init__(self) -> None:
+            self.corners = tuple(hull)
+
+        def __call__(self, quant_time: int) -> float:
+            return float(np.interp(quant_time, xs, ys))
+
+    return LowerHull()
 
 
 def build_1f1b_dag(spec_map: Mapping[int, StageSpecs], stages: int, microbatches: int
