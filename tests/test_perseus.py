@@ -275,3 +275,35 @@ def test_cost_model_keeps_lowtime_s_fit_where_it_is_usable():
 
     cand = _candidates([50, 60, 75, 90], [40.0, 31.0, 26.0, 24.5])
     assert isinstance(fit_exponential_model(cand), ExponentialModel)
+
+
+def test_short_instructions_get_a_unit_that_fits_them(tmp_path):
+    """Without ``--set unit_ms`` the solver's unit is Perseus's 1 ms, or the fastest
+    instruction's time where that is shorter; an explicit 1 ms is refused with one line there."""
+    from kareus.errors import JobRefused
+    from kareus.plugins import load_optimizer
+    from kareus.suite.problem import make_problem
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 512,
+         "n_positions": 1024}))
+    p = make_problem(str(tmp_path / "config.json"), gpu="a100-sxm4-40gb", seq=32, mbs=2, tp=1)
+    assert load_optimizer("perseus").optimize(p)
+    with pytest.raises(JobRefused, match="--set unit_ms=1: 1 ms is longer than the fastest"):
+        load_optimizer("perseus", {"unit_ms": "1"}).optimize(p)
+
+
+def test_a_short_span_is_solved_in_finer_steps():
+    """GPT-3 XL at sequence 16: the solve spans a few ms, three or so steps of 1 ms; the fast
+    solver refines its unit to a hundredth of the span (``min_steps``), ``min_steps=1`` keeps
+    Perseus's 1 ms."""
+    from kareus.plugins import load_optimizer
+    from kareus.suite.problem import make_problem
+
+    p = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", seq=16)
+    fine = load_optimizer("perseus").optimize(p)
+    coarse = load_optimizer("perseus", {"min_steps": "1"}).optimize(p)
+    assert len(coarse) < 10 < 50 < len(fine)
+    energy = lambda plans: min(p.backend.evaluate_plan(p.graph, x).energy.total_j  # noqa: E731
+                               for x in plans)
+    assert energy(fine) <= energy(coarse)

@@ -14,7 +14,7 @@ from kareus import plugins
 from kareus.cli import main
 from kareus.errors import InputError, PluginError
 from kareus.methods.profiling import SOLVERS, TradeoffSettings
-from kareus.methods.tradeoff import MAX_STEPS
+from kareus.methods.tradeoff import MAX_STEPS, MIN_STEPS
 from kareus.optimizer.search import STRATEGIES
 from kareus.plan import IterationPlan
 from kareus.plugins import load_optimizer, optimizer_names
@@ -197,13 +197,13 @@ def fake_plugins(monkeypatch):
 def test_defaults_are_the_old_behaviour():
     """What optimizers read with ``options.get(key, default)`` before settings were typed."""
     k = load_optimizer("kareus", {}).settings
-    assert (k.solver, k.unit_ms, k.prefilter, k.max_steps, k.search, k.budget) == \
-        ("fast", 1.0, "raw", MAX_STEPS, "exhaustive", None)
+    assert (k.solver, k.unit_ms, k.prefilter, k.max_steps, k.min_steps, k.search, k.budget) == \
+        ("fast", None, "raw", MAX_STEPS, MIN_STEPS, "exhaustive", None)
     assert load_optimizer("perseus").settings == TradeoffSettings()
     assert load_optimizer("nanobatch-perseus").settings == TradeoffSettings()
     assert load_optimizer("zeus-power-limit").settings.eta == 0.5
     assert [f.name for f in fields(type(k))] == ["solver", "unit_ms", "prefilter", "max_steps",
-                                                 "search", "budget"]
+                                                 "min_steps", "search", "budget"]
     assert SOLVERS == ("fast", "exact") and STRATEGIES == ("exhaustive", "nsga2", "surrogate")
 
 
@@ -228,8 +228,10 @@ def test_settings_at_their_defaults_are_not_recorded():
     default) is the same cell as no ``--set``."""
     assert plugins.settings_view("zeus-power-limit", {"eta": "0.5"}) == {}
     assert plugins.settings_view("zeus-power-limit", {"eta": "0.50", "budget": "9"}) == {}
-    assert plugins.settings_view("kareus", {"solver": "fast", "unit_ms": "1", "search":
+    assert plugins.settings_view("kareus", {"solver": "fast", "min_steps": "100", "search":
                                             "exhaustive", "budget": "40"}) == {}  # ignored
+    # an explicit unit is a setting: none given, short instructions get a shorter one than 1 ms
+    assert plugins.settings_view("kareus", {"unit_ms": "1"}) == {"unit_ms": 1.0}
     assert plugins.settings_view("kareus", {"search": "nsga2", "budget": "40"}) == \
         {"search": "nsga2", "budget": 40}
     assert plugins.settings_view("perseus", {"max_steps": str(MAX_STEPS), "unit_ms": "2"}) == \

@@ -101,7 +101,7 @@ def breakdown_text(stages: Sequence[StageBreakdown], gpus_per_stage: int) -> str
         caption=("overlapped: a nanobatched plan's partitions, compute and collectives together"
                  if "overlapped" in parts else None))
     iteration = render(
-        ["stage", "instructions", "waits", "host run-ahead", "optimizer + grad sync",
+        ["stage", "instructions", "waits", "− host run-ahead", "optimizer + grad sync",
          "after its work", "iteration", "energy J (dynamic)"],
         ([sb.stage] + [f"{0.0 if abs(x) < 5e-4 else x:.3f}" for x in (
             sb.instructions_s, sb.waiting_s, -sb.run_ahead_s, sb.tail_s, sb.after_s,
@@ -110,7 +110,8 @@ def breakdown_text(stages: Sequence[StageBreakdown], gpus_per_stage: int) -> str
         caption="waits: before and between its instructions (the pipeline filling, its "
                 "neighbours, transfers between stages, an exposed --overlap-param-gather); "
                 "host run-ahead: without stages the host "
-                "issues ahead across micro-batches; after its work: until the iteration ends (in "
+                "issues ahead across micro-batches, and the time it saves is subtracted (the "
+                "columns add up to the iteration); after its work: until the iteration ends (in "
                 "1F1B the first stage ends last, so for the others the pipeline draining)")
     energy = sum(sb.energy_j for sb in stages) * gpus_per_stage
     per_stage = " + ".join(f"{sb.energy_j:.0f}" for sb in stages)

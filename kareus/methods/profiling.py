@@ -18,6 +18,8 @@ from kareus.errors import JobRefused
 from kareus.graph import Direction, IterationGraph
 from kareus.methods.tradeoff import (
     MAX_STEPS,
+    MIN_STEPS,
+    PERSEUS_UNIT_S,
     Option,
     Prefilter,
     SlackReclaimer,
@@ -75,21 +77,28 @@ class TradeoffSettings(OptimizerSettings):
     solver: Solver = "fast"
     """``fast`` folds the steady state of long pipelines
     (:func:`kareus.methods.tradeoff.folded_microbatches`), coarsens the unit when a solve would
-    take more than ``max_steps`` steps (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at
+    take more than ``max_steps`` steps and refines it when it would take fewer than
+    ``min_steps`` (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at
     most :func:`~kareus.methods.tradeoff.plan_budget` plans spread over the solve; ``exact``
     solves the whole DAG as Perseus does, lowtime's steps exactly, and keeps every step."""
-    unit_ms: float = 1.0
-    """The solver's time unit (ms), Perseus's 1 ms."""
+    unit_ms: float | None = None
+    """The solver's time unit (ms); none given: Perseus's 1 ms, or the fastest instruction's
+    time where that is shorter (:data:`~kareus.methods.tradeoff.PERSEUS_UNIT_S`)."""
     prefilter: Prefilter = "raw"
     """Pareto pre-filter of each instruction type's options, on raw or static-adjusted energy
     (:func:`kareus.methods.tradeoff.solve`)."""
     max_steps: int = MAX_STEPS
     """``fast`` solver: the most steps a solve may take (steps, not ms); beyond it the unit
     coarsens."""
+    min_steps: int = MIN_STEPS
+    """``fast`` solver: below this many steps the unit refines (``1`` keeps ``unit_ms``)."""
 
     def check(self) -> None:
-        require(self.unit_ms > 0, "unit_ms", "a positive number of ms", self.unit_ms)
+        require(self.unit_ms is None or self.unit_ms > 0, "unit_ms", "a positive number of ms",
+                self.unit_ms)
         require(self.max_steps >= 1, "max_steps", "a positive integer", self.max_steps)
+        require(1 <= self.min_steps <= self.max_steps, "min_steps",
+                f"an integer from 1 to max_steps ({self.max_steps})", self.min_steps)
 
 
 def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list[Option]],
@@ -106,10 +115,15 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     fast = settings.solver == "fast"
     p2p = problem.backend.p2p_times(graph)  # each boundary's own, as the iteration runs them
     waits = problem.backend.first_forward_waits(graph)
-    unit = settings.unit_ms / 1e3
-    why = unit_problem(unit, [o.time_s for opts in options.values() for o in opts], exact=not fast)
+    times = [o.time_s for opts in options.values() for o in opts]
+    if settings.unit_ms is None:
+        unit = min(PERSEUS_UNIT_S, min(times))
+        named = f"the solver's time unit ({unit * 1e3:.4g} ms; --set unit_ms gives another)"
+    else:
+        unit, named = settings.unit_ms / 1e3, f"--set unit_ms={settings.unit_ms:g}"
+    why = unit_problem(unit, times, exact=not fast)
     if why:
-        raise JobRefused(f"--set unit_ms={settings.unit_ms:g}: {why}")
+        raise JobRefused(f"{named}: {why}")
     too_long = "" if fast else whole_dag_problem(graph.stages, graph.microbatches,
                                                  "the exact solve")
     if too_long:
@@ -117,7 +131,7 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
     span = solver_span(options, graph.stages, solved, p2p, waits)
     if fast:
-        unit = time_unit(span, unit, settings.max_steps)
+        unit = time_unit(span, unit, settings.max_steps, settings.min_steps)
     task = problem.progress.start(f"{label}: solver steps", total=max(1, round(span / unit)))
     steps = []
     try:

@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     StageSpecs = dict[type[LowtimeInstruction], OperationSpec[int]]
 
 Prefilter = Literal["raw", "effective"]
+#: Perseus's time unit (s): its driver quantizes every instruction's time in 1 ms steps.
+PERSEUS_UNIT_S = 1e-3
 
 
 def is_prefilter(value: object) -> TypeGuard[Prefilter]:
@@ -174,7 +176,7 @@ def fold_map(microbatches: int, solved: int) -> Callable[[int], int]:
 
 
 def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-          microbatches: int, static_power_w: float, *, unit_time_s: float = 1e-3,
+          microbatches: int, static_power_w: float, *, unit_time_s: float = PERSEUS_UNIT_S,
           prefilter: Prefilter = "raw", p2p_time_s: float | Sequence[float] = 0.0,
           first_forward_wait_s: Sequence[float] | None = None,
           fast: bool = False) -> Iterator[SolverStep]:
@@ -713,6 +715,8 @@ def plan_budget(instructions: int) -> int:
 
 #: Solver steps the fast solver's time unit keeps a solve under (see time_unit).
 MAX_STEPS = 8000
+#: Solver steps below which the fast solver refines its time unit (see time_unit).
+MIN_STEPS = 100
 
 #: Most (microbatch, stage) pairs a procedure over the whole 1F1B DAG accepts (Perseus's exact
 #: solve, EnvPipe): it takes a step per time unit (or per clock raised), each over the whole DAG,
@@ -784,10 +788,16 @@ def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
     return iteration(frugal) - iteration(fastest)
 
 
-def time_unit(span_s: float, base_unit_s: float, max_steps: int = MAX_STEPS) -> float:
+def time_unit(span_s: float, base_unit_s: float, max_steps: int = MAX_STEPS,
+              min_steps: int = MIN_STEPS) -> float:
     """The fast solver's time unit (s): the smallest whole multiple of ``base_unit_s`` for which
-    a solve over ``span_s`` (:func:`solver_span`) takes at most ``max_steps`` steps. Perseus's
-    1 ms stays the unit for every job whose span is at most ``max_steps`` ms."""
+    a solve over ``span_s`` (:func:`solver_span`) takes at most ``max_steps`` steps; where the
+    span holds fewer than ``min_steps`` units, ``span_s / min_steps`` instead, so that a job of
+    short instructions still has a frontier to trade along (at 1 ms a span of 3 ms would give
+    three steps). Perseus's 1 ms stays the unit for every job whose span is between
+    ``min_steps`` and ``max_steps`` ms."""
+    if 0 < span_s < base_unit_s * min_steps:
+        return span_s / min_steps
     return base_unit_s * max(1, math.ceil(span_s / (base_unit_s * max_steps)))
 
 
