@@ -30,6 +30,7 @@ from kareus.graph import Instruction
 from kareus.hardware.profile import check_clock_sweep, power_problem
 from kareus.methods.profiling import profile_to_options
 from kareus.methods.tradeoff import (
+    PERSEUS_UNIT_S,
     Prefilter,
     replay_knobs,
     solve,
@@ -73,7 +74,7 @@ def frequencies_record(knobs: Mapping[Instruction, Hashable]) -> list[list[Hasha
 
 
 def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
-                       static_power_w: float, *, unit_time_s: float = 1e-3,
+                       static_power_w: float, *, unit_time_s: float = PERSEUS_UNIT_S,
                        prefilter: Prefilter = "raw", all_iterations: bool = False,
                        progress: Progress = SILENT) -> list[dict]:
     """Perseus on a Zeus-format profile, as the authors' driver runs it.

@@ -91,14 +91,14 @@ class TradeoffSettings(OptimizerSettings):
     """``fast`` solver: the most steps a solve may take (steps, not ms); beyond it the unit
     coarsens."""
     min_steps: int = MIN_STEPS
-    """``fast`` solver: below this many steps the unit refines (``1`` keeps ``unit_ms``)."""
+    """``fast`` solver: below this many steps (or ``max_steps``, if fewer) the unit refines
+    (``1`` keeps the unit)."""
 
     def check(self) -> None:
         require(self.unit_ms is None or self.unit_ms > 0, "unit_ms", "a positive number of ms",
                 self.unit_ms)
         require(self.max_steps >= 1, "max_steps", "a positive integer", self.max_steps)
-        require(1 <= self.min_steps <= self.max_steps, "min_steps",
-                f"an integer from 1 to max_steps ({self.max_steps})", self.min_steps)
+        require(self.min_steps >= 1, "min_steps", "a positive integer", self.min_steps)
 
 
 def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list[Option]],
@@ -131,7 +131,8 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
     span = solver_span(options, graph.stages, solved, p2p, waits)
     if fast:
-        unit = time_unit(span, unit, settings.max_steps, settings.min_steps)
+        unit = time_unit(span, unit, settings.max_steps,
+                         min(settings.min_steps, settings.max_steps))
     task = problem.progress.start(f"{label}: solver steps", total=max(1, round(span / unit)))
     steps = []
     try:

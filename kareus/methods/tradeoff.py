@@ -363,12 +363,18 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
 
 def _fits(model: CostModel, t: NDArray[np.float64], e: NDArray[np.float64]) -> bool:
     """Whether the cost ``model`` is usable for options at quantized times ``t`` costing ``e``
-    (J): finite at each, and its squared error no larger than that of the costs' mean."""
+    (J): finite at each, never rising with time between the fastest and the slowest option (the
+    solvers charge a speed-up the cost it adds), and its squared error no larger than that of
+    the costs' mean."""
     import numpy as np
 
+    grid = np.arange(int(t.min()), int(t.max()) + 1)
     with np.errstate(all="ignore"):
         predicted = np.array([model(int(x)) for x in t], dtype=np.float64)
-    if not np.all(np.isfinite(predicted)):
+        along = np.array([model(int(x)) for x in grid], dtype=np.float64)
+    if not (np.all(np.isfinite(predicted)) and np.all(np.isfinite(along))):
+        return False
+    if np.any(np.diff(along) > 1e-9 * max(1.0, float(np.abs(along).max()))):
         return False
     error = float(np.sum((predicted - e) ** 2))
     return error <= max(float(np.sum((e - e.mean()) ** 2)), 1e-12 * float(np.sum(e ** 2)))
@@ -395,8 +401,9 @@ def _exponential(coefficients: tuple[float, float, float], t0: float = 0.0) -> C
 
 
 def _lower_hull(t: NDArray[np.float64], e: NDArray[np.float64]) -> CostModel:
-    """The lower convex hull of the options ``(t, e)`` (quantized time, J), interpolated
-    linearly between its corners and constant beyond them: convex, as the exponential is."""
+    """The lower convex hull of the options ``(t, e)`` (quantized time, J) up to its cheapest
+    corner, interpolated linearly between its corners and constant beyond them: convex and never
+    rising with time, as the solvers' exponential is."""
     import numpy as np
     from lowtime.cost_model import CostModel
 
@@ -409,10 +416,13 @@ def _lower_hull(t: NDArray[np.float64], e: NDArray[np.float64]) -> CostModel:
                                   - (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])) <= 0:
             hull.pop()
         hull.append((float(x), float(y)))
+    cheapest = min(range(len(hull)), key=lambda k: hull[k][1])
+    hull = hull[:cheapest + 1]  # beyond the cheapest corner the cost stays, never rises
     xs, ys = np.array([p[0] for p in hull]), np.array([p[1] for p in hull])
 
     class LowerHull(CostModel):
-        """The options' lower convex hull (J) at quantized time ``t``."""
+        """The options' lower convex hull (J) at quantized time ``t``, flat past its cheapest
+        corner."""
 
         def __init__(self) -> None:
             self.corners = tuple(hull)
@@ -717,6 +727,9 @@ def plan_budget(instructions: int) -> int:
 MAX_STEPS = 8000
 #: Solver steps below which the fast solver refines its time unit (see time_unit).
 MIN_STEPS = 100
+#: The finest unit a refinement gives (s): a microsecond, the scale of one kernel launch; a
+#: span shorter than that is one that clocks barely move, and finer steps would trade noise.
+MIN_UNIT_S = 1e-6
 
 #: Most (microbatch, stage) pairs a procedure over the whole 1F1B DAG accepts (Perseus's exact
 #: solve, EnvPipe): it takes a step per time unit (or per clock raised), each over the whole DAG,
@@ -794,10 +807,10 @@ def time_unit(span_s: float, base_unit_s: float, max_steps: int = MAX_STEPS,
     a solve over ``span_s`` (:func:`solver_span`) takes at most ``max_steps`` steps; where the
     span holds fewer than ``min_steps`` units, ``span_s / min_steps`` instead, so that a job of
     short instructions still has a frontier to trade along (at 1 ms a span of 3 ms would give
-    three steps). Perseus's 1 ms stays the unit for every job whose span is between
-    ``min_steps`` and ``max_steps`` ms."""
-    if 0 < span_s < base_unit_s * min_steps:
-        return span_s / min_steps
+    three steps), but no finer than :data:`MIN_UNIT_S`. Perseus's 1 ms stays the unit for every
+    job whose span is between ``min_steps`` and ``max_steps`` ms; ``min_steps`` 1 keeps it."""
+    if min_steps > 1 and 0 < span_s < base_unit_s * min_steps:
+        return max(span_s / min_steps, min(MIN_UNIT_S, base_unit_s))
     return base_unit_s * max(1, math.ceil(span_s / (base_unit_s * max_steps)))
 
 

@@ -16,9 +16,10 @@ instruction options, and the iteration-level time–cost tradeoff.
    the sequential execution per clock (Perseus's) and the nanobatched one with the default
    collective schedules per clock (Nanobatching + Perseus's), each solve's plans reclaimed over
    all options, and Kareus returns every solve's plans. The solver is a heuristic on quantized
-   times (1 ms) and a fitted cost model: with more options it can land a hair off the plans a
-   subset gives (on GPT-3 XL, under a simulator preset where nanobatching did not pay there,
-   Kareus's fastest plan came out 0.8 ms slower than Perseus's). So Kareus's frontier holds plans
+   times (Perseus's 1 ms unit, docs/solver.md) and a fitted cost model: with more options it
+   can land a hair off the plans a subset gives (on GPT-3 XL, under a simulator preset where
+   nanobatching did not pay there, Kareus's fastest plan came out 0.8 ms slower than
+   Perseus's). So Kareus's frontier holds plans
    as fast and as frugal as each baseline's solver finds (the reclaimer keeps a plan's makespan
    and never raises its energy in its model of measured instruction options; a test holds the
    guarantee where nanobatching is slower and where it pays).

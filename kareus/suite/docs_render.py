@@ -325,12 +325,12 @@ def render_first_principles(root: Path) -> str:
         f"TP{f['tp']}'s row-parallel GEMMs), attention {st['attention_ms']:.0f} ms "
         f"({share['attention']}), HBM-bound kernels {st['memory_ms']:.0f} ms "
         f"({share['memory']}, {activations} at the calibrated {100 * f['hbm_efficiency']:.0f} % of "
-        f"HBM) and TP all-reduces {st['comm_ms']:.0f} ms ({share['comm']}). 1F1B: "
+        f"HBM) and collectives {st['comm_ms']:.0f} ms ({share['comm']}). 1F1B: "
         f"(M + S − 1) × the slowest stage = {f['microbatches'] + f['pp'] - 1} × "
         f"{st['busy_ms']:.0f} ms = {f['one_f_one_b_s']:.2f} s, a bubble of "
         f"{f['bubble_pct']:.1f} %; the GEMMs throttled by the cap, the P2P transfers ({f['p2p_ms']:.0f} ms each "
         f"at most; {f['network_gb_s']:.2f} GB/s of network per GPU), the optimizer step and the "
-        f"embedding group's all-reduce add the rest. |",
+        f"gradient synchronisation add the rest. |",
         f"| average power per GPU | **{f['avg_power_per_gpu_w']:.0f} W** | one GEMM "
         f"(`{k['name']}`) back to back, asked for {f['clock_mhz']:.0f} MHz, runs at "
         f"{k['runs_at_mhz']:.0f} MHz and {k['power_w']:.0f} W under the "

@@ -30,7 +30,7 @@ from kareus.errors import InputError
 from kareus.frontier import (change_pct, fastest, iso_energy_time_reduction,
                              iso_time_energy_reduction, least_energy)
 from kareus.methods.profiling import profile_instructions
-from kareus.methods.tradeoff import solve, solver_energy
+from kareus.methods.tradeoff import PERSEUS_UNIT_S, solve, solver_energy
 from kareus.plan import InstructionPlan
 from kareus.plugins import Problem
 
@@ -77,15 +77,15 @@ def endpoints(time_s: ArrayLike, energy_j: ArrayLike) -> dict[str, float]:
             "T_at_E_min": float(t[j])}
 
 
-def artifact_frontier(problem: Problem, nanobatched: bool, unit_ms: float = 1.0
+def artifact_frontier(problem: Problem, nanobatched: bool, unit_s: float = PERSEUS_UNIT_S
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """(time s, energy J per GPU of each stage) of every Perseus solver step, on a ``unit_ms``
-    time unit, on the simulator's in-situ profiles of ``problem`` (see the module docstring)."""
+    """(time s, energy J per GPU of each stage) of every Perseus solver step, on a ``unit_s``
+    time unit (s), on the simulator's in-situ profiles of ``problem`` (see the module docstring)."""
     options = profile_instructions(problem.backend, problem.graph, problem.knobs.clocks_mhz,
                                    lambda c: InstructionPlan.make(float(c), nanobatched))
     g = problem.graph
     steps = list(solve(options, g.stages, g.microbatches, problem.gpu.static_power_w,
-                       unit_time_s=unit_ms / 1e3))
+                       unit_time_s=unit_s))
     return (np.array([s.real_time_s for s in steps]),
             np.array([solver_energy(s, g.stages, problem.gpu.static_power_w) for s in steps]))
 
