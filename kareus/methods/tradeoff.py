@@ -312,8 +312,8 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
     """``lowtime``'s ``ExponentialModel`` (``a·exp(b·t) + c``) for candidate options.
 
     First exactly as the reference driver does (lowtime's own grid search over initial guesses,
-    the best fit kept), if that fit is usable: finite at every option and closer to the options'
-    costs than their mean is (:func:`_fits`). lowtime rejects fits whose parameter covariance is
+    the best fit kept), if that fit is usable: finite, never rising with time and closer to the
+    options' costs than their mean is (:func:`_fits`). lowtime rejects fits whose parameter covariance is
     infinite, which happens when three or fewer options are fitted exactly, and its grid assumes
     costs of tens to thousands of J at quantized times of tens to hundreds: at thousands of
     units (a job whose instructions take seconds, e.g. one whose collectives cross a slow
@@ -363,12 +363,12 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
 
 def _fits(model: CostModel, t: NDArray[np.float64], e: NDArray[np.float64]) -> bool:
     """Whether the cost ``model`` is usable for options at quantized times ``t`` costing ``e``
-    (J): finite at each, never rising with time between the fastest and the slowest option (the
-    solvers charge a speed-up the cost it adds), and its squared error no larger than that of
-    the costs' mean."""
+    (J): finite at each, never rising with time between the fastest and the slowest option (on
+    a grid of at most about a thousand points; the solvers charge a speed-up the cost it adds),
+    and its squared error no larger than that of the costs' mean."""
     import numpy as np
 
-    grid = np.arange(int(t.min()), int(t.max()) + 1)
+    grid = np.unique(np.concatenate([t, np.linspace(t.min(), t.max(), 1001)]).astype(np.int64))
     with np.errstate(all="ignore"):
         predicted = np.array([model(int(x)) for x in t], dtype=np.float64)
         along = np.array([model(int(x)) for x in grid], dtype=np.float64)
