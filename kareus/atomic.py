@@ -132,8 +132,8 @@ def read_json_record(path: str | Path, option: str) -> dict:
 
 def check_json_record(path: str | Path | None, option: str) -> None:
     """Refuse (:class:`~kareus.errors.InputError`), before any work, a record file that could not
-    be merged into at the end: its folder cannot be written (:func:`check_writable_dir`), or the
-    file holds no JSON object (:func:`read_json_record`). ``None``: nothing to check."""
+    be merged into at the end: it is no file that can be written (:func:`check_writable_file`),
+    or the file holds no JSON object (:func:`read_json_record`). ``None``: nothing to check."""
     if path is not None:
         check_writable_file(path, option)
         read_json_record(path, option)

@@ -370,10 +370,10 @@ def _fits(model: CostModel, t: NDArray[np.float64], e: NDArray[np.float64]) -> b
 
     grid = np.unique(np.concatenate([t, np.linspace(t.min(), t.max(), 1001)]).astype(np.int64))
     with np.errstate(all="ignore"):
-        predicted = np.array([model(int(x)) for x in t], dtype=np.float64)
         along = np.array([model(int(x)) for x in grid], dtype=np.float64)
-    if not (np.all(np.isfinite(predicted)) and np.all(np.isfinite(along))):
+    if not np.all(np.isfinite(along)):
         return False
+    predicted = along[np.searchsorted(grid, t.astype(np.int64))]
     if np.any(np.diff(along) > 1e-9 * max(1.0, float(np.abs(along).max()))):
         return False
     error = float(np.sum((predicted - e) ** 2))
