@@ -182,6 +182,14 @@ def test_sampled_rows_keep_both_ends_and_the_kept_ones_within_the_limit():
     assert sampled_rows(100, 3, keep=[50, 60]) == [0, 50, 60, 99]  # the ends and keep win
 
 
+def test_signed_changes_never_print_minus_zero():
+    from kareus.suite.tables import signed
+
+    # 14 us slower over a 5 s iteration: a reduction of -0.0003 %, as fast to the digit shown
+    assert signed(-0.0003) == "+0.0" and signed(-0.04) == "+0.0" and signed(0.0) == "+0.0"
+    assert signed(-0.06) == "-0.1" and signed(12.345) == "+12.3" and signed(-1.5, 2) == "-1.50"
+
+
 def test_frontier_text_shows_a_spread_with_the_choice_and_all_on_request(capsys):
     args = ("frontier", "-w", "gpt3-xl", "-o", "perseus")
     code, text, _ = run(capsys, *args, "--json")

@@ -247,7 +247,9 @@ def _candidates(times, costs):
     ([2137, 2136, 2135, 2134, 2133], [146.97, 152.18, 179.44, 229.13, 257.75]),
     # GPT-3 XL with two GPUs per node: near-flat, not monotone, then a jump; the fit raised
     ([341, 337, 333, 330, 326, 322], [18.058, 18.028, 18.060, 18.082, 18.050, 33.275]),
-], ids=["kept-first-guess", "overflow", "no-exponential"])
+    # the same near zero: lowtime's fit is tried there, and refused
+    ([41, 37, 33, 30, 26, 22], [18.058, 18.028, 18.060, 18.082, 18.050, 33.275]),
+], ids=["kept-first-guess", "overflow", "no-exponential", "no-exponential-near-zero"])
 def test_cost_model_fits_options_at_thousands_of_units(times, costs):
     """At quantized times of hundreds or thousands of units (slow networks), the cost model is
     finite and follows the options' costs at least as well as their mean does."""
@@ -275,6 +277,28 @@ def test_cost_model_keeps_lowtime_s_fit_where_it_is_usable():
 
     cand = _candidates([50, 60, 75, 90], [40.0, 31.0, 26.0, 24.5])
     assert isinstance(fit_exponential_model(cand), ExponentialModel)
+
+
+def test_options_with_a_narrow_spread_skip_lowtime_s_grid():
+    """Pythia-70M at a 5.5 µs unit: 15 options 971–991 units apart by 20, costs 0.09–0.17 J.
+    lowtime's grid (``a`` ≤ 1000 in absolute time) needed ``a`` ≈ 1e44 and 3 s to get there; the
+    fit in time shifted to the fastest option is as close, in milliseconds."""
+    import numpy as np
+    from lowtime.cost_model import ExponentialModel
+
+    from kareus.methods.tradeoff import LOWTIME_TIME_TO_SPREAD, fit_exponential_model
+
+    times = [991, 989, 987, 985, 983, 982, 980, 979, 978, 976, 975, 974, 973, 972, 971]
+    costs = [0.09292, 0.09387, 0.09487, 0.09634, 0.10203, 0.10754, 0.11379, 0.11986, 0.12622,
+             0.13333, 0.14026, 0.14748, 0.155, 0.16282, 0.17094]
+    assert min(times) > LOWTIME_TIME_TO_SPREAD * (max(times) - min(times))
+    cand = _candidates(times, costs)
+    model = fit_exponential_model(cand)
+    assert not isinstance(model, ExponentialModel)
+    t = np.array([o.quant_time for o in cand.options])
+    predicted = np.array([model(int(x)) for x in t])
+    # lowtime's fit of these options (3 s): root mean square error 1.76 mJ
+    assert np.sqrt(np.mean((predicted - np.array(costs)) ** 2)) <= 1.8e-3
 
 
 def test_short_instructions_get_a_unit_that_fits_them(tmp_path):

@@ -267,6 +267,13 @@ def test_a_setting_the_others_make_irrelevant_is_named_for_a_warning(capsys):
     assert plugins.ignored_settings("kareus", {"budget": "40"}) == ["budget"]
     assert plugins.ignored_settings("kareus", {"search": "nsga2", "budget": "40"}) == []
     assert plugins.ignored_settings("megatron", {"budget": "40"}) == []
+    # the exact solver steps the whole DAG at its unit: the fast solver's step bounds do nothing
+    exact = {"solver": "exact", "max_steps": "500", "min_steps": "10"}
+    assert plugins.ignored_settings("perseus", exact) == ["max_steps", "min_steps"]
+    assert plugins.ignored_settings("kareus", exact) == ["max_steps", "min_steps"]
+    assert plugins.settings_view("perseus", exact) == {"solver": "exact"}
+    assert plugins.settings_view("perseus", {**exact, "solver": "fast"}) == \
+        {"max_steps": 500, "min_steps": 10}
     from kareus.cli import main
 
     assert main(["frontier", "-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",

@@ -211,7 +211,7 @@ def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: b
     :data:`FRONTIER_ROWS`, evenly spread, and a line saying so."""
     from kareus.frontier import change_pct
     from kareus.frontier import fastest as fastest_index
-    from kareus.suite.tables import sampled_rows
+    from kareus.suite.tables import sampled_rows, signed
 
     fastest = points[fastest_index([p.time_s for p in points], [p.energy_j for p in points])]
     picked = [i for i, p in enumerate(points) if chosen is not None and p.plan_id == chosen.plan_id]
@@ -220,8 +220,8 @@ def _frontier_table(points: Sequence[Point], chosen: Point | None, all_points: b
     columns = ["time s", "energy kJ", "dynamic kJ", "static kJ", "time vs fastest",
                "energy vs fastest"] + (["choice"] if chosen is not None else [])
     rows = ([f"{p.time_s:.4f}", f"{p.energy_j / 1e3:.3f}", f"{p.dynamic_energy_j / 1e3:.3f}",
-             f"{p.static_energy_j / 1e3:.3f}", f"{change_pct(fastest.time_s, p.time_s):+.1f} %",
-             f"{change_pct(fastest.energy_j, p.energy_j):+.1f} %"]
+             f"{p.static_energy_j / 1e3:.3f}", f"{signed(change_pct(fastest.time_s, p.time_s))} %",
+             f"{signed(change_pct(fastest.energy_j, p.energy_j))} %"]
             + (["<-" if i in picked else ""] if chosen is not None else [])
             for i, p in ((i, points[i]) for i in shown))
     more = ("" if len(shown) == len(points) else

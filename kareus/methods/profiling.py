@@ -100,6 +100,11 @@ class TradeoffSettings(OptimizerSettings):
         require(self.max_steps >= 1, "max_steps", "a positive integer", self.max_steps)
         require(self.min_steps >= 1, "min_steps", "a positive integer", self.min_steps)
 
+    def unused(self) -> frozenset[str]:
+        """The exact solver steps lowtime's whole DAG at the unit given: its step bounds change
+        nothing."""
+        return frozenset({"max_steps", "min_steps"}) if self.solver == "exact" else frozenset()
+
 
 def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list[Option]],
                    make_plan: Callable[[Hashable], InstructionPlan], label: str,

@@ -76,6 +76,14 @@ def is_prefilter(value: object) -> TypeGuard[Prefilter]:
     """Whether ``value`` names a pre-filter (:data:`Prefilter`)."""
     return value in ("raw", "effective")
 
+#: lowtime's exponential fit is tried on an instruction type's options only where the fastest
+#: option's quantized time is at most this many times their spread (fit_exponential_model). Its
+#: grid search fits ``a·exp(b·t) + c`` in absolute time from ``a`` ≤ 1000: options that change
+#: over a spread small beside their time need ``a`` of ``e^(ratio·b·spread)``, e^30 and more
+#: past this ratio, which its curve fits reach slowly (seconds per type, up to 50,000
+#: evaluations per guess) or not at all. The authors' driver, the paper's suite and the shared
+#: profiles stay below 7.
+LOWTIME_TIME_TO_SPREAD = 10.0
 #: A type with this many Pareto-optimal options or fewer is filtered again with slack.
 FEW_OPTIONS = 3
 #: lowtime's ``noise_factor`` for that second filter (5 % slack), the authors' driver's value.
@@ -317,7 +325,9 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
     infinite, which happens when three or fewer options are fitted exactly, and its grid assumes
     costs of tens to thousands of J at quantized times of tens to hundreds: at thousands of
     units (a job whose instructions take seconds, e.g. one whose collectives cross a slow
-    network) ``exp(b·t)`` overflows or its first guess is kept unchanged. Then the same model is
+    network) ``exp(b·t)`` overflows or its first guess is kept unchanged; and options whose
+    spread is small beside their time (more than :data:`LOWTIME_TIME_TO_SPREAD` times: a fine
+    unit on a small model) take it seconds and give a poor fit, so it is not tried. Then the same model is
     fitted here in time shifted to the fastest option, ``a·exp(b·(t − t₀)) + c``: ``c`` just below
     the least cost and ``a``, ``b`` from a line through ``log(cost − c)``, refined by least
     squares; with two options, a near-flat exponential through both; with one, a constant. Where
@@ -330,14 +340,15 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
 
     t = np.array([o.quant_time for o in cand.options], dtype=np.float64)
     e = np.array([o.cost for o in cand.options], dtype=np.float64)
-    try:
-        with warnings.catch_warnings():  # lowtime's grid search warns for every rejected guess
-            warnings.simplefilter("ignore")
-            model = ExponentialModel(cand, search_strategy="best")
-        if _fits(model, t, e):
-            return model
-    except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
-        pass
+    if t.min() <= LOWTIME_TIME_TO_SPREAD * np.ptp(t):
+        try:
+            with warnings.catch_warnings():  # lowtime's grid search warns for each rejected guess
+                warnings.simplefilter("ignore")
+                model = ExponentialModel(cand, search_strategy="best")
+            if _fits(model, t, e):
+                return model
+        except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
+            pass
     t0 = float(t.min())
     s = t - t0
     fn = lambda x, a, b, c: a * np.exp(b * x) + c  # noqa: E731 - lowtime's form, shifted

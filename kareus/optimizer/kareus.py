@@ -68,8 +68,10 @@ class KareusSettings(TradeoffSettings):
                 f"at least {least} with search={self.search}", self.budget)
 
     def unused(self) -> frozenset[str]:
-        """The exhaustive search measures every configuration: its ``budget`` changes nothing."""
-        return frozenset({"budget"}) if self.search == "exhaustive" else frozenset()
+        """The exhaustive search measures every configuration: its ``budget`` changes nothing
+        (nor do the step bounds under the exact solver: :meth:`TradeoffSettings.unused`)."""
+        return super().unused() | (frozenset({"budget"}) if self.search == "exhaustive"
+                                   else frozenset())
 
 
 def partition_windows(n_ops: int) -> np.ndarray:

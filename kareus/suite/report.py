@@ -27,6 +27,7 @@ from kareus.frontier import change_pct
 from kareus.plugins import Problem
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import frontier_object
+from kareus.suite.tables import signed
 
 
 def summary_object(problem: Problem, runs: Mapping[str, OptimizerRun],
@@ -81,7 +82,7 @@ def frontiers_frame(runs: Mapping[str, OptimizerRun]) -> pd.DataFrame:
 
 
 def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:+.1f}"
+    return "n/a" if v is None else signed(v)
 
 
 #: Each comparison block of ``summary.json`` and the optimizer it compares against.
@@ -354,7 +355,7 @@ def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
             for yy, r in zip(y, rows):
                 v = r[key]
                 end = _extent([r], key)[1 if v >= 0 else 0]  # beyond the bar on the value's side
-                ax.text(end + (0.04 if v >= 0 else -0.04) * span, yy, f"{v:+.1f}",
+                ax.text(end + (0.04 if v >= 0 else -0.04) * span, yy, signed(v),
                         va="center", ha="left" if v >= 0 else "right", fontsize=6.2)
             ax.grid(axis="y", visible=False)
         ax_t.set_yticks(y, [method_style(r["optimizer"]).label for r in rows])

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 TEXT_WIDTH = 120
 
 
+def signed(value: float, digits: int = 1) -> str:
+    """``value`` with its sign and ``digits`` decimals, for a change or reduction (%); a value
+    that rounds to zero prints ``+0.0``, never ``-0.0`` (a plan 14 µs slower than its reference
+    is as fast to the digits shown)."""
+    return f"{round(value, digits) + 0.0:+.{digits}f}"
+
+
 def table(columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,
           caption: str | None = None, left: Iterable[str] = ()) -> "Table":
     """A rich table: ``columns`` right-aligned except those in ``left``; ``None`` and NaN cells
