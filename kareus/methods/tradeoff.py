@@ -675,14 +675,24 @@ class SlackReclaimer:
                 times.append(o.time_s)
                 best.append(cheapest[1])
             self.table[key] = (times, best)
+        # The DAG on positions in topological order, each edge with its transfer (s) and each
+        # instruction with its wait (s): the passes index lists instead of hashing instructions.
+        at = {ins: k for k, ins in enumerate(self.order)}
+        self._pred_edges = [[(at[p], self._gap(p, ins)) for p in self.preds[ins]]
+                            for ins in self.order]
+        self._succ_edges = [[(at[c], self._gap(ins, c)) for c in self.succs[ins]]
+                            for ins in self.order]
+        self._waits = [self._wait(ins) for ins in self.order]
+        self._tables = [self.table[ins.type_key] for ins in self.order]
 
     def __call__(self, knobs: Mapping[Instruction, Hashable]) -> dict[Instruction, Hashable]:
         """The plan ``knobs`` with every instruction's option re-chosen within its slack."""
-        chosen = {ins: self.by_knob[ins.type_key][k] for ins, k in knobs.items()}
+        chosen = [self.by_knob[ins.type_key][knobs[ins]] for ins in self.order]
         for _ in range(self.passes):
             if not self._one_pass(chosen):
                 break
-        return {ins: o.knob for ins, o in chosen.items()}
+        picked = dict(zip(self.order, chosen))
+        return {ins: picked[ins].knob for ins in knobs}
 
     def _gap(self, a: Instruction, b: Instruction) -> float:
         """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
@@ -692,28 +702,30 @@ class SlackReclaimer:
         """The wait (s) before ``ins`` starts its work (:func:`wait_before`)."""
         return wait_before(ins, self.waits)
 
-    def _one_pass(self, chosen: dict[Instruction, Option]) -> bool:
-        end: dict[Instruction, float] = {}
-        for ins in self.order:
-            start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]), default=0.0)
-            end[ins] = start + self._wait(ins) + chosen[ins].time_s
-        makespan = max(end.values())
-        latest: dict[Instruction, float] = {}
-        for ins in reversed(self.order):
-            latest[ins] = min((latest[s] - chosen[s].time_s - self._wait(s) - self._gap(ins, s)
-                               for s in self.succs[ins]), default=makespan)
+    def _one_pass(self, chosen: list[Option]) -> bool:
+        """One pass over ``chosen`` (an option per position of :attr:`order`), in place; whether
+        it changed an option."""
+        preds, succs, waits = self._pred_edges, self._succ_edges, self._waits
+        n = len(chosen)
+        end = [0.0] * n
+        for i in range(n):
+            start = max((end[j] + gap for j, gap in preds[i]), default=0.0)
+            end[i] = start + waits[i] + chosen[i].time_s
+        makespan = max(end)
+        latest = [0.0] * n
+        for i in reversed(range(n)):
+            latest[i] = min((latest[j] - chosen[j].time_s - waits[j] - gap for j, gap in succs[i]),
+                            default=makespan)
         changed = False
-        end.clear()
-        for ins in self.order:
-            start = max((end[p] + self._gap(p, ins) for p in self.preds[ins]),
-                        default=0.0) + self._wait(ins)
-            times, best = self.table[ins.type_key]
-            k = self._bisect(times, latest[ins] - start + 1e-12 * makespan) - 1
-            current = chosen[ins]
+        for i in range(n):
+            start = max((end[j] + gap for j, gap in preds[i]), default=0.0) + waits[i]
+            times, best = self._tables[i]
+            k = self._bisect(times, latest[i] - start + 1e-12 * makespan) - 1
+            current = chosen[i]
             if k >= 0 and best[k] is not current and self._cheaper(best[k], current):
-                chosen[ins] = best[k]
+                chosen[i] = best[k]
                 changed = True
-            end[ins] = start + chosen[ins].time_s
+            end[i] = start + chosen[i].time_s
         return changed
 
     def _cheaper(self, a: Option, b: Option) -> bool:
