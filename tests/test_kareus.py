@@ -209,6 +209,24 @@ def test_kareus_frontier_is_never_behind_its_baselines(model, layout):
         assert min(p.energy_j for p in kareus) <= min(p.energy_j for p in base) * (1 + 1e-12), name
 
 
+def test_kareus_solves_each_distinct_option_set_once():
+    """Micro-batches of one sample do not nanobatch: Kareus's options are then Perseus's (in
+    another order), their solve would give the same plans again, and it is skipped; its plans
+    are Perseus's with the slack reclaimed."""
+    from kareus.plugins import load_optimizer
+    from kareus.suite.harness import run_optimizer
+    problem = make_problem("gpt3-xl", gpu="a100-sxm4-40gb", tp=2, pp=2, mbs=1, microbatches=4)
+    assert problem.graph.nanobatch_refusal
+    runs = {name: run_optimizer(name, load_optimizer(name), problem)
+            for name in ("perseus", "kareus")}
+    assert {plan.label.rsplit(" step ", 1)[0] for plan in runs["kareus"].plans} == {"kareus"}
+    ends = {name: (min(p.time_s for p in r.frontier), min(p.energy_j for p in r.frontier))
+            for name, r in runs.items()}
+    assert len(runs["kareus"].plans) == len(runs["perseus"].plans)
+    assert ends["kareus"][0] == pytest.approx(ends["perseus"][0], rel=1e-9)
+    assert ends["kareus"][1] <= ends["perseus"][1]
+
+
 def test_reclaiming_slack_keeps_the_makespan_when_boundaries_differ():
     """TP4 over four stages on nodes of 8: boundaries 0 and 2 stay in a node, boundary 1 crosses
     to the next; the solver and the reclaimer must time each boundary as the iteration does, or

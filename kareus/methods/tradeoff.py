@@ -229,6 +229,8 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
                                                           "backward": Backward}
     knob_tables: dict[tuple[int, Direction], list[Hashable]] = {}
     spec_map: dict[int, StageSpecs] = {}
+    # stages of identical layers have identical options: each distinct set is fitted once
+    models: dict[tuple[tuple[int, float], ...], CostModel] = {}
     for stage in range(stages):
         spec_map[stage] = {}
         for direction, cls in classes.items():
@@ -251,8 +253,10 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
                 for opt in cand.options:
                     opt.cost = dynamic_from_measured(opt.cost, static_power_w, opt.quant_time,
                                                      opt.unit_time)
-            spec_map[stage][cls] = OperationSpec[int](options=cand,
-                                                      cost_model=fit_exponential_model(cand))
+            fitted = tuple((o.quant_time, o.cost) for o in cand.options)
+            if fitted not in models:
+                models[fitted] = fit_exponential_model(cand)
+            spec_map[stage][cls] = OperationSpec[int](options=cand, cost_model=models[fitted])
 
     solved = folded_microbatches(stages, microbatches) if fast else microbatches
     dag, nodes = build_1f1b_dag(spec_map, stages, solved)

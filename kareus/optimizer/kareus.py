@@ -30,7 +30,7 @@ Settings: :class:`KareusSettings`, the search strategy and its budget beside the
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,10 +143,20 @@ class Kareus:
         # the knobs are the instructions' plans
         plans = tradeoff_plans(problem, options, _knob_plan, "kareus", reclaim_from=every,
                                settings=self.settings)
+        solved = [_as_sets(options)]
         for name, sub in subsets.items():
+            if _as_sets(sub) in solved:  # the same options solve to the same plans (nothing
+                continue                 # nanobatches: Kareus's options are Perseus's)
             plans += tradeoff_plans(problem, sub, _knob_plan, f"kareus {name}",
                                     reclaim_from=every, settings=self.settings)
+            solved.append(_as_sets(sub))
         return plans
+
+
+def _as_sets(options: Mapping[tuple[int, Direction], Sequence[Option]]
+             ) -> dict[tuple[int, Direction], frozenset[Option]]:
+    """Each instruction type's options as a set: what a solve depends on, not their order."""
+    return {key: frozenset(opts) for key, opts in options.items()}
 
 
 def default_schedules_in_space(problem: Problem) -> bool:
