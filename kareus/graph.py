@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 Direction = Literal["forward", "backward"]
@@ -303,9 +304,18 @@ def one_f_one_b(stages: int, microbatches: int) -> dict[int, list[Instruction]]:
     """Per-stage program order of the synchronous 1F1B schedule.
 
     Stage ``s`` runs ``min(S - s - 1, M)`` warm-up forwards, then alternates one forward and one
-    backward while forwards remain, then drains the remaining backwards.
+    backward while forwards remain, then drains the remaining backwards. A fresh dict of fresh
+    lists; the (immutable) instructions are the same objects on every call with the same
+    arguments, so dictionaries keyed by them find each one by identity.
     """
-    order: dict[int, list[Instruction]] = {}
+    return {s: list(seq) for s, seq in enumerate(_one_f_one_b(stages, microbatches))}
+
+
+@lru_cache(maxsize=16)
+def _one_f_one_b(stages: int, microbatches: int) -> tuple[tuple[Instruction, ...], ...]:
+    """:func:`one_f_one_b`'s order as tuples, built once per (stages, microbatches): a plan's
+    checks, its evaluation and the solvers ask for it thousands of times per job."""
+    order: list[tuple[Instruction, ...]] = []
     for s in range(stages):
         warmup = min(stages - s - 1, microbatches)
         seq: list[Instruction] = [Instruction(s, m, "forward") for m in range(warmup)]
@@ -318,24 +328,33 @@ def one_f_one_b(stages: int, microbatches: int) -> dict[int, list[Instruction]]:
         while b < microbatches:
             seq.append(Instruction(s, b, "backward"))
             b += 1
-        order[s] = seq
-    return order
+        order.append(tuple(seq))
+    return tuple(order)
 
 
 def dag_dependencies(stages: int, microbatches: int) -> dict[Instruction, list[Instruction]]:
     """Predecessors of each instruction: program order within a stage, F(s-1,m) -> F(s,m),
-    B(s+1,m) -> B(s,m), and on the last stage F(S-1,m) -> B(S-1,m) (already program order)."""
-    order = one_f_one_b(stages, microbatches)
-    deps: dict[Instruction, list[Instruction]] = {}
-    for s, seq in order.items():
+    B(s+1,m) -> B(s,m), and on the last stage F(S-1,m) -> B(S-1,m) (already program order).
+    A fresh dict of fresh lists of :func:`one_f_one_b`'s instruction objects."""
+    return {ins: list(preds) for ins, preds in _dag_dependencies(stages, microbatches)}
+
+
+@lru_cache(maxsize=16)
+def _dag_dependencies(stages: int, microbatches: int
+                      ) -> tuple[tuple[Instruction, tuple[Instruction, ...]], ...]:
+    """:func:`dag_dependencies` as tuples, built once per (stages, microbatches)."""
+    order = _one_f_one_b(stages, microbatches)
+    shared = {(ins.stage, ins.microbatch, ins.direction): ins for seq in order for ins in seq}
+    deps: list[tuple[Instruction, tuple[Instruction, ...]]] = []
+    for s, seq in enumerate(order):
         for i, ins in enumerate(seq):
             pred = [seq[i - 1]] if i > 0 else []
             if ins.direction == "forward" and s > 0:
-                pred.append(Instruction(s - 1, ins.microbatch, "forward"))
+                pred.append(shared[(s - 1, ins.microbatch, "forward")])
             if ins.direction == "backward" and s < stages - 1:
-                pred.append(Instruction(s + 1, ins.microbatch, "backward"))
-            deps[ins] = pred
-    return deps
+                pred.append(shared[(s + 1, ins.microbatch, "backward")])
+            deps.append((ins, tuple(pred)))
+    return tuple(deps)
 
 
 def topological_order(stages: int, microbatches: int) -> list[Instruction]:

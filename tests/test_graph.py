@@ -108,6 +108,21 @@ def test_one_f_one_b_order():
     assert [i.direction[0] for i in order[3]][:4] == ["f", "b", "f", "b"]
 
 
+def test_the_1f1b_order_is_built_once_and_handed_out_fresh():
+    """Callers get their own dict and lists (a caller that edits them changes no one else's);
+    the instructions are the same objects each time, the dependencies' too."""
+    first, second = one_f_one_b(3, 4), one_f_one_b(3, 4)
+    assert first == second and first[0] is not second[0]
+    first[0].clear()
+    assert one_f_one_b(3, 4) == second
+    assert all(a is b for a, b in zip(second[1], one_f_one_b(3, 4)[1]))
+    deps = dag_dependencies(3, 4)
+    stage_of = {ins: ins for seq in second.values() for ins in seq}
+    assert all(stage_of[p] is p for preds in deps.values() for p in preds)
+    deps[second[1][0]].append(second[2][0])
+    assert second[2][0] not in dag_dependencies(3, 4)[second[1][0]]
+
+
 def test_dag_is_acyclic_and_respects_dependencies():
     deps = dag_dependencies(3, 5)
     topo = topological_order(3, 5)
