@@ -329,9 +329,10 @@ def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
     infinite, which happens when three or fewer options are fitted exactly, and its grid assumes
     costs of tens to thousands of J at quantized times of tens to hundreds: at thousands of
     units (a job whose instructions take seconds, e.g. one whose collectives cross a slow
-    network) ``exp(b·t)`` overflows or its first guess is kept unchanged; and options whose
-    spread is small beside their time (more than :data:`LOWTIME_TIME_TO_SPREAD` times: a fine
-    unit on a small model) take it seconds and give a poor fit, so it is not tried. Then the same model is
+    network) ``exp(b·t)`` overflows or its first guess is kept unchanged; and on options whose
+    spread is small beside their time (their time over :data:`LOWTIME_TIME_TO_SPREAD` times
+    their spread: a fine unit on a small model) it spends seconds per fit, so it is not tried
+    there. Then the same model is
     fitted here in time shifted to the fastest option, ``a·exp(b·(t − t₀)) + c``: ``c`` just below
     the least cost and ``a``, ``b`` from a line through ``log(cost − c)``, refined by least
     squares; with two options, a near-flat exponential through both; with one, a constant. Where

@@ -143,10 +143,12 @@ class Kareus:
         # the knobs are the instructions' plans
         plans = tradeoff_plans(problem, options, _knob_plan, "kareus", reclaim_from=every,
                                settings=self.settings)
+        # the same options solve to the same plans: where nothing nanobatches, Kareus's options
+        # are Perseus's (in another order) and that solve is not run again
         solved = [_as_sets(options)]
         for name, sub in subsets.items():
-            if _as_sets(sub) in solved:  # the same options solve to the same plans (nothing
-                continue                 # nanobatches: Kareus's options are Perseus's)
+            if _as_sets(sub) in solved:
+                continue
             plans += tradeoff_plans(problem, sub, _knob_plan, f"kareus {name}",
                                     reclaim_from=every, settings=self.settings)
             solved.append(_as_sets(sub))
