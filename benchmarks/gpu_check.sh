@@ -30,6 +30,7 @@ fi
 OUT="$1"
 shift
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"   # the script works from the repository root
 cd "$(dirname "$0")/.."
 unset KAREUS_ALLOW_CLOCK_CONTROL
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"

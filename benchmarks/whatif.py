@@ -37,9 +37,10 @@ STUDIES: dict[str, list[str]] = {
 
 
 def _reduction(summary: dict, block: str, name: str, key: str) -> float | None:
-    """One comparison metric of a configuration's summary (%), ``None`` when not attainable."""
+    """One comparison metric of a configuration's summary (%), ``None`` when not attainable;
+    unrounded, so that the docs round it once, as they round the suite's own tables."""
     value = summary["comparison"][block].get(name, {}).get(key)
-    return None if value is None else round(float(value), 2)
+    return None if value is None else float(value)
 
 
 def configuration_record(summary: dict) -> dict[str, float | None]:
@@ -56,8 +57,8 @@ def configuration_record(summary: dict) -> dict[str, float | None]:
     if points:
         fastest = min(p["time_s"] for p in points)
         frugal = min(points, key=lambda p: (p["energy_j"], p["time_s"]))["time_s"]
-        out["perseus_fastest_s"] = round(fastest, 4)
-        out["perseus_least_energy_s"] = round(frugal, 4)
+        out["perseus_fastest_s"] = float(fastest)
+        out["perseus_least_energy_s"] = float(frugal)
     return out
 
 

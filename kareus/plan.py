@@ -213,6 +213,9 @@ class InstructionPlan:
                                                    for k, v in parts.items()}))
 
 
+#: Marks an instruction a plan has no entry for (:meth:`IterationPlan.validate`).
+_MISSING = object()
+
 #: The :attr:`IterationPlan.meta` key an optimizer sets (to ``True``) on the one plan it singles
 #: out as its own pick (e.g. Zeus's power limit at its η); the harness reports that plan as the
 #: run's ``choice``.
@@ -271,7 +274,8 @@ class IterationPlan:
             raise PlanError(f"a plan's keys must be kareus.graph.Instruction (stage, microbatch, "
                             f"direction; graph.schedule() lists them), not {bad!r}")
         order = [ins for seq in graph.schedule().values() for ins in seq]
-        missing = [ins for ins in order if ins not in self.instructions]
+        plans = [self.instructions.get(ins, _MISSING) for ins in order]
+        missing = [ins for ins, ip in zip(order, plans) if ip is _MISSING]
         if missing:
             raise PlanError(f"plan has no entry for {len(missing)} instruction(s), e.g. "
                             f"{missing[0]}")
@@ -281,12 +285,11 @@ class IterationPlan:
             raise PlanError(f"plan has {len(extra)} entry(ies) for instructions the graph does "
                             f"not run ({graph.stages} stages x {graph.microbatches} "
                             f"microbatches), e.g. {extra[0]!r}")
-        seen: set[tuple[int, str, InstructionPlan]] = set()
-        for ins in order:
-            ip = self.instructions[ins]
+        seen: set[tuple[int, str, int]] = set()
+        for ins, ip in zip(order, plans):
             if not isinstance(ip, InstructionPlan):
                 raise PlanError(f"{ins}: {type(ip).__name__} is not an InstructionPlan")
-            kind = (ins.stage, ins.direction, ip)  # equal plans of one type pass or fail alike
+            kind = (ins.stage, ins.direction, id(ip))  # one plan object of one type: one check
             if kind not in seen:
                 seen.add(kind)
                 ip.validate(graph, ins.type_key, gpu, max_comm_sms=max_comm_sms,

@@ -849,8 +849,13 @@ class SimulatorBackend:
         order = [ins for seq in graph.schedule().values() for ins in seq]
         durations: dict[Instruction, float] = {}
         dyn = {s: 0.0 for s in range(graph.stages)}
+        costs: dict[tuple[int, Direction, int], InstructionCost] = {}  # per (type, plan object)
         for ins in order:
-            cost = self.evaluate_instruction(graph, ins.type_key, plan.instructions[ins])
+            ip = plan.instructions[ins]
+            kind = (ins.stage, ins.direction, id(ip))
+            cost = costs.get(kind)
+            if cost is None:
+                cost = costs[kind] = self.evaluate_instruction(graph, ins.type_key, ip)
             durations[ins] = cost.time_s
             dyn[ins.stage] += cost.dynamic_energy_j
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])

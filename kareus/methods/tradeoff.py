@@ -657,18 +657,10 @@ class SlackReclaimer:
         from kareus.graph import topological_order
 
         self._bisect = bisect_right
-        self.stages, self.microbatches = stages, microbatches
-        self.delays = boundary_delays(stages, p2p_time_s)
-        self.waits = stage_waits(stages, first_forward_wait_s)
         self.passes, self.static_power_w = passes, static_power_w
         self.order = topological_order(stages, microbatches)
-        self.preds = dag_dependencies(stages, microbatches)
-        self.succs: dict[Instruction, list[Instruction]] = {i: [] for i in self.preds}
-        for ins, preds in self.preds.items():
-            for p in preds:
-                self.succs[p].append(ins)
         self.by_knob: dict[tuple[int, str], dict[Hashable, Option]] = {}
-        self.table: dict[tuple[int, str], tuple[list[float], list[Option]]] = {}
+        tables: dict[tuple[int, str], tuple[list[float], list[Option]]] = {}
         for key, opts in options.items():
             self.by_knob[key] = {o.knob: o for o in opts}
             ranked = sorted(opts, key=lambda o: o.time_s)
@@ -679,16 +671,26 @@ class SlackReclaimer:
                     cheapest = (dyn, o)
                 times.append(o.time_s)
                 best.append(cheapest[1])
-            self.table[key] = (times, best)
+            tables[key] = (times, best)
         # The DAG on positions in topological order, each edge with its transfer (s) and each
-        # instruction with its wait (s): the passes index lists instead of hashing instructions.
+        # instruction with its wait (s, :func:`wait_before`): the passes index lists instead of
+        # hashing instructions.
+        delays = boundary_delays(stages, p2p_time_s)
+        waits = stage_waits(stages, first_forward_wait_s)
+
+        def gap(a: Instruction, b: Instruction) -> float:
+            """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
+            return delays[min(a.stage, b.stage)] if a.stage != b.stage else 0.0
+
         at = {ins: k for k, ins in enumerate(self.order)}
-        self._pred_edges = [[(at[p], self._gap(p, ins)) for p in self.preds[ins]]
-                            for ins in self.order]
-        self._succ_edges = [[(at[c], self._gap(ins, c)) for c in self.succs[ins]]
-                            for ins in self.order]
-        self._waits = [self._wait(ins) for ins in self.order]
-        self._tables = [self.table[ins.type_key] for ins in self.order]
+        self._pred_edges: list[list[tuple[int, float]]] = [[] for _ in self.order]
+        self._succ_edges: list[list[tuple[int, float]]] = [[] for _ in self.order]
+        for ins, preds in dag_dependencies(stages, microbatches).items():
+            for p in preds:
+                self._pred_edges[at[ins]].append((at[p], gap(p, ins)))
+                self._succ_edges[at[p]].append((at[ins], gap(p, ins)))
+        self._waits = [wait_before(ins, waits) for ins in self.order]
+        self._tables = [tables[ins.type_key] for ins in self.order]
 
     def __call__(self, knobs: Mapping[Instruction, Hashable]) -> dict[Instruction, Hashable]:
         """The plan ``knobs`` with every instruction's option re-chosen within its slack."""
@@ -698,14 +700,6 @@ class SlackReclaimer:
                 break
         picked = dict(zip(self.order, chosen))
         return {ins: picked[ins].knob for ins in knobs}
-
-    def _gap(self, a: Instruction, b: Instruction) -> float:
-        """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
-        return self.delays[min(a.stage, b.stage)] if a.stage != b.stage else 0.0
-
-    def _wait(self, ins: Instruction) -> float:
-        """The wait (s) before ``ins`` starts its work (:func:`wait_before`)."""
-        return wait_before(ins, self.waits)
 
     def _one_pass(self, chosen: list[Option]) -> bool:
         """One pass over ``chosen`` (an option per position of :attr:`order`), in place; whether

@@ -31,6 +31,7 @@ import click
 import pandas as pd
 
 from kareus.atomic import atomic_write_text
+from kareus.suite.tables import signed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -513,7 +514,7 @@ def render_whatif(root: Path) -> str:
                 "results/whatif/summary.json`.\n")
 
     def pct(v: object) -> str:
-        return "not attainable" if v is None else f"{_num(v):+.1f}"
+        return "not attainable" if v is None else signed(_num(v))
 
     out = []
     for name, study in json.loads(path.read_text()).items():
