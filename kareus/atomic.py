@@ -15,7 +15,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -96,18 +96,33 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     return path
 
 
-def check_writable_file(path: str | Path, option: str) -> Path:
+def check_writable_file(path: str | Path, option: str,
+                        inputs: Mapping[str, str | Path | None] | None = None) -> Path:
     """Make sure a result file can be written at ``path`` before any work is done: refuse
-    (:class:`~kareus.errors.InputError`, one line naming ``option``) an empty path, a folder, or a
-    file whose folder cannot be written (:func:`check_writable_dir`). Returns ``path``."""
+    (:class:`~kareus.errors.InputError`, one line naming ``option``) an empty path, a folder, a
+    file whose folder cannot be written (:func:`check_writable_dir`), or one of the command's
+    other files, ``inputs`` (option -> path: what it reads or writes besides). Returns
+    ``path``."""
     from kareus.errors import InputError
 
     if not str(path).strip():
         raise InputError(f"{option}: empty path; name a file")
     if Path(path).is_dir():
         raise InputError(f"{option} {path} is a folder; give a file's path")
+    for other, read in (inputs or {}).items():
+        if read is not None and _same_file(path, read):
+            raise InputError(f"{option} {path} is also the {other} file, which writing it "
+                             f"would replace: give another path")
     check_writable_dir(Path(os.path.abspath(path)).parent, f"{option}'s folder")
     return Path(path)
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (links and relative paths resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they would be
+        return Path(os.path.abspath(a)).resolve() == Path(os.path.abspath(b)).resolve()
 
 
 def read_json_record(path: str | Path, option: str) -> dict:

@@ -2,12 +2,14 @@
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
 traceback; 1 also for a plugin's own fault, ``plugin error: ...``, and when every optimizer of a
 run failed: ``error: every optimizer failed``, but 2 when each refused the job);
-130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A
+130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n; 0 when the
+reader of stdout closes it early (``| head``): the rest of the output is dropped. A
 :class:`~kareus.errors.KareusError` chooses its status by class (``exit_status``)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 import click
@@ -33,10 +35,23 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         click.echo("aborted", err=True)
         return 130
     except click.ClickException as e:
+        if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            click.echo(e.format_message(), err=True)  # a group run bare: its whole help
+            return 2
         click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
+    except BrokenPipeError:  # the reader closed stdout early (`| head`): what it wanted it has
+        _drop_stdout()
+        return 0
+    except SystemExit:
+        # click meets a closed stdout itself (EPIPE): it wraps the streams in its
+        # ``_PacifyFlushWrapper`` and exits 1 without a word; for us that is the reader's choice
+        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":
+            _drop_stdout()
+            return 0
+        raise
     except Exception as e:
         status = e.exit_status if isinstance(e, KareusError) else 1
         if status != 1 or isinstance(e, AllOptimizersFailed):
@@ -50,3 +65,13 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
         return 1
     return status if type(status) is int else 0
+
+
+def _drop_stdout() -> None:
+    """Point stdout at the null device, so that what is still buffered for a reader that has
+    gone is dropped quietly (Python would report it at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured): nothing to drop
+        pass

@@ -415,10 +415,20 @@ def _optimizer_class(name: str) -> Callable[..., object]:
         raise InputError(f"unknown optimizer {name!r}; registered: "
                          f"{', '.join(optimizer_names())}{several}")
     try:
-        return eps[name].load()
+        obj = eps[name].load()
     except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the plugin's import raises
         raise PluginError(f"plugin {name!r} ({eps[name].value}) cannot be loaded: "
                           f"{type(e).__name__}: {e}".splitlines()[0]) from e
+    if not callable(obj):
+        raise PluginError(f"plugin {name!r} ({eps[name].value}) is not an optimizer: its entry "
+                          f"point names a value of type {type(obj).__name__}, not a class")
+    return obj
+
+
+def _where(cls: object) -> str:
+    """Where a registered optimizer class is defined (``module:qualname``), for messages."""
+    return (f"{getattr(cls, '__module__', '?')}:"
+            f"{getattr(cls, '__qualname__', type(cls).__name__)}")
 
 
 def load_error(name: str) -> str:
@@ -440,7 +450,7 @@ def load_error(name: str) -> str:
         cls = _optimizer_class(name)
         missing = [m for m in ("name", "optimize") if not hasattr(cls, m)]
         if missing:
-            return (f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) is not an optimizer: "
+            return (f"plugin {name!r} ({_where(cls)}) is not an optimizer: "
                     f"it has no `{'` and no `'.join(missing)}`")
     return ""
 
@@ -480,11 +490,11 @@ def load_optimizer(name: str, options: Mapping[str, object] | None = None) -> Op
     try:
         opt = cls() if settings is None else cls(settings)
     except (Exception, SystemExit) as e:  # the plugin's own constructor
-        raise PluginError(f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) cannot be "
+        raise PluginError(f"plugin {name!r} ({_where(cls)}) cannot be "
                           f"constructed: {type(e).__name__}: {e}".splitlines()[0]) from e
     if not isinstance(opt, Optimizer):
         missing = [m for m in ("name", "optimize(problem)")
                    if not hasattr(opt, m.split("(")[0])]
-        raise PluginError(f"plugin {name!r} ({cls.__module__}:{cls.__qualname__}) is not an "
+        raise PluginError(f"plugin {name!r} ({_where(cls)}) is not an "
                           f"optimizer: it has no `{'` and no `'.join(missing)}`")
     return opt

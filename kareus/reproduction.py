@@ -171,6 +171,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                           if cfg.gpu_overrides else preset, strict)
         default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
         target = check_writable_dir(out, "--out") if out is not None else default
+        _refuse_another_run_s_folder(target, suite)
         run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
                   backend_options, options)
         _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
@@ -186,6 +187,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     _check_job(w, get_preset(gpu), strict)
     out_dir = (check_writable_dir(out, "--out") if out is not None
                else default_results_root() / w.name)
+    _refuse_another_run_s_folder(out_dir, None)
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
@@ -195,6 +197,28 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     make_console().print(get_preset(gpu).provenance(), highlight=False)
     make_console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")
     _fail_if_all_failed({cfg.label: summary}, out_dir)
+
+
+def _refuse_another_run_s_folder(folder: Path, suite: str | None) -> None:
+    """Refuse (:class:`InputError`) to write a run into ``folder`` when it holds another kind of
+    run's results, which this one would mix with and partly replace: a suite's (its
+    ``metadata.json``) for one workload's run (``suite`` None) or for another suite, or one
+    workload's (its ``summary.json``) for a suite. A rerun of the same run reuses its cells."""
+    import json
+
+    meta = folder / "metadata.json"
+    if meta.is_file():
+        try:
+            held = json.loads(meta.read_text()).get("suite")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            held = "?"
+        if held != suite:
+            mine = f"suite {suite!r}" if suite else "one workload's run"
+            raise InputError(f"{folder} holds the results of suite {held!r}; {mine} would mix "
+                             f"with and overwrite them: give another --out")
+    if suite is not None and (folder / "summary.json").is_file():
+        raise InputError(f"{folder} holds one workload's results; suite {suite!r} would mix "
+                         f"with and overwrite them: give another --out")
 
 
 def _load_summaries(root: Path, labels: list[str]) -> dict[str, dict]:

@@ -2,6 +2,7 @@
 leaving nothing on disk (or, where the input is odd but valid, accepted)."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -132,6 +133,20 @@ def test_writable_file_check_refuses_a_folder_an_empty_path_and_an_unwritable_fo
         check_writable_file(tmp_path / "file" / "plot.png", "--plot")
 
 
+def test_writable_file_check_refuses_a_file_the_command_also_reads_or_writes(tmp_path,
+                                                                            monkeypatch):
+    data = tmp_path / "sweep.csv"
+    data.write_text("measured\n")
+    monkeypatch.chdir(tmp_path)
+    for same in (data, "sweep.csv", "./sub/../sweep.csv"):
+        with pytest.raises(InputError, match="--out .* is also the --sweep file"):
+            check_writable_file(same, "--out", {"--sweep": str(data), "--spec": None})
+    with pytest.raises(InputError, match="is also the --out file"):  # neither exists yet
+        check_writable_file("fit.png", "--figure", {"--out": str(tmp_path / "fit.png")})
+    assert check_writable_file("fit.json", "--out", {"--sweep": str(data)}) == Path("fit.json")
+    assert data.read_text() == "measured\n"
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["frontier", "-w", "gpt3-xl", "-o", "perseus", "--export", ""], "--export: empty path"),
     (["simulate", "-w", ""], "unknown workload ''"),
@@ -193,6 +208,14 @@ def test_partition_calibration_checks_its_files_before_the_fit(capsys, tmp_path)
     code, _, err = run(capsys, *base, "--partition-sweep", str(sweep), "--out", out,
                        "--figure", str(tmp_path / "fig.txt"))
     one_line_2(code, err, "cannot tell the figure's format from its suffix")
+    copy = tmp_path / "sweep.csv"  # the measured sweep is never overwritten (a copy, to be safe)
+    copy.write_bytes(sweep.read_bytes())
+    for option in ("--out", "--figure"):
+        other = ("--out", out) if option == "--figure" else ()
+        code, _, err = run(capsys, *base, "--partition-sweep", str(copy), *other, option,
+                           str(copy))
+        one_line_2(code, err, f"{option} {copy} is also the --partition-sweep file")
+    assert copy.read_bytes() == sweep.read_bytes()
     rows = pd.read_csv(sweep)
     sequential = tmp_path / "sequential.csv"
     rows[rows.overlap_start < 0].to_csv(sequential, index=False)

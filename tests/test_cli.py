@@ -60,6 +60,14 @@ def test_bad_input_exits_2_with_one_line(capsys, args, fragment):
     assert len(err.strip().splitlines()) == 1 and fragment in err
 
 
+def test_kareus_alone_prints_its_whole_help(capsys):
+    """No command: the help with every command (click's own status, 2), not its first line."""
+    code, out, err = run(capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: kareus") and "Commands:" in err
+    assert all(f"  {c} " in err for c in ("simulate", "frontier", "reproduce", "calibrate"))
+
+
 @pytest.mark.slow
 def test_calibrate_bad_and_good(capsys, tmp_path):
     bad = tmp_path / "bad.csv"

@@ -109,6 +109,13 @@ def test_fused_ops_put_each_bias_in_its_gemm():
     ({"nanobatch_size": 1}, "half of batch_size"),
     ({"dtype": "fp8"}, "dtype"),
     ({"comm": {**SPEC["comm"], "kind": "broadcast"}}, "comm.kind"),
+    ({"model": {**SPEC["model"], "norm": "weird"}}, "model.norm 'weird' is not one of"),
+    ({"model": {**SPEC["model"], "norm": "rmsnorm"}}, "model.norm is 'rmsnorm' but the ops run"),
+    ({"model": {**SPEC["model"], "position_embedding": "weird"}},
+     "model.position_embedding 'weird' is not one of"),
+    ({"model": {**SPEC["model"], "position_embedding": "learned"}}, "but the ops run rope"),
+    ({"model": {**SPEC["model"], "attention": "sliding"}}, "model.attention must be causal or full"),
+    ({"model": {**SPEC["model"], "intermediate_size": 0}}, "intermediate_size must be a positive"),
 ])
 def test_bad_specs_are_refused(change, fragment):
     with pytest.raises(WorkloadError, match=fragment):

@@ -395,14 +395,18 @@ def broken_plugins(fake_plugins, tmp_path, monkeypatch):
     from importlib.metadata import EntryPoint
 
     (tmp_path / "broken_plugin.py").write_text("from kareus import no_such_name\n")
+    (tmp_path / "value_plugin.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     eps = {"broken": EntryPoint("broken", "broken_plugin:Broken", plugins.ENTRY_POINT_GROUP),
+           "not-a-class": EntryPoint("not-a-class", "value_plugin:VALUE",
+                                     plugins.ENTRY_POINT_GROUP),
            **{c.name: _EntryPoint(c) for c in (_declaring(_Unresolvable, "unresolvable"),
                                               _declaring(_Raises, "raises"), _ConstructorRaises)}}
     real = plugins.registered_optimizers()
     monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
     yield
     sys.modules.pop("broken_plugin", None)
+    sys.modules.pop("value_plugin", None)
 
 
 def test_a_plugin_s_own_fault_is_a_plugin_error_not_the_user_s(broken_plugins):
@@ -428,7 +432,8 @@ def test_the_optimizer_list_says_which_plugin_cannot_be_loaded(broken_plugins, c
     # built with its defaults: faults past the import show here too, not only in a run
     for name, fault in (("malformed", "Settings must be a dataclass"),
                         ("unresolvable", "cannot resolve"), ("raises", "the plugin's own bug"),
-                        ("constructor-raises", "boom in the constructor")):
+                        ("constructor-raises", "boom in the constructor"),
+                        ("not-a-class", "its entry point names a value of type int, not a class")):
         assert not rows[name]["loads"] and fault in rows[name]["error"], rows[name]
     # a setting without a default is the user's to give: the plugin itself is fine
     assert rows["declares"]["loads"] and rows["declares"]["settings"] == ["clock_mhz", "label"]
@@ -440,7 +445,7 @@ def test_the_optimizer_list_says_which_plugin_cannot_be_loaded(broken_plugins, c
 
 
 def test_frontier_with_a_broken_plugin_is_one_line_exit_1(broken_plugins, capsys):
-    for name in ("malformed", "unresolvable", "broken", "constructor-raises"):
+    for name in ("malformed", "unresolvable", "broken", "constructor-raises", "not-a-class"):
         assert main(["frontier", *XL, "-o", name]) == 1
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -95,6 +95,8 @@ def test_user_gpu_file_appears(user_dir, capsys):
      "clock_max_mhz 1740 is not clock_min_mhz 200 plus whole 15 MHz steps"),
     (lambda raw: raw["power"].__setitem__("static_power_w", {"value": 400, "source": "x: y"}),
      "static power 400 W is not below the power limit 300 W"),
+    (lambda raw: raw["power"].__setitem__("v_ratio", {"value": 0, "source": "x: y"}),
+     "must be at least 1, got 0"),
     (lambda raw: raw["links_collectives"].__setitem__("comm_max_sms",
                                                       {"value": 200, "source": "x: y"}),
      "comm_max_sms 200 is more than the GPU's 84 SMs"),

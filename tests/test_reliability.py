@@ -195,3 +195,27 @@ def test_a_cell_that_is_json_but_not_a_run_is_recomputed(tmp_path, capsys, edit)
     assert reproduction.main([*args, "--optimizers", "megatron,zeus-power-limit"]) == 0
     assert "computing 1 cell(s): unreadable cell (zeus-power-limit)" in capsys.readouterr().err
     assert json.loads(cell.read_text())["status"] == "ok"
+
+
+def test_a_plugin_that_kills_its_pool_worker_fails_alone(tmp_path):
+    """A plugin whose process dies (a native crash; here ``os._exit``) breaks a process pool and
+    every cell in it: those cells run again one by one, each in a process of its own, so only
+    the plugin's cell fails, saying why, and the run writes its summary."""
+    dist = tmp_path / "kareus_crash-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kareus-crash\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[kareus.optimizers]\ncrash = crash_plugin:Crash\n")
+    (tmp_path / "crash_plugin.py").write_text(
+        "import os\n\n\nclass Crash:\n    name = 'crash'\n\n"
+        "    def optimize(self, problem):\n        os._exit(3)\n")
+    out = tmp_path / "out"
+    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "reproduce.py"), "--workload", "gpt3-xl", "--pp", "2",
+         "--microbatches", "4", "--optimizers", "megatron,crash,perseus", "--jobs", "2",
+         "--out", str(out)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = json.loads((out / "summary.json").read_text())["optimizers"]
+    assert runs["megatron"]["status"] == "ok" and runs["perseus"]["status"] == "ok"
+    assert runs["crash"]["status"] == "failed"
+    assert "its process died (exit status 3)" in runs["crash"]["error"]

@@ -1,11 +1,16 @@
 """reproduce.py end to end on a small shape, and its bad-input behaviour."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import reproduce
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # TP8 with 16k-token nanobatches: big enough that overlap pays (smaller partitions are
 # host-bound: the fuser issues each op from Python; see docs/simulator.md)
@@ -111,3 +116,47 @@ def test_an_unwritable_out_folder_is_refused_before_any_work(tmp_path, capsys, o
     o = capsys.readouterr()
     assert code == 2 and o.out == "" and len(o.err.strip().splitlines()) == 1
     assert f"--out {out!r}: cannot write results there" in o.err
+
+
+def test_a_run_never_writes_into_another_kind_of_run_s_folder(tmp_path, capsys):
+    """One workload's results and a suite's do not mix: a run that would write over the other
+    kind's files is refused before any work, and what is there stays; a rerun reuses its cells."""
+    suite_dir, one_dir = tmp_path / "suite", tmp_path / "one"
+    suite_dir.mkdir()
+    (suite_dir / "metadata.json").write_text(json.dumps({"suite": "paper"}))
+    one = ["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron"]
+    for argv, fragment in (
+            ([*one, "--out", str(suite_dir)], "holds the results of suite 'paper'; one workload"),
+            (["--suite", "smoke", "--out", str(suite_dir)],
+             "holds the results of suite 'paper'; suite 'smoke' would mix")):
+        assert reproduce.main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and fragment in err, err
+    assert sorted(p.name for p in suite_dir.iterdir()) == ["metadata.json"]
+    assert reproduce.main([*one, "--out", str(one_dir)]) == 0
+    before = (one_dir / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert reproduce.main(["--suite", "smoke", "--out", str(one_dir)]) == 2
+    assert "holds one workload's results; suite 'smoke'" in capsys.readouterr().err
+    assert (one_dir / "summary.json").read_bytes() == before
+    assert reproduce.main([*one, "--out", str(one_dir)]) == 0  # the same run again: reused
+    assert "reusing 1 cell(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    [sys.executable, str(ROOT / "reproduce.py"), "--workload", "gpt3-xl", *SMALL,
+     "--optimizers", "megatron"],
+    [sys.executable, "-m", "kareus", "gpus", "--json"],
+])
+def test_a_reader_that_closes_the_output_early_is_no_failure(tmp_path, argv):
+    """`... | head -1`: the reader has what it wanted; the command exits 0 without a word
+    (click and rich would each exit 1 silently), its results written."""
+    out = ["--out", str(tmp_path / "out")] if "reproduce.py" in argv[1] else []
+    proc = subprocess.Popen([*argv, *out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path)
+    proc.stdout.close()  # gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert "error" not in err and "Traceback" not in err, err
+    if out:
+        assert json.loads((tmp_path / "out" / "summary.json").read_text())["complete"]

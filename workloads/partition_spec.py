@@ -10,8 +10,8 @@ iteration graph (:mod:`workloads.graph_builder`).
 Spec format (JSON)::
 
     {"model": {"hidden_size", "num_attention_heads", "num_key_value_heads",
-               "intermediate_size", "attention": "causal", "position_embedding": "rope",
-               "norm": "layernorm" | "rmsnorm"},
+               "intermediate_size", "attention": "causal" | "full",
+               "position_embedding": "rope" | "learned" | "none", "norm": "layernorm" | "rmsnorm"},
      "tp": 2, "batch_size": 4, "nanobatch_size": 2, "seq_len": 4096, "dtype": "fp16",
      "ops": ["bias_dropout_add", "layernorm", "qkv_linear", "qkv_split", "rope",
              "flash_attention", "out_proj_linear"],
@@ -137,6 +137,7 @@ class PartitionSpec:
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise _bad(path, f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
         ops = _ops(spec["ops"], path)
+        _model_words(model, ops, path)
         kind, group, nbytes = _comm(comm, tp, (nano, seq, hidden, DTYPE_BYTES[dtype]), path)
         fuse_ops = spec.get("fuse_ops", False)
         if not isinstance(fuse_ops, bool):
@@ -267,6 +268,28 @@ def _model_dims(model: dict, tp: int, path: str) -> tuple[int, int, int, int]:
     if heads % tp or kv % tp:
         raise _bad(path, f"{heads} heads / {kv} key/value heads are not divisible by tp={tp}")
     return hidden, heads, kv, head_dim
+
+
+#: The values the model's descriptive fields may take (``attention``: :func:`_objects`).
+_MODEL_WORDS = {"position_embedding": ("rope", "learned", "none"),
+                "norm": ("layernorm", "rmsnorm")}
+
+
+def _model_words(model: dict, ops: tuple[str, ...], path: str) -> None:
+    """Check the model's descriptive fields: each one of :data:`_MODEL_WORDS`' values, a norm
+    and a position embedding that are the ops the partition runs, and an ``intermediate_size`` (the MLP's width, not
+    in an attention partition) that is a positive integer when given."""
+    for key, allowed in _MODEL_WORDS.items():
+        if key in model and model[key] not in allowed:
+            raise _bad(path, f"model.{key} {model[key]!r} is not one of {', '.join(allowed)}")
+    run = [o for o in ops if o in _MODEL_WORDS["norm"]]
+    if "norm" in model and run and run[0] != model["norm"]:
+        raise _bad(path, f"model.norm is {model['norm']!r} but the ops run {run[0]!r}")
+    if "rope" in ops and model.get("position_embedding", "rope") != "rope":
+        raise _bad(path, f"model.position_embedding is {model['position_embedding']!r} but the "
+                         f"ops run rope")
+    if "intermediate_size" in model:
+        _int(model, "intermediate_size", "model.", path)
 
 
 def _ops(ops: object, path: str) -> tuple[str, ...]:

@@ -274,9 +274,10 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
         raise InputError("--partition-sweep needs --out CALIB.json (where the fit is written)")
     from kareus.atomic import check_writable_file
 
-    for option, path in (("--out", out_path), ("--figure", figure_path)):
-        if path is not None:
-            check_writable_file(path, option)
+    read = {"--partition-sweep": sweep_path, "--spec": spec_path}
+    check_writable_file(out_path, "--out", read)
+    if figure_path is not None:
+        check_writable_file(figure_path, "--figure", {**read, "--out": out_path})
     if figure_path is not None:
         from kareus.suite.report import check_figure_path
 

@@ -494,7 +494,8 @@ _FRACTION_FIELDS = (
 
 def physical_problem(preset: GPUPreset) -> str:
     """Why ``preset`` describes no GPU that can run ('' if it can): a field of
-    :data:`_POSITIVE_FIELDS` at zero, one of :data:`_FRACTION_FIELDS` above 1, a clock range
+    :data:`_POSITIVE_FIELDS` at zero, one of :data:`_FRACTION_FIELDS` above 1, a voltage ratio
+    (``v_ratio``) below 1, a clock range
     upside down or not a whole number of steps, static power at or above the power limit (W), or
     more communication SMs than the GPU has."""
     for name in _POSITIVE_FIELDS:
@@ -503,6 +504,9 @@ def physical_problem(preset: GPUPreset) -> str:
     for name in _FRACTION_FIELDS:
         if getattr(preset, name) > 1:
             return f"{name} is a fraction, at most 1, got {getattr(preset, name)!r}"
+    if not preset.v_ratio >= 1:  # the voltage at the top clock over the floor's: never below
+        return (f"v_ratio (the core voltage at clock_max_mhz over its floor) must be at least 1, "
+                f"got {preset.v_ratio!r}")
     if preset.clock_min_mhz > preset.clock_max_mhz:
         return (f"clock_min_mhz {preset.clock_min_mhz:g} is above clock_max_mhz "
                 f"{preset.clock_max_mhz:g}")

@@ -84,40 +84,106 @@ def execute(tasks: Sequence[CellTask], *, executor: str = "local", jobs: int = 1
 
 def _execute_pool(tasks: Sequence[CellTask], jobs: int,
                   on_done: Callable[[CellTask, dict], None] | None) -> None:
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    """Run ``tasks`` in a pool of ``jobs`` processes. A worker that dies (a plugin's native
+    crash, ``os._exit``) breaks the pool and every cell still in it; those cells then run one
+    by one, each in a process of its own (:func:`_run_alone`), so that only the one that kills
+    its process fails, with a record that says so."""
+    from concurrent.futures.process import BrokenProcessPool
 
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+    pool = _new_pool(jobs)
+    futures = _submit(pool, tasks)
+    orphans: list[CellTask] = []
+    try:
+        for fut in _as_finished(futures):
+            try:
+                record = fut.result()
+            except BrokenProcessPool:
+                orphans.append(futures[fut])
+                continue
+            if on_done is not None:
+                on_done(futures[fut], record)
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
+    for task in sorted(orphans, key=tasks.index):
+        record = _run_alone(task)
+        if on_done is not None:
+            on_done(task, record)
+
+
+def _new_pool(jobs: int):  # noqa: ANN202 - concurrent.futures is imported where used
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
                                initializer=_leave_sigint_to_the_parent)
-    # submitting starts the workers: they inherit an ignored SIGINT, so a Ctrl-C while one is
-    # still starting (before its initializer runs) does not reach it either
+
+
+def _submit(pool, tasks: Sequence[CellTask]) -> dict:  # noqa: ANN001
+    """Submit ``tasks`` to ``pool``: future -> task. Submitting starts the workers: they
+    inherit an ignored SIGINT, so a Ctrl-C while one is still starting (before its initializer
+    runs) does not reach it either."""
     import threading
 
     main = threading.current_thread() is threading.main_thread()  # signals are the main's
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        futures = {pool.submit(run_task, t): t for t in tasks}
+        return {pool.submit(run_task, t): t for t in tasks}
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
+
+
+def _as_finished(futures: dict):  # noqa: ANN001, ANN202
+    """The futures as they finish."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        yield from done
+
+
+def _stop(pool) -> None:  # noqa: ANN001
+    """Stop ``pool`` now: cancel what has not started, terminate the workers."""
+    # the workers, taken before shutdown forgets them (it sets the private map to None)
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        proc.join(timeout=10)
+
+
+def _run_alone(task: CellTask) -> dict:
+    """Run one cell in a process of its own; when that process dies, save and return a failed
+    record naming its exit status (a failed cell is computed again on the next run)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from kareus.suite.harness import OptimizerRun
+    from kareus.suite.store import ResultsStore, run_to_record
+
+    pool = _new_pool(1)
+    fut = next(iter(_submit(pool, [task])))
+    workers = list((getattr(pool, "_processes", None) or {}).values())
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                record = fut.result()
-                if on_done is not None:
-                    on_done(futures[fut], record)
-    except BaseException:
-        # the workers, taken before shutdown forgets them (it sets the private map to None)
-        workers = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in workers:
-            proc.terminate()
+        return fut.result()
+    except BrokenProcessPool:
         for proc in workers:
             proc.join(timeout=10)
+        codes = [proc.exitcode for proc in workers]
+        run = OptimizerRun(name=task.optimizer, status="failed",
+                           error=f"its process died (exit status {codes[0] if codes else '?'}) "
+                                 f"while it ran")
+        record = run_to_record(run, task.key, task.made_by)
+        ResultsStore(task.store_root).save(task.config, task.optimizer, record)
+        return record
+    except BaseException:
+        _stop(pool)
         raise
-    pool.shutdown(wait=True)
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _leave_sigint_to_the_parent() -> None:

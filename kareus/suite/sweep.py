@@ -20,10 +20,19 @@ if TYPE_CHECKING:
 
 
 def make_console(stderr: bool = False):  # noqa: ANN201
-    """A rich console (120 columns unless stdout is a terminal)."""
+    """A rich console (120 columns unless stdout is a terminal). A reader that closes its stream
+    early raises :class:`BrokenPipeError` (rich's own handling exits 1 without a word), which
+    :func:`kareus.exit_status.run_command` takes as the reader having what it wanted."""
+    import errno
+
     from rich.console import Console
 
-    return Console(stderr=stderr, width=120 if not sys.stdout.isatty() else None)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the output's reader closed it")
+
+    return _Console(stderr=stderr, width=120 if not sys.stdout.isatty() else None)
 
 
 def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
