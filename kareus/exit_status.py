@@ -2,8 +2,10 @@
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
 traceback; 1 also for a plugin's own fault, ``plugin error: ...``, and when every optimizer of a
 run failed: ``error: every optimizer failed``, but 2 when each refused the job);
-130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n; 0 when the
-reader of stdout closes it early (``| head``): the rest of the output is dropped. A
+130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A reader that
+closes the output early (``| head``): what goes through a rich console
+(:func:`kareus.suite.sweep.make_console`: tables, progress) is dropped and the command finishes
+with its own status; a plain write stops the command, 1 with one line saying so. A
 :class:`~kareus.errors.KareusError` chooses its status by class (``exit_status``)."""
 
 from __future__ import annotations
@@ -42,15 +44,15 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
-    except BrokenPipeError:  # the reader closed stdout early (`| head`): what it wanted it has
-        _drop_stdout()
-        return 0
-    except SystemExit:
-        # click meets a closed stdout itself (EPIPE): it wraps the streams in its
-        # ``_PacifyFlushWrapper`` and exits 1 without a word; for us that is the reader's choice
-        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":
+    except SystemExit as e:
+        if e.code == 1 and _click_met_a_closed_output():
             _drop_stdout()
-            return 0
+            try:
+                click.echo("error: the output's reader closed it before the command finished "
+                           "(as `| head` does): the rest of its output is lost", err=True)
+            except OSError:  # stderr went with it
+                pass
+            return 1
         raise
     except Exception as e:
         status = e.exit_status if isinstance(e, KareusError) else 1
@@ -65,6 +67,16 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         click.echo(f"internal error: {type(e).__name__}: {e}".splitlines()[0], err=True)
         return 1
     return status if type(status) is int else 0
+
+
+def _click_met_a_closed_output() -> bool:
+    """Whether click met a closed output (EPIPE) while it ran the command: it then wraps the
+    standard streams in its flush-pacifying wrapper and exits 1 without a word."""
+    import click.utils
+
+    wrapper = (getattr(click.utils, "_PacifyFlushWrapper", None)
+               or getattr(click.utils, "PacifyFlushWrapper", None))
+    return wrapper is not None and isinstance(sys.stdout, wrapper)
 
 
 def _drop_stdout() -> None:

@@ -171,7 +171,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
                           if cfg.gpu_overrides else preset, strict)
         default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
         target = check_writable_dir(out, "--out") if out is not None else default
-        _refuse_another_run_s_folder(target, suite)
+        _refuse_another_run_s_folder(target, suite, gpu, backend)
         run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
                   backend_options, options)
         _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
@@ -187,7 +187,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     _check_job(w, get_preset(gpu), strict)
     out_dir = (check_writable_dir(out, "--out") if out is not None
                else default_results_root() / w.name)
-    _refuse_another_run_s_folder(out_dir, None)
+    _refuse_another_run_s_folder(out_dir, None, gpu, backend)
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
@@ -199,26 +199,46 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     _fail_if_all_failed({cfg.label: summary}, out_dir)
 
 
-def _refuse_another_run_s_folder(folder: Path, suite: str | None) -> None:
-    """Refuse (:class:`InputError`) to write a run into ``folder`` when it holds another kind of
-    run's results, which this one would mix with and partly replace: a suite's (its
-    ``metadata.json``) for one workload's run (``suite`` None) or for another suite, or one
-    workload's (its ``summary.json``) for a suite. A rerun of the same run reuses its cells."""
+def _refuse_another_run_s_folder(folder: Path, suite: str | None, gpu: str,
+                                 backend: str) -> None:
+    """Refuse (:class:`InputError`) to write a run into ``folder`` when it holds results this run
+    would mix with and partly replace: a suite's (its ``metadata.json``) for one workload's run
+    (``suite`` None), for another suite or for the same suite on another GPU preset or backend;
+    one of a suite's configuration folders for one workload's run; one workload's results (its
+    ``summary.json``) for a suite; a ``summary.json`` that holds no run (a record such as
+    ``results/whatif/``). A rerun of the same run reuses its cells."""
     import json
 
-    meta = folder / "metadata.json"
-    if meta.is_file():
+    mine = f"suite {suite!r} on {gpu} ({backend})" if suite else "one workload's run"
+
+    def record(name: str, key: str, what: str) -> dict | None:
+        """The JSON object in ``folder / name`` (``None``: no such file); refused unless it
+        holds ``key``, as ``what`` does."""
+        path = folder / name
+        if not path.is_file():
+            return None
         try:
-            held = json.loads(meta.read_text()).get("suite")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            held = "?"
-        if held != suite:
-            mine = f"suite {suite!r}" if suite else "one workload's run"
-            raise InputError(f"{folder} holds the results of suite {held!r}; {mine} would mix "
-                             f"with and overwrite them: give another --out")
-    if suite is not None and (folder / "summary.json").is_file():
-        raise InputError(f"{folder} holds one workload's results; suite {suite!r} would mix "
-                         f"with and overwrite them: give another --out")
+            obj = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            obj = None
+        if not isinstance(obj, dict) or key not in obj:
+            raise InputError(f"{path} holds no {what}; {mine} would write over it: give "
+                             f"another --out")
+        return obj
+
+    meta = record("metadata.json", "suite", "suite's metadata")
+    if meta is not None:
+        held = (meta["suite"], meta.get("gpu", gpu), meta.get("backend", backend))
+        if held != (suite, gpu, backend):
+            raise InputError(f"{folder} holds the results of suite {held[0]!r} on {held[1]} "
+                             f"({held[2]}); {mine} would mix with and overwrite them: give "
+                             f"another --out")
+    if suite is None and (folder.parent / "metadata.json").is_file():
+        raise InputError(f"{folder} is a configuration of the suite in {folder.parent}; one "
+                         f"workload's run would overwrite it: give another --out")
+    if record("summary.json", "optimizers", "run's results") is not None and suite is not None:
+        raise InputError(f"{folder} holds one workload's results; {mine} would mix with and "
+                         f"overwrite them: give another --out")
 
 
 def _load_summaries(root: Path, labels: list[str]) -> dict[str, dict]:

@@ -1,6 +1,7 @@
 """reproduce.py end to end on a small shape, and its bad-input behaviour."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,20 +120,36 @@ def test_an_unwritable_out_folder_is_refused_before_any_work(tmp_path, capsys, o
 
 
 def test_a_run_never_writes_into_another_kind_of_run_s_folder(tmp_path, capsys):
-    """One workload's results and a suite's do not mix: a run that would write over the other
-    kind's files is refused before any work, and what is there stays; a rerun reuses its cells."""
-    suite_dir, one_dir = tmp_path / "suite", tmp_path / "one"
+    """One workload's results and a suite's do not mix: a run that would write over another
+    run's files (or a record's) is refused before any work, and what is there stays; a rerun of
+    the same run reuses its cells."""
+    suite_dir, one_dir, record_dir = tmp_path / "suite", tmp_path / "one", tmp_path / "whatif"
     suite_dir.mkdir()
-    (suite_dir / "metadata.json").write_text(json.dumps({"suite": "paper"}))
+    meta = {"suite": "smoke", "gpu": "a100-sxm4-40gb", "backend": "sim"}
+    (suite_dir / "metadata.json").write_text(json.dumps(meta))
+    (suite_dir / "gpt3-xl_tp4_small").mkdir()
+    record_dir.mkdir()
+    (record_dir / "summary.json").write_text(json.dumps({"paper": {"configs": {}}}))
     one = ["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron"]
     for argv, fragment in (
-            ([*one, "--out", str(suite_dir)], "holds the results of suite 'paper'; one workload"),
-            (["--suite", "smoke", "--out", str(suite_dir)],
-             "holds the results of suite 'paper'; suite 'smoke' would mix")):
+            ([*one, "--out", str(suite_dir)], "holds the results of suite 'smoke' on "
+                                              "a100-sxm4-40gb (sim); one workload's run"),
+            (["--suite", "paper", "--optimizers", "megatron", "--out", str(suite_dir)],
+             "holds the results of suite 'smoke' on a100-sxm4-40gb (sim); suite 'paper'"),
+            (["--suite", "smoke", "--gpu", "h100-sxm", "--optimizers", "megatron", "--out",
+              str(suite_dir)], "suite 'smoke' on h100-sxm (sim) would mix"),
+            ([*one, "--out", str(suite_dir / "gpt3-xl_tp4_small")], "is a configuration of"),
+            ([*one, "--out", str(record_dir)], "holds no run's results")):
         assert reproduce.main(argv) == 2
-        err = capsys.readouterr().err
-        assert len(err.strip().splitlines()) == 1 and fragment in err, err
-    assert sorted(p.name for p in suite_dir.iterdir()) == ["metadata.json"]
+        lines = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("warning:")]
+        assert len(lines) == 1 and fragment in lines[0], lines
+    assert sorted(p.name for p in suite_dir.iterdir()) == ["gpt3-xl_tp4_small", "metadata.json"]
+    assert json.loads((record_dir / "summary.json").read_text()) == {"paper": {"configs": {}}}
+    # the same suite on the same preset and backend is a rerun: it writes there
+    assert reproduce.main(["--suite", "smoke", "--optimizers", "megatron", "--out",
+                           str(suite_dir)]) == 0
+    assert (suite_dir / "gpt3-xl_tp4_small" / "summary.json").is_file()
+    capsys.readouterr()
     assert reproduce.main([*one, "--out", str(one_dir)]) == 0
     before = (one_dir / "summary.json").read_bytes()
     capsys.readouterr()
@@ -143,20 +160,31 @@ def test_a_run_never_writes_into_another_kind_of_run_s_folder(tmp_path, capsys):
     assert "reusing 1 cell(s)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [
-    [sys.executable, str(ROOT / "reproduce.py"), "--workload", "gpt3-xl", *SMALL,
-     "--optimizers", "megatron"],
-    [sys.executable, "-m", "kareus", "gpus", "--json"],
-])
-def test_a_reader_that_closes_the_output_early_is_no_failure(tmp_path, argv):
-    """`... | head -1`: the reader has what it wanted; the command exits 0 without a word
-    (click and rich would each exit 1 silently), its results written."""
-    out = ["--out", str(tmp_path / "out")] if "reproduce.py" in argv[1] else []
-    proc = subprocess.Popen([*argv, *out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=tmp_path)
-    proc.stdout.close()  # gone before the first line
+def _closed_output_run(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``argv`` with its stdout's reader gone before the first line: (status, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, wherever installed
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                            env=env)
+    proc.stdout.close()
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=300) == 0, err
+    return proc.wait(timeout=300), err
+
+
+def test_a_reader_that_closes_the_output_early_leaves_the_run_to_finish(tmp_path):
+    """`reproduce.py ... | head -1`: the tables go nowhere, the run writes every result and
+    exits with its own status (click and rich would each exit 1 at once without a word)."""
+    code, err = _closed_output_run(
+        [sys.executable, str(ROOT / "reproduce.py"), "--workload", "gpt3-xl", *SMALL,
+         "--optimizers", "megatron", "--out", str(tmp_path / "out")], tmp_path)
+    assert code == 0, err
     assert "error" not in err and "Traceback" not in err, err
-    if out:
-        assert json.loads((tmp_path / "out" / "summary.json").read_text())["complete"]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["complete"]
+
+
+def test_a_closed_output_that_stops_a_command_says_so(tmp_path):
+    """A plain write to a closed output stops the command: status 1 and one line, not silence."""
+    code, err = _closed_output_run([sys.executable, "-m", "kareus", "gpus", "--json"], tmp_path)
+    assert code == 1
+    assert err.strip().splitlines() == [
+        "error: the output's reader closed it before the command finished (as `| head` does): "
+        "the rest of its output is lost"]

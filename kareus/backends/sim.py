@@ -849,13 +849,15 @@ class SimulatorBackend:
         order = [ins for seq in graph.schedule().values() for ins in seq]
         durations: dict[Instruction, float] = {}
         dyn = {s: 0.0 for s in range(graph.stages)}
-        costs: dict[tuple[int, Direction, int], InstructionCost] = {}  # per (type, plan object)
+        # per (type, plan object); each entry keeps its plan, so that its id is not reused
+        costs: dict[tuple[int, Direction, int], tuple[InstructionPlan, InstructionCost]] = {}
         for ins in order:
             ip = plan.instructions[ins]
             kind = (ins.stage, ins.direction, id(ip))
-            cost = costs.get(kind)
-            if cost is None:
-                cost = costs[kind] = self.evaluate_instruction(graph, ins.type_key, ip)
+            entry = costs.get(kind)
+            if entry is None or entry[0] is not ip:
+                entry = costs[kind] = (ip, self.evaluate_instruction(graph, ins.type_key, ip))
+            cost = entry[1]
             durations[ins] = cost.time_s
             dyn[ins.stage] += cost.dynamic_energy_j
         f_top = int(self.clock_index(self.gpu.clock_max_mhz)[0])

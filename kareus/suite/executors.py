@@ -85,15 +85,15 @@ def execute(tasks: Sequence[CellTask], *, executor: str = "local", jobs: int = 1
 def _execute_pool(tasks: Sequence[CellTask], jobs: int,
                   on_done: Callable[[CellTask, dict], None] | None) -> None:
     """Run ``tasks`` in a pool of ``jobs`` processes. A worker that dies (a plugin's native
-    crash, ``os._exit``) breaks the pool and every cell still in it; those cells then run one
-    by one, each in a process of its own (:func:`_run_alone`), so that only the one that kills
-    its process fails, with a record that says so."""
+    crash, ``os._exit``) breaks the pool and every cell still in it; those cells then run again,
+    each in a process of its own, ``jobs`` at a time (:func:`_run_each_alone`), so that only the
+    one that kills its process fails, with a record that says so."""
     from concurrent.futures.process import BrokenProcessPool
 
     pool = _new_pool(jobs)
-    futures = _submit(pool, tasks)
     orphans: list[CellTask] = []
     try:
+        futures = _submit(pool, tasks)
         for fut in _as_finished(futures):
             try:
                 record = fut.result()
@@ -106,10 +106,58 @@ def _execute_pool(tasks: Sequence[CellTask], jobs: int,
         _stop(pool)
         raise
     pool.shutdown(wait=True)
-    for task in sorted(orphans, key=tasks.index):
-        record = _run_alone(task)
-        if on_done is not None:
-            on_done(task, record)
+    _run_each_alone(sorted(orphans, key=tasks.index), jobs, on_done)
+
+
+def _run_each_alone(tasks: Sequence[CellTask], jobs: int,
+                    on_done: Callable[[CellTask, dict], None] | None) -> None:
+    """Run each of ``tasks`` in a process of its own (a one-worker pool per cell), ``jobs`` at a
+    time. A cell whose process dies gets a failed record naming its exit status, saved as its
+    cell (a failed cell is computed again on the next run)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    queue = list(tasks)
+    running: dict = {}  # future -> (its pool, the pool's worker processes, its task)
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                task = queue.pop(0)
+                pool = _new_pool(1)
+                fut = next(iter(_submit(pool, [task])))  # submitting starts its worker
+                running[fut] = (pool, _workers(pool), task)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                pool, workers, task = running.pop(fut)
+                record = _record_or_death(fut, workers, task)
+                pool.shutdown(wait=True)
+                if on_done is not None:
+                    on_done(task, record)
+    except BaseException:
+        for pool, _, _ in running.values():
+            _stop(pool)
+        raise
+
+
+def _record_or_death(fut, workers: list, task: CellTask) -> dict:  # noqa: ANN001
+    """The record a one-cell pool's future returned; when its process died, a failed record
+    naming its exit status, saved as the cell."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from kareus.suite.harness import OptimizerRun
+    from kareus.suite.store import ResultsStore, run_to_record
+
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        for proc in workers:
+            proc.join(timeout=10)
+        codes = [proc.exitcode for proc in workers]
+        run = OptimizerRun(name=task.optimizer, status="failed",
+                           error=f"its process died (exit status {codes[0] if codes else '?'}) "
+                                 f"while it ran")
+        record = run_to_record(run, task.key, task.made_by)
+        ResultsStore(task.store_root).save(task.config, task.optimizer, record)
+        return record
 
 
 def _new_pool(jobs: int):  # noqa: ANN202 - concurrent.futures is imported where used
@@ -145,45 +193,19 @@ def _as_finished(futures: dict):  # noqa: ANN001, ANN202
         yield from done
 
 
+def _workers(pool) -> list:  # noqa: ANN001
+    """The pool's worker processes (its private map: shutdown forgets them)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
 def _stop(pool) -> None:  # noqa: ANN001
     """Stop ``pool`` now: cancel what has not started, terminate the workers."""
-    # the workers, taken before shutdown forgets them (it sets the private map to None)
-    workers = list((getattr(pool, "_processes", None) or {}).values())
+    workers = _workers(pool)  # taken before shutdown forgets them
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in workers:
         proc.terminate()
     for proc in workers:
         proc.join(timeout=10)
-
-
-def _run_alone(task: CellTask) -> dict:
-    """Run one cell in a process of its own; when that process dies, save and return a failed
-    record naming its exit status (a failed cell is computed again on the next run)."""
-    from concurrent.futures.process import BrokenProcessPool
-
-    from kareus.suite.harness import OptimizerRun
-    from kareus.suite.store import ResultsStore, run_to_record
-
-    pool = _new_pool(1)
-    fut = next(iter(_submit(pool, [task])))
-    workers = list((getattr(pool, "_processes", None) or {}).values())
-    try:
-        return fut.result()
-    except BrokenProcessPool:
-        for proc in workers:
-            proc.join(timeout=10)
-        codes = [proc.exitcode for proc in workers]
-        run = OptimizerRun(name=task.optimizer, status="failed",
-                           error=f"its process died (exit status {codes[0] if codes else '?'}) "
-                                 f"while it ran")
-        record = run_to_record(run, task.key, task.made_by)
-        ResultsStore(task.store_root).save(task.config, task.optimizer, record)
-        return record
-    except BaseException:
-        _stop(pool)
-        raise
-    finally:
-        pool.shutdown(wait=True)
 
 
 def _leave_sigint_to_the_parent() -> None:

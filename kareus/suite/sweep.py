@@ -20,17 +20,21 @@ if TYPE_CHECKING:
 
 
 def make_console(stderr: bool = False):  # noqa: ANN201
-    """A rich console (120 columns unless stdout is a terminal). A reader that closes its stream
-    early raises :class:`BrokenPipeError` (rich's own handling exits 1 without a word), which
-    :func:`kareus.exit_status.run_command` takes as the reader having what it wanted."""
-    import errno
+    """A rich console (120 columns unless stdout is a terminal). When the reader of its stream
+    closes it early (``| head``), the console goes quiet, the stream is pointed at the null
+    device, and the command goes on to its end and its own exit status (rich's own handling
+    exits 1 at once, without a word, whatever was left to do)."""
+    import os
 
     from rich.console import Console
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             self.quiet = True
-            raise BrokenPipeError(errno.EPIPE, "the output's reader closed it")
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+            except (OSError, ValueError, AttributeError):  # no real file (captured)
+                pass
 
     return _Console(stderr=stderr, width=120 if not sys.stdout.isatty() else None)
 
