@@ -128,7 +128,7 @@ def _run_each_alone(tasks: Sequence[CellTask], jobs: int,
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 pool, workers, task = running.pop(fut)
-                record = _record_or_death(fut, workers, task)
+                record = _record_or_death(fut, pool, workers, task)
                 pool.shutdown(wait=True)
                 if on_done is not None:
                     on_done(task, record)
@@ -138,9 +138,10 @@ def _run_each_alone(tasks: Sequence[CellTask], jobs: int,
         raise
 
 
-def _record_or_death(fut, workers: list, task: CellTask) -> dict:  # noqa: ANN001
-    """The record a one-cell pool's future returned; when its process died, a failed record
+def _record_or_death(fut, pool, workers: list, task: CellTask) -> dict:  # noqa: ANN001
+    """The record a one-cell ``pool``'s future returned; when its process died, a failed record
     naming its exit status, saved as the cell."""
+    import time
     from concurrent.futures.process import BrokenProcessPool
 
     from kareus.suite.harness import OptimizerRun
@@ -149,12 +150,17 @@ def _record_or_death(fut, workers: list, task: CellTask) -> dict:  # noqa: ANN00
     try:
         return fut.result()
     except BrokenProcessPool:
-        for proc in workers:
-            proc.join(timeout=10)
-        codes = [proc.exitcode for proc in workers]
+        # the pool's own thread reaps the dead worker: wait for it, not beside it (two threads
+        # waiting on one child race, and the loser sees no exit status yet)
+        pool.shutdown(wait=True)
+        deadline = time.monotonic() + 10
+        code = workers[0].exitcode if workers else None
+        while code is None and workers and time.monotonic() < deadline:
+            workers[0].join(timeout=0.1)
+            code = workers[0].exitcode
         run = OptimizerRun(name=task.optimizer, status="failed",
-                           error=f"its process died (exit status {codes[0] if codes else '?'}) "
-                                 f"while it ran")
+                           error=f"its process died (exit status "
+                                 f"{'?' if code is None else code}) while it ran")
         record = run_to_record(run, task.key, task.made_by)
         ResultsStore(task.store_root).save(task.config, task.optimizer, record)
         return record
