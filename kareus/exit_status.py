@@ -3,9 +3,9 @@ line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-ra
 traceback; 1 also for a plugin's own fault, ``plugin error: ...``, and when every optimizer of a
 run failed: ``error: every optimizer failed``, but 2 when each refused the job);
 130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A reader that
-closes the output early (``| head``): what goes through a rich console
-(:func:`kareus.suite.sweep.make_console`: tables, progress) is dropped and the command finishes
-with its own status; a plain write stops the command, 1 with one line saying so. A
+closes the output early (``| head``): what goes through the suite's rich consoles
+(:mod:`kareus.suite.console`: tables, and the progress bar on a terminal) is dropped and the
+command finishes with its own status; a plain write stops the command, 1 with one line saying so. A
 :class:`~kareus.errors.KareusError` chooses its status by class (``exit_status``)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 import click
 
 from kareus.errors import AllOptimizersFailed, KareusError, PluginError
+from kareus.suite.console import point_at_null_device
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
@@ -46,7 +47,7 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         return e.exit_code
     except SystemExit as e:
         if e.code == 1 and _click_met_a_closed_output():
-            _drop_stdout()
+            point_at_null_device(sys.stdout)  # drop what is still buffered for it
             try:
                 click.echo("error: the output's reader closed it before the command finished "
                            "(as `| head` does): the rest of its output is lost", err=True)
@@ -77,13 +78,3 @@ def _click_met_a_closed_output() -> bool:
     wrapper = (getattr(click.utils, "_PacifyFlushWrapper", None)
                or getattr(click.utils, "PacifyFlushWrapper", None))
     return wrapper is not None and isinstance(sys.stdout, wrapper)
-
-
-def _drop_stdout() -> None:
-    """Point stdout at the null device, so that what is still buffered for a reader that has
-    gone is dropped quietly (Python would report it at exit)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no real stdout (captured): nothing to drop
-        pass

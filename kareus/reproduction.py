@@ -42,7 +42,8 @@ from kareus.atomic import check_writable_dir
 from kareus.errors import AllOptimizersFailed, InputError, JobRefused
 from kareus.hardware.presets import DEFAULT_GPU
 from kareus.suite.options import SET_OPTION, WORKLOAD_HELP, job_shape_options
-from kareus.suite.sweep import make_console, run_configs, run_suite
+from kareus.suite.console import make_console
+from kareus.suite.sweep import run_configs, run_suite
 
 if TYPE_CHECKING:
     from kareus.hardware.presets import GPUPreset

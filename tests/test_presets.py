@@ -97,6 +97,8 @@ def test_user_gpu_file_appears(user_dir, capsys):
      "static power 400 W is not below the power limit 300 W"),
     (lambda raw: raw["power"].__setitem__("v_ratio", {"value": 0, "source": "x: y"}),
      "must be at least 1, got 0"),
+    (lambda raw: raw["power"].__setitem__("v_ratio", {"value": 0.5, "source": "x: y"}),
+     "must be at least 1, got 0.5"),  # a voltage that falls as the clock rises
     (lambda raw: raw["links_collectives"].__setitem__("comm_max_sms",
                                                       {"value": 200, "source": "x: y"}),
      "comm_max_sms 200 is more than the GPU's 84 SMs"),

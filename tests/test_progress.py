@@ -72,3 +72,27 @@ def test_a_sweep_piped_to_a_file_shows_no_progress_bar(tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "━" not in proc.stderr and "cells (configuration" not in proc.stderr
+
+
+def test_a_progress_bar_whose_terminal_goes_away_lets_the_work_finish(monkeypatch):
+    """The bar's stream broken under it: the bar goes quiet and the block runs to its end (rich's
+    own console would exit 1 at once, whatever work was left)."""
+    import os
+
+    import kareus.suite.progress as progress_module
+
+    monkeypatch.setattr(progress_module, "on_terminal", lambda: True)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    finished = False
+    with progress_module.terminal_progress(True) as progress:
+        console = progress._bar.console
+        console.file = os.fdopen(write_end, "w")
+        task = progress.start("work", total=2)
+        console.print("a line its reader never sees")  # EPIPE: the console goes quiet
+        task.advance()
+        task.advance()
+        task.done()
+        finished = True
+    assert finished and console.quiet
+    console.file.close()

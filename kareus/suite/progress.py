@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from kareus.progress import SILENT, Progress, ProgressTask
+from kareus.suite.console import make_console
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress, TaskID
@@ -49,7 +50,6 @@ def terminal_progress(enabled: bool = True) -> Iterator[Progress]:
     if not (enabled and on_terminal()):
         yield SILENT
         return
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -61,5 +61,5 @@ def terminal_progress(enabled: bool = True) -> Iterator[Progress]:
 
     with RichProgress(TextColumn("{task.description:<40}"), BarColumn(bar_width=30),
                       MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                      console=Console(stderr=True), transient=True) as bar:
+                      console=make_console(stderr=True), transient=True) as bar:
         yield _RichProgress(bar)

@@ -7,7 +7,6 @@ the cross-configuration tables (``tables.md``) and metadata, with a progress bar
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -15,28 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kareus.suite.console import make_console
+
 if TYPE_CHECKING:
     from kareus.suite.provenance import CodeHasher
-
-
-def make_console(stderr: bool = False):  # noqa: ANN201
-    """A rich console (120 columns unless stdout is a terminal). When the reader of its stream
-    closes it early (``| head``), the console goes quiet, the stream is pointed at the null
-    device, and the command goes on to its end and its own exit status (rich's own handling
-    exits 1 at once, without a word, whatever was left to do)."""
-    import os
-
-    from rich.console import Console
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            self.quiet = True
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
-            except (OSError, ValueError, AttributeError):  # no real file (captured)
-                pass
-
-    return _Console(stderr=stderr, width=120 if not sys.stdout.isatty() else None)
 
 
 def cell_key(workload: str, gpu: str, backend: str, optimizer: str, seed: int,
