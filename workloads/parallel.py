@@ -566,7 +566,20 @@ GRAPH_BYTES_PER_SLOT = 1500
 
 
 def validate(model: ModelSpec, p: ParallelConfig) -> None:
-    """Raise :class:`WorkloadError` with one line naming the first impossible setting."""
+    """Raise :class:`WorkloadError` with one line naming the first impossible setting: a size
+    that is not a positive integer or is out of reach, a model the layout cannot split, a shape
+    the parallelism cannot take, an unknown or contradictory mode, or a stage split that does not
+    fit."""
+    _check_sizes(p)
+    _check_model_splits(model, p)
+    _check_shape(p)
+    _check_modes(p)
+    _check_stage_layers(model, p)
+
+
+def _check_sizes(p: ParallelConfig) -> None:
+    """Every count is a positive integer, the job at most :data:`MAX_GPUS` GPUs, and no count
+    beyond :data:`MAX_JOB_INTEGER`."""
     for name in ("tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "nanobatches",
                  "gpus_per_node", "make_vocab_size_divisible_by"):
         value = getattr(p, name)
@@ -583,6 +596,10 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         if value > MAX_JOB_INTEGER:
             raise WorkloadError(f"--{name.replace('_', '-')} ({len(str(value))} digits) is "
                                 f"larger than any job's (at most {MAX_JOB_INTEGER:,})")
+
+
+def _check_model_splits(model: ModelSpec, p: ParallelConfig) -> None:
+    """TP divides the model's heads, key/value heads and FFN width; PP has a layer per stage."""
     if model.heads % p.tp:
         raise WorkloadError(
             f"{model.name}: {model.heads} attention heads are not divisible by TP={p.tp}; "
@@ -599,6 +616,11 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         raise WorkloadError(
             f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages"
         )
+
+
+def _check_shape(p: ParallelConfig) -> None:
+    """The pipeline's (micro-batch, stage) pairs fit in memory, CP and sequence parallelism split
+    the sequence evenly, and a multi-node job fills whole nodes."""
     if p.microbatches * p.pp > MAX_PIPELINE_SLOTS:
         raise WorkloadError(
             f"--microbatches {p.microbatches} x {p.pp} stages is {p.microbatches * p.pp:,} "
@@ -615,6 +637,15 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         raise WorkloadError(
             f"--sequence-parallel splits each sequence over TP={p.tp}: its {p.seq // p.cp} "
             f"tokens per GPU (--seq {p.seq} / CP {p.cp}) are not divisible by {p.tp}")
+    if p.num_gpus > p.gpus_per_node and p.num_gpus % p.gpus_per_node:
+        raise WorkloadError(
+            f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "
+            f"nodes of --gpus-per-node {p.gpus_per_node}; use a job of a multiple of "
+            f"{p.gpus_per_node} GPUs or another node size")
+
+
+def _check_modes(p: ParallelConfig) -> None:
+    """Each mode is a known one, and none contradicts another as Megatron-LM would refuse it."""
     for what, value, choices in (("precision", p.precision, PRECISIONS),
                                  ("attention", p.attention, ATTENTION_KINDS),
                                  ("elementwise mode", p.elementwise, ELEMENTWISE_KINDS),
@@ -628,27 +659,27 @@ def validate(model: ModelSpec, p: ParallelConfig) -> None:
         raise WorkloadError(
             f"context parallelism runs inside Transformer Engine's fused attention, not with "
             f"{why}; use --cp 1, or --attention flash with --precision bf16 or fp16")
-    if p.num_gpus > p.gpus_per_node and p.num_gpus % p.gpus_per_node:
-        raise WorkloadError(
-            f"{p.num_gpus} GPUs (TP{p.tp} x CP{p.cp} x DP{p.dp} x PP{p.pp}) do not fill whole "
-            f"nodes of --gpus-per-node {p.gpus_per_node}; use a job of a multiple of "
-            f"{p.gpus_per_node} GPUs or another node size")
     if p.overlap_param_gather and not (p.distributed_optimizer and p.overlap_grad_reduce):
         raise WorkloadError(
             "--overlap-param-gather needs --distributed-optimizer and --overlap-grad-reduce, as "
             "Megatron-LM requires (without the first no all-gather follows the step; without "
             "the second its buckets are not built)")
-    if p.layer_split is not None:
-        split = p.layer_split
-        if len(split) != p.pp:
-            raise WorkloadError(f"--stage-layers gives {len(split)} stage(s) "
-                                f"({','.join(map(str, split))}) but PP={p.pp}")
-        if min(split) < 1:
-            raise WorkloadError(f"--stage-layers entries must be positive, got "
-                                f"{','.join(map(str, split))}")
-        if sum(split) != model.layers:
-            raise WorkloadError(f"--stage-layers {','.join(map(str, split))} sums to "
-                                f"{sum(split)}, but {model.name} has {model.layers} layers")
+
+
+def _check_stage_layers(model: ModelSpec, p: ParallelConfig) -> None:
+    """``--stage-layers``, when given: one positive entry per stage, summing to the layers."""
+    if p.layer_split is None:
+        return
+    split = p.layer_split
+    if len(split) != p.pp:
+        raise WorkloadError(f"--stage-layers gives {len(split)} stage(s) "
+                            f"({','.join(map(str, split))}) but PP={p.pp}")
+    if min(split) < 1:
+        raise WorkloadError(f"--stage-layers entries must be positive, got "
+                            f"{','.join(map(str, split))}")
+    if sum(split) != model.layers:
+        raise WorkloadError(f"--stage-layers {','.join(map(str, split))} sums to "
+                            f"{sum(split)}, but {model.name} has {model.layers} layers")
 
 
 def default_tp(model: ModelSpec, tp: int) -> int:
