@@ -90,7 +90,9 @@ class PartitionSchedule:
                     f"{n_ops - 1}, or (-1, -1)")
         if self.comm_sms is not None and (isinstance(self.comm_sms, bool)
                                           or not 1 <= self.comm_sms <= max_sms):
-            return f"communication SMs {self.comm_sms} outside 1..{max_sms}"
+            library = (" (the library's own kernel is comm_sms=None in a schedule: the knob "
+                       "space's 0, LIBRARY_DEFAULT)" if self.comm_sms == LIBRARY_DEFAULT else "")
+            return f"communication SMs {self.comm_sms} outside 1..{max_sms}{library}"
         b = self.block_size
         if b is not None and (isinstance(b, bool) or not 32 <= b <= max_threads or b % 32):
             return f"threads per block {b} must be a multiple of 32 in 32..{max_threads}"

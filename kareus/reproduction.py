@@ -97,7 +97,8 @@ def _print_tables(summary: dict) -> None:
               help="A predefined suite instead of a workload: paper (the paper's "
                    "configurations), static-sweep or scale (what-if studies, docs/results.md), "
                    "smoke (two small configurations, seconds).")
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True,
+              help="GPU preset (`kareus gpus`; your own files in $KAREUS_GPU_DIR).")
 @click.option("--backend", default="sim", show_default=True, metavar="[sim|gpu]",
               help="Where plans run: the simulator, or this machine's GPUs.")
 @click.option("--optimizers", default=None, help="Comma-separated optimizer names [all].")

@@ -42,7 +42,8 @@ def one_line_error(preset, e) -> str:
     ("NVIDIA A100-SXM4-80GB", 85e9, "a100-sxm4-80gb"),
     ("NVIDIA A40", 48e9, "a40"),
     ("NVIDIA H200 NVL", 150e9, None),
-    ("NVIDIA A100-PCIE-40GB", 42e9, None),
+    ("NVIDIA A100-PCIE-40GB", 42e9, "a100-pcie-40gb"),
+    ("NVIDIA A100 80GB PCIe", 85e9, "a100-pcie-80gb"),
     ("NVIDIA H100 PCIe", 85e9, None),
     ("NVIDIA GeForce RTX 4090", 24e9, None),
 ])
@@ -77,18 +78,44 @@ def test_preset_mismatch_names_the_matching_preset():
 
 def test_no_preset_matches():
     msg = one_line_error(H200, env(gpu_names=("NVIDIA GeForce RTX 4090",)))
-    assert "no preset describes" in msg and "KAREUS_GPU_DIR" in msg
+    assert "no built-in preset describes" in msg and "KAREUS_GPU_DIR" in msg
 
 
 def test_unlisted_gpu_runs_with_an_explicit_preset():
     nvl = env(gpu_names=("NVIDIA H200 NVL",))
-    assert "no preset describes" in one_line_error(H200, nvl)
+    assert "no built-in preset describes" in one_line_error(H200, nvl)
     assert check_environment(nvl, H200, accept_unlisted_gpu=True) == "NVIDIA H200 NVL"
     b = GPUBackend.create(H200, env=nvl, announce=False, accept_unlisted_gpu=True)
     assert b.gpu_name == "NVIDIA H200 NVL"
     # a GPU another preset describes is still refused
     with pytest.raises(InputError, match="--gpu h200"):
         check_environment(env(), A100, accept_unlisted_gpu=True)
+
+
+def test_a_preset_of_the_users_own_runs_on_the_card_it_was_written_for(tmp_path, monkeypatch):
+    """A GPU file in $KAREUS_GPU_DIR is the user's description of their card: a refit of a
+    listed part, or a part no built-in preset describes, runs without being sent to a built-in
+    preset; a built-in preset on the wrong card is still refused."""
+    import json
+
+    from kareus.hardware import presets
+
+    raw = json.loads(presets.preset_path("a100-sxm4-80gb").read_text())
+    raw["name"] = "my-a100"
+    (tmp_path / "my-a100.json").write_text(json.dumps(raw))
+    monkeypatch.setenv(presets.USER_DIR_ENV, str(tmp_path))
+    presets.reload_presets()
+    try:
+        mine = get_preset("my-a100")
+        listed = env(gpu_names=("NVIDIA A100-SXM4-80GB",), gpu_memory=(85_000_000_000,))
+        assert check_environment(listed, mine) == "NVIDIA A100-SXM4-80GB"
+        nvl = env(gpu_names=("NVIDIA H200 NVL",))
+        assert check_environment(nvl, mine) == "NVIDIA H200 NVL"
+        with pytest.raises(InputError, match="--gpu a100-sxm4-80gb"):
+            check_environment(listed, A100)
+    finally:
+        monkeypatch.delenv(presets.USER_DIR_ENV)
+        presets.reload_presets()
 
 
 def test_mixed_gpus():

@@ -172,6 +172,10 @@ def test_backend_limits_and_nanobatch_refusal(graph, a100):
     plan.validate(graph, a100)
     with pytest.raises(PlanError, match="communication SMs 20 outside 1..8"):
         plan.validate(graph, a100, max_comm_sms=8)
+    library = _with(IterationPlan.uniform(graph, 1410.0), Instruction(0, 0, "forward"),
+                    InstructionPlan.make(1410.0, True, {key: PartitionSchedule(0, 0, None)}))
+    with pytest.raises(PlanError, match=r"SMs 0 outside .*comm_sms=None in a schedule"):
+        library.validate(graph, a100)  # the knob space's 0 is a schedule's None
     with pytest.raises(PlanError, match="threads per block cannot be set"):
         plan.validate(graph, a100, block_size_settable=False)
     odd = build_iteration_graph(make_workload("llama3.2-3b", tp=2, pp=2, mbs=1, seq=1024,

@@ -146,6 +146,13 @@ def test_misbehaving_plugins_fail_alone(problem, plugin, fragment):
     assert "megatron" in cmp_["max_throughput_vs_megatron"]
 
 
+def test_an_invalid_plan_is_blamed_on_the_plan_not_the_harness(problem):
+    """The harness's own re-raise is no place to send a plugin's author; its own code is."""
+    run = harness.run_optimizer("offgrid", _OffGrid(), problem)
+    assert run.error.startswith("PlanError: plan 0: ") and "harness.py" not in run.error
+    assert "test_plugins.py:" in harness.run_optimizer("raises", _Raises(), problem).error
+
+
 # --- Typed settings ------------------------------------------------------------------------------
 
 XL = ["-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2", "--microbatches", "4"]
@@ -367,7 +374,7 @@ class _Unresolvable:  # an annotation its module cannot resolve: the plugin's fa
 
 
 @dataclass(frozen=True)
-class _Raises:  # a plain ValueError of its own, not a user's value
+class _SettingsRaise:  # a plain ValueError of its own, not a user's value
     clock_mhz: float = 1.0
 
     def __post_init__(self):
@@ -401,7 +408,8 @@ def broken_plugins(fake_plugins, tmp_path, monkeypatch):
            "not-a-class": EntryPoint("not-a-class", "value_plugin:VALUE",
                                      plugins.ENTRY_POINT_GROUP),
            **{c.name: _EntryPoint(c) for c in (_declaring(_Unresolvable, "unresolvable"),
-                                              _declaring(_Raises, "raises"), _ConstructorRaises)}}
+                                              _declaring(_SettingsRaise, "raises"),
+                                              _ConstructorRaises)}}
     real = plugins.registered_optimizers()
     monkeypatch.setattr(plugins, "registered_optimizers", lambda: {**real, **eps})
     yield
@@ -415,7 +423,7 @@ def test_a_plugin_s_own_fault_is_a_plugin_error_not_the_user_s(broken_plugins):
     assert PluginError.exit_status == 1 and not issubclass(PluginError, InputError)
     with pytest.raises(PluginError, match="unresolvable: settings _Unresolvable: cannot resolve"):
         load_optimizer("unresolvable", {"clock_mhz": "1200"})
-    with pytest.raises(PluginError, match="raises: settings _Raises failed: ValueError: the"):
+    with pytest.raises(PluginError, match="raises: settings _SettingsRaise failed: ValueError: the"):
         load_optimizer("raises")
     with pytest.raises(PluginError, match="Settings must be a dataclass"):
         plugins.optimizer_settings("malformed")

@@ -614,8 +614,8 @@ def _check_model_splits(model: ModelSpec, p: ParallelConfig) -> None:
         raise WorkloadError(f"{model.name}: FFN width {model.ffn} is not divisible by TP={p.tp}")
     if model.layers < p.pp:
         raise WorkloadError(
-            f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages"
-        )
+            f"{model.name} has {model.layers} layers, fewer than PP={p.pp} pipeline stages; "
+            f"pass --pp {model.layers} or fewer")
 
 
 def _check_shape(p: ParallelConfig) -> None:

@@ -344,7 +344,8 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False),
               help="A fit from `kareus calibrate --partition-sweep` [the preset's parameters].")
-@click.option("--gpu", required=True, help="GPU preset.")
+@click.option("--gpu", required=True,
+              help="GPU preset (`kareus gpus`; your own files in $KAREUS_GPU_DIR).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def partition(spec_path: str, configs_path: str, clock: float | None,
               calibration_path: str | None, gpu: str, as_json: bool) -> None:

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 @click.command()
 @workload_options
 @click.option("--optimizer", "-o", "optimizer_name", required=True, help="Optimizer name.")
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True,
+              help="GPU preset (`kareus gpus`; your own files in $KAREUS_GPU_DIR).")
 @click.option("--backend", default="sim", show_default=True, metavar="[sim|gpu]",
               help="Where plans run: the simulator, or this machine's GPUs.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 @click.command()
 @workload_options
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset.")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True,
+              help="GPU preset (`kareus gpus`; your own files in $KAREUS_GPU_DIR).")
 @click.option("--breakdown", is_flag=True,
               help="Also show where the time goes on each stage: one micro-batch's kernels by "
                    "kind, collectives and waits for the host; the iteration's waits between "

@@ -640,7 +640,8 @@ def get_preset(name: str) -> GPUPreset:
     try:
         return presets[name]
     except KeyError:
-        raise PresetError(f"unknown GPU {name!r}; choose one of: {', '.join(presets)}") from None
+        raise PresetError(f"unknown GPU {name!r}; choose one of: {', '.join(presets)} (a GPU "
+                          f"file of your own goes in ${USER_DIR_ENV})") from None
 
 
 # --- Writing: a refit is a one-file diff ---------------------------------------------------------

@@ -121,9 +121,10 @@ def run_optimizer(name: str, optimizer: Optimizer, problem: Problem,
         run.refused = isinstance(e, JobRefused)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        # where a plugin failed helps its author; a refusal of the job is the user's to fix
+        # where a plugin failed helps its author; a refusal of the job is the user's to fix, and
+        # a plan the harness found invalid says which plan (the harness's line would mislead)
         loc = (f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
-               if where and not run.refused else "")
+               if where and not run.refused and not isinstance(e, PlanError) else "")
         run.error = msg if run.refused else f"{type(e).__name__}: {msg}{loc}"
         run.points, run.plans = [], []
     run.wall_s = time.perf_counter() - t0

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 
 from kareus.backends.gpu.nvml_api import NvmlHandle, import_pynvml
-from kareus.errors import InputError
+from kareus.errors import InputError, KareusError
 from kareus.hardware.presets import GPUPreset
 
 #: How a command with ``--backend`` goes on without a GPU (the end of each refusal).
@@ -81,19 +81,22 @@ def _text(v: object) -> str:
 
 
 def match_preset(name: str, memory_bytes: int | None = None) -> str | None:
-    """The preset describing the GPU NVML calls ``name`` (``None`` if none does).
+    """The built-in preset describing the GPU NVML calls ``name`` (``None`` if none does).
 
-    SXM parts only (PCIe and NVL cards have other power limits and no NVSwitch): ``NVIDIA
-    A100-SXM4-40GB``, ``NVIDIA A100-SXM4-80GB``, ``NVIDIA A40``, ``NVIDIA H100 80GB HBM3`` /
-    ``H100 SXM``, ``NVIDIA H200``.
+    ``NVIDIA A100-SXM4-40GB`` / ``-80GB``, ``NVIDIA A100-PCIE-40GB`` / ``NVIDIA A100 80GB PCIe``,
+    ``NVIDIA A40``, ``NVIDIA H100 80GB HBM3`` / ``H100 SXM``, ``NVIDIA H200``; ``memory_bytes``
+    (NVML's total) tells an A100's 40 GB part from its 80 GB one when the name does not. H100
+    PCIe and NVL, H200 NVL and the Grace parts have other power limits and links: no preset.
     """
     n = name.upper().replace("NVIDIA", "").strip()
-    if re.search(r"\bPCIE\b|\bNVL\b|GH200|GB200", n):
+    if re.search(r"\bNVL\b|GH200|GB200", n):
         return None
-    if "A100" in n and "SXM" in n:
-        if "80GB" in n or (memory_bytes and memory_bytes > 60e9):
-            return "a100-sxm4-80gb"
-        return "a100-sxm4-40gb"
+    if "A100" in n and ("SXM" in n or "PCIE" in n):
+        part = "a100-sxm4" if "SXM" in n else "a100-pcie"
+        large = "80GB" in n or (memory_bytes is not None and memory_bytes > 60e9)
+        return f"{part}-80gb" if large else f"{part}-40gb"
+    if re.search(r"\bPCIE\b", n):
+        return None
     if re.fullmatch(r"A40", n):
         return "a40"
     if "H100" in n and ("SXM" in n or "HBM3" in n):
@@ -103,14 +106,26 @@ def match_preset(name: str, memory_bytes: int | None = None) -> str | None:
     return None
 
 
+def _users_own(preset: GPUPreset) -> bool:
+    """Whether ``preset`` was read from the user's folder (``$KAREUS_GPU_DIR``), not built in."""
+    from kareus.hardware.presets import BUILTIN_DIR, preset_path
+
+    try:
+        return preset_path(preset.name).parent != BUILTIN_DIR
+    except KareusError:  # a preset made in code, under a name no file gives
+        return False
+
+
 def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int = 1,
                       accept_unlisted_gpu: bool = False, hint: str = SIM_HINT) -> str:
     """Raise :class:`InputError` (one line: what is missing, how to fix it) unless the GPU
     backend can run ``preset`` here; returns the visible GPU's name.
 
-    ``accept_unlisted_gpu``: a GPU that no preset describes (e.g. an H200 NVL) runs with the
-    given preset instead of being refused -- for a preset the user named explicitly. A GPU that
-    another preset describes is still refused. ``hint`` ends each refusal: how the command
+    A preset of the user's own (a file in ``$KAREUS_GPU_DIR``) runs on whatever GPU is here: it
+    is the user's description of their card (e.g. an A100 they refitted, or an H200 NVL).
+    ``accept_unlisted_gpu``: a GPU that no built-in preset describes runs with a built-in preset
+    instead of being refused -- for a preset the user named explicitly. A GPU that another
+    built-in preset describes is still refused. ``hint`` ends each refusal: how the command
     can go on without this machine's GPU."""
     if env.torch_cuda is None:
         raise InputError(f"the GPU backend needs a CUDA GPU, but torch {env.torch_version} is a "
@@ -134,17 +149,16 @@ def check_environment(env: Environment, preset: GPUPreset, *, gpus_needed: int =
     name = env.gpu_names[0]
     mem = env.gpu_memory[0] if env.gpu_memory else None
     match = match_preset(name, mem)
-    if match != preset.name:
+    if match != preset.name and not _users_own(preset):
         if match is not None:
             raise InputError(f"GPU 0 is an {name}, which preset {preset.name!r} does not "
                              f"describe; use --gpu {match}")
         if not accept_unlisted_gpu:
-            from kareus.hardware.presets import PRESETS, USER_DIR_ENV
+            from kareus.hardware.presets import USER_DIR_ENV
 
-            raise InputError(f"GPU 0 is an {name}, which no preset describes (presets: "
-                             f"{', '.join(PRESETS)}); add a GPU file to ${USER_DIR_ENV} "
-                             f"(docs/simulator.md, 'Parameters and their sources'), "
-                             f"{hint}")
+            raise InputError(f"GPU 0 is an {name}, which no built-in preset describes; describe "
+                             f"it in a GPU file of your own in ${USER_DIR_ENV} and name it with "
+                             f"--gpu (docs/simulator.md, 'Parameters and their sources'), {hint}")
     if gpus_needed > env.cuda_devices:
         raise InputError(f"the job needs {gpus_needed} GPUs but {env.cuda_devices} are visible; "
                          "lower the parallelism (--tp/--pp/--dp) or run on a larger node")
