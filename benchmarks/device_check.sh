@@ -28,6 +28,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "$0")/.."
 unset KAREUS_ALLOW_CLOCK_CONTROL
+unset ZEUSD_SOCK_PATH  # zeus's daemon would set clocks over its socket, past the NVML guard
 export KAREUS_NVML_GUARD=1
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"

@@ -33,6 +33,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"   # the script works from the repository root
 cd "$(dirname "$0")/.."
 unset KAREUS_ALLOW_CLOCK_CONTROL
+unset ZEUSD_SOCK_PATH  # zeus's daemon would set clocks over its socket, past the NVML guard
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 PY="${PYTHON:-python3}"   # the interpreter that holds the CUDA build of torch
 # Each step has a wall-clock limit (s), so a hung NCCL init or kernel cannot eat a GPU lease;

@@ -127,3 +127,26 @@ def test_script_usage_exits_2():
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_check.sh")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("usage:")
+
+
+def test_a_card_that_cannot_be_opened_leaves_its_reason_in_the_record_folder(tmp_path,
+                                                                              monkeypatch, capsys):
+    """NVML failing at start-up (the driver, gVisor): the one record the tool brings back says
+    why, not only the command's stderr."""
+    from kareus.backends.gpu.device import NvmlDevice
+    from kareus.backends.gpu.fake_nvml import FakeNvml
+
+    class Uninitialisable(FakeNvml):
+        def nvmlInit(self) -> None:
+            raise self.NVMLError("NVML error 9")
+
+    def open_card(fake):  # as the real one: the device's constructor initialises NVML
+        nvml = Uninitialisable()
+        return device_check.Card(nvml, NvmlDevice(0, nvml=nvml), "cpu", True)
+
+    monkeypatch.setattr(device_check, "open_card", open_card)
+    assert device_check.main(["--out", str(tmp_path / "out"), "--fake"]) == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert not summary["ok"] and "NVML error 9" in summary["error"]
+    err = capsys.readouterr().err
+    assert err.startswith("error: the card could not be opened: DeviceError: NVML unavailable")

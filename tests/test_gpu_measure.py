@@ -183,3 +183,37 @@ def test_a_group_s_step_is_its_slowest_gpu_s_time_and_mean_energy():
 
     t, e = per_gpu_step([WindowResult(2.0, 600.0, 4), WindowResult(3.0, 1000.0, 5)])
     assert t == pytest.approx(0.6) and e == pytest.approx((150.0 + 200.0) / 2)
+
+
+def test_zeus_windows_use_the_oldest_zeus_the_project_allows(monkeypatch):
+    """zeus>=0.11 (pyproject): its ``begin_window(key, sync_execution)`` takes no ``restart``
+    (only 0.16 has it). A window that a failed measurement left open is ended and begun again."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from kareus.backends.gpu.measure import ZeusMeter
+
+    class ZeusMonitor011:  # the 0.11-0.15 signatures and behaviour
+        def __init__(self, gpu_indices, cpu_indices, sync_execution_with):
+            self.measurement_states: dict[str, float] = {}
+            self.energy_j = 0.0
+
+        def begin_window(self, key: str, sync_execution: bool = True) -> None:
+            if key in self.measurement_states:
+                raise ValueError(f"Measurement window '{key}' already exists")
+            self.measurement_states[key] = self.energy_j
+
+        def end_window(self, key: str, sync_execution: bool = True):
+            start = self.measurement_states.pop(key)
+            return SimpleNamespace(time=1.0, gpu_energy={0: self.energy_j - start})
+
+    zeus_monitor = ModuleType("zeus.monitor")
+    zeus_monitor.ZeusMonitor = ZeusMonitor011
+    monkeypatch.setitem(sys.modules, "zeus", ModuleType("zeus"))
+    monkeypatch.setitem(sys.modules, "zeus.monitor", zeus_monitor)
+    meter = ZeusMeter([0])
+    meter.begin()  # ...and the measurement fails before its end
+    meter._mon.energy_j = 5.0
+    meter.begin()
+    meter._mon.energy_j = 12.0
+    assert meter.end() == (1.0, 7.0)

@@ -6,7 +6,11 @@ This stands in for the collective: :data:`KERNEL` runs ``k`` thread blocks, each
 SM's whole opt-in shared memory (so no other block -- of it or of the compute kernel -- fits on
 that SM), streaming a buffer through HBM the way a reduction's copy loop does (read two, add,
 write). Each block records the SM it ran on (``%smid``): the result says how many *distinct* SMs
-the kernel held (the proof that it was confined to ``k`` SMs, one block each).
+the kernel held (the proof that it was confined to ``k`` SMs, one block each). The reservation
+keeps out only blocks that need shared memory (the GEMM's, the attention's): the elementwise
+add's blocks need none and still fit beside the kernel's 512 threads on its SMs, so that row
+measures the two sharing SMs, not the add confined to the ``sms - k`` left, and its comparison
+with the law below is looser than the other two.
 
 For each op and ``k``: the op's time per call on the main stream (CUDA events), the window's
 energy and power, next to the simulator's law: the op on the ``sms - k`` SMs the collective

@@ -423,17 +423,29 @@ def run_check(out: Path, phases: list[str], cfg: Settings, fake: bool) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    card = open_card(fake)  # the bindings are imported, not yet used for anything
-    guard = activate(card.nvml)
-    leaks = guard.verify()
-    if leaks or not guard.active:
-        atomic_write_json(out / "summary.json", {"ok": False, "error": "NVML guard does not hold",
-                                                 "leaks": leaks})
-        print(f"error: NVML guard does not hold: {leaks}", file=sys.stderr)
+    try:
+        card = open_card(fake)  # the bindings are imported, not yet used for anything
+        guard = activate(card.nvml)
+        leaks = guard.verify()
+        if leaks or not guard.active:
+            atomic_write_json(out / "summary.json", {"ok": False,
+                                                     "error": "NVML guard does not hold",
+                                                     "leaks": leaks})
+            print(f"error: NVML guard does not hold: {leaks}", file=sys.stderr)
+            return 1
+        os.environ[ENV_VAR] = "1"  # processes we start guard themselves
+        os.environ.pop("KAREUS_ALLOW_CLOCK_CONTROL", None)
+        before = card.settings()
+    except Exception as e:  # noqa: BLE001 - no card to check: say why in the record folder too
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+        atomic_write_json(out / "summary.json", {
+            "ok": False, "error": f"the card could not be opened: {error}",
+            "traceback": traceback.format_exc()[-4000:], "fake_device": fake,
+            "wall_s": time.monotonic() - t_start})
+        if isinstance(e, InputError):
+            raise
+        print(f"error: the card could not be opened: {error}", file=sys.stderr)
         return 1
-    os.environ[ENV_VAR] = "1"  # processes we start guard themselves
-    os.environ.pop("KAREUS_ALLOW_CLOCK_CONTROL", None)
-    before = card.settings()
     prev: dict[str, Json] = {}
     if (out / "summary.json").exists():
         try:

@@ -38,7 +38,7 @@ class FakeGpu:
     """One fake card's state (NVML units)."""
 
     name: str = "NVIDIA H200"
-    memory_total: int = 143_771_336_704
+    memory_total: int = 150_754_820_096  # 143771 MiB, nvidia-smi's total
     memory_used: int = 600 * 2**20
     power_mw: int = 90_000
     clocks_mhz: list[int] = field(default_factory=lambda: list(range(1980, 344, -15)))

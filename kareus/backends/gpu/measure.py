@@ -102,7 +102,11 @@ class ZeusMeter:
                                 sync_execution_with="torch")
 
     def begin(self) -> None:
-        self._mon.begin_window(self._KEY, sync_execution=True, restart=True)
+        try:
+            self._mon.begin_window(self._KEY, sync_execution=True)
+        except ValueError:  # a window that a failed measurement left open: start it afresh
+            self._mon.end_window(self._KEY, sync_execution=False)
+            self._mon.begin_window(self._KEY, sync_execution=True)
 
     def end(self) -> tuple[float, float]:
         m = self._mon.end_window(self._KEY, sync_execution=True)

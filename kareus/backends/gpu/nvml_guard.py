@@ -14,7 +14,9 @@ ECC or MIG mode, and never reset the card. :func:`activate` enforces that for th
    raising one in its place.
 
 zeus calls ``pynvml.nvmlDeviceSet...`` through the module attribute at call time
-(``zeus.device.gpu.nvidia``), so (1) covers zeus whether it is imported before or after.
+(``zeus.device.gpu.nvidia``), so (1) covers zeus whether it is imported before or after. zeus's
+daemon (``ZEUSD_SOCK_PATH`` set) sets clocks over a socket instead, past any NVML guard: the
+device scripts unset it.
 :meth:`NvmlGuard.verify` proves the guard is on: it calls every blocked setter and expects the
 refusal. Every attempt is recorded (:attr:`NvmlGuard.attempts`).
 
