@@ -204,3 +204,30 @@ def test_calibrate_layout_errors_exit_2(args, words, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert words in err.lower()
+
+
+@pytest.mark.parametrize("visible,want", [
+    ("", 1), ("3,1", 1), ("2", 1),  # plain numbers are followed; index 1 beyond them is itself
+    ("GPU-00000002-fake,GPU-00000000", 0),  # a UUID prefix, looked up among NVML's GPUs
+    ("MIG-1234,MIG-5678", 1),  # MIG instances: itself
+])
+def test_nvml_index_follows_cuda_visible_devices(monkeypatch, visible, want):
+    """Energy must be read from the card CUDA runs on: with UUIDs in CUDA_VISIBLE_DEVICES (as
+    container runtimes set them), CUDA's GPU 1 is the card with the second UUID, not NVML's 1."""
+    from kareus.backends.gpu.device import NvmlDevice, nvml_index
+    from kareus.backends.gpu.fake_nvml import FakeGpu, FakeNvml
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nvml = FakeNvml(gpus=[FakeGpu(), FakeGpu(), FakeGpu(), FakeGpu()])
+    assert nvml_index(1, nvml) == want
+    assert NvmlDevice(1, nvml=nvml).nvml_index == want
+
+
+def test_a_uuid_no_gpu_has_is_refused(monkeypatch):
+    from kareus.backends.gpu.device import nvml_index
+    from kareus.backends.gpu.fake_nvml import FakeNvml
+    from kareus.errors import DeviceError
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-deadbeef")
+    with pytest.raises(DeviceError, match="GPU-deadbeef, which is none of the 1 GPUs"):
+        nvml_index(0, FakeNvml())

@@ -256,10 +256,10 @@ class NvmlDevice:
                                   "nvidia-ml-py") from None
         self.index = index
         self.nvml = nvml
-        #: The card's index in NVML's numbering (``CUDA_VISIBLE_DEVICES`` followed).
-        self.nvml_index = nvml_index(index)
         try:
             nvml.nvmlInit()
+            #: The card's index in NVML's numbering (``CUDA_VISIBLE_DEVICES`` followed).
+            self.nvml_index = nvml_index(index, nvml)
             self.handle = nvml.nvmlDeviceGetHandleByIndex(self.nvml_index)
         except nvml.NVMLError as e:
             raise DeviceError(f"NVML unavailable for GPU {index}: {e}") from None
@@ -321,14 +321,26 @@ class NvmlDevice:
                       f"{PERMISSION_HINT}"
 
 
-def nvml_index(index: int) -> int:
-    """NVML's index of the ``index``-th GPU CUDA sees (``CUDA_VISIBLE_DEVICES`` of plain
-    numbers is followed, as zeus does; anything else, e.g. UUIDs, maps to itself)."""
+def nvml_index(index: int, nvml: NvmlLike | None = None) -> int:
+    """NVML's index of the ``index``-th GPU CUDA sees. ``CUDA_VISIBLE_DEVICES`` of plain numbers
+    is followed, as zeus does; of GPU UUIDs (``GPU-...``, whole or a unique prefix, as CUDA takes
+    them), each is looked up among NVML's GPUs with ``nvml`` (initialised). Anything else (MIG
+    instances; UUIDs without ``nvml``) maps to itself."""
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
                if v.strip()]
-    if visible and all(v.isdigit() for v in visible) and index < len(visible):
+    if not visible or index >= len(visible):
+        return index
+    if all(v.isdigit() for v in visible):
         return int(visible[index])
-    return index
+    entry = visible[index]
+    if nvml is None or not entry.startswith("GPU-"):
+        return index
+    for i in range(nvml.nvmlDeviceGetCount()):
+        uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+        if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(entry):
+            return i
+    raise DeviceError(f"CUDA_VISIBLE_DEVICES names {entry}, which is none of the "
+                      f"{nvml.nvmlDeviceGetCount()} GPUs NVML lists")
 
 
 def zeus_available() -> bool:

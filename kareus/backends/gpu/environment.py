@@ -68,7 +68,8 @@ def probe_environment() -> Environment:
         else:
             pynvml.nvmlInit()
             count = n or pynvml.nvmlDeviceGetCount()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(nvml_index(i)) for i in range(count)]
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(nvml_index(i, pynvml))
+                       for i in range(count)]
             names = tuple(_text(pynvml.nvmlDeviceGetName(h)) for h in handles)
         mem = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in handles)
     except Exception as e:  # noqa: BLE001 - ZeusGPUInitError, NVMLError, zeus refusing pynvml

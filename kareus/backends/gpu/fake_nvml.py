@@ -133,6 +133,9 @@ class FakeNvml(ModuleType):
     def nvmlDeviceGetName(self, h: NvmlHandle) -> str:
         return self._gpu(h).name
 
+    def nvmlDeviceGetUUID(self, h: NvmlHandle) -> str:
+        return f"GPU-{int(h):08x}-fake-0000-0000-000000000000"
+
     def nvmlDeviceGetMemoryInfo(self, h: NvmlHandle) -> MemoryInfo:
         g = self._gpu(h)
         return MemoryInfo(total=g.memory_total, used=g.memory_used,
