@@ -189,7 +189,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     _check_job(w, get_preset(gpu), strict)
     out_dir = (check_writable_dir(out, "--out") if out is not None
                else default_results_root() / w.name)
-    _refuse_another_run_s_folder(out_dir, None, gpu, backend)
+    _refuse_another_run_s_folder(out_dir, None, gpu, backend, w.name)
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
     summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
@@ -202,13 +202,14 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
 
 
 def _refuse_another_run_s_folder(folder: Path, suite: str | None, gpu: str,
-                                 backend: str) -> None:
+                                 backend: str, workload: str | None = None) -> None:
     """Refuse (:class:`InputError`) to write a run into ``folder`` when it holds results this run
     would mix with and partly replace: a suite's (its ``metadata.json``) for one workload's run
-    (``suite`` None), for another suite or for the same suite on another GPU preset or backend;
-    one of a suite's configuration folders for one workload's run; one workload's results (its
-    ``summary.json``) for a suite; a ``summary.json`` that holds no run (a record such as
-    ``results/whatif/``). A rerun of the same run reuses its cells."""
+    (``suite`` None, ``workload`` its model's name), for another suite or for the same suite on
+    another GPU preset or backend; one of a suite's configuration folders for one workload's
+    run; one workload's results (its ``summary.json``) for a suite or for another workload; a
+    ``summary.json`` that holds no run (a record such as ``results/whatif/``). A rerun of the
+    same run reuses its cells; one with other settings recomputes those they change."""
     import json
 
     mine = f"suite {suite!r} on {gpu} ({backend})" if suite else "one workload's run"
@@ -238,9 +239,13 @@ def _refuse_another_run_s_folder(folder: Path, suite: str | None, gpu: str,
     if suite is None and (folder.parent / "metadata.json").is_file():
         raise InputError(f"{folder} is a configuration of the suite in {folder.parent}; one "
                          f"workload's run would overwrite it: give another --out")
-    if record("summary.json", "optimizers", "run's results") is not None and suite is not None:
+    summary = record("summary.json", "optimizers", "run's results")
+    if summary is not None and suite is not None:
         raise InputError(f"{folder} holds one workload's results; {mine} would mix with and "
                          f"overwrite them: give another --out")
+    if summary is not None and summary.get("workload", workload) != workload:
+        raise InputError(f"{folder} holds the results of {summary['workload']}; a run of "
+                         f"{workload} would mix with and overwrite them: give another --out")
 
 
 def _load_summaries(root: Path, labels: list[str]) -> dict[str, dict]:

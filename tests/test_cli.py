@@ -215,6 +215,19 @@ def test_frontier_text_shows_a_spread_with_the_choice_and_all_on_request(capsys)
     assert "frontier points shown" not in text
 
 
+def test_frontier_without_a_budget_gives_the_optimizer_s_own_choice(capsys):
+    """Zeus singles out its power limit: `frontier` reports it as `choice`, as summary.json does;
+    an optimizer that picks nothing has none."""
+    small = ("-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2", "--microbatches", "4")
+    code, text, _ = run(capsys, "frontier", *small, "-o", "zeus-power-limit", "--json")
+    obj = json.loads(text)
+    choice = obj["choice"]
+    assert code == 0 and "Zeus choice" in choice["label"] and choice["plan"]
+    assert choice["plan_id"] in {p["plan_id"] for p in obj["points"]}
+    code, text, _ = run(capsys, "frontier", *small, "-o", "megatron", "--json")
+    assert code == 0 and "choice" not in json.loads(text)
+
+
 def test_one_fastest_point_when_times_tie_within_rounding():
     """Two plans as fast within floating-point noise: the JSON's max_throughput and the table's
     'vs fastest' baseline are the same point, the one with less energy."""
@@ -229,3 +242,14 @@ def test_one_fastest_point_when_times_tie_within_rounding():
     assert obj["max_throughput"]["energy_j"] == 9.0
     rows = [r for r in _frontier_table(points, None, True).splitlines() if r.startswith("│")]
     assert "-0.0 %" not in rows[1] and rows[1].rstrip("│ ").endswith("+0.0 %")
+
+
+def test_the_reported_parallel_fields_given_back_as_flags_are_the_same_job(capsys):
+    """With 32-bit tensors attention runs unfused: `parallel.attention` says so (not the default
+    `flash`, which, given as a flag with fp32, is refused)."""
+    code, text, _ = run(capsys, "simulate", "-w", "gpt3-xl", "--precision", "fp32", "--json")
+    par = json.loads(text)["parallel"]
+    assert code == 0 and par["attention"] == "unfused"
+    code, again, _ = run(capsys, "simulate", "-w", "gpt3-xl", "--precision", "fp32",
+                         "--attention", par["attention"], "--json")
+    assert code == 0 and json.loads(again)["points"] == json.loads(text)["points"]

@@ -129,6 +129,11 @@ def test_perseus_command_on_the_published_profile(capsys):
                  "--p-static", "83.64", "--all-iterations", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
+    # the contract's frontier-object fields, as a profile gives them
+    assert {k: out[k] for k in ("workload", "optimizer", "backend", "gpu", "num_gpus",
+                                "gpus_per_stage")} == {
+        "workload": "gpt3-175b+a100_sxm_bf16", "optimizer": "perseus", "backend": "profile",
+        "gpu": None, "num_gpus": 8, "gpus_per_stage": 1}
     pts = out["points"]
     assert [p["iteration"] for p in pts] == list(range(1, len(pts) + 1))
     assert all(len(p["frequencies"]) == 8 and len(p["frequencies"][0]) == 16 for p in pts)

@@ -158,6 +158,11 @@ def test_a_run_never_writes_into_another_kind_of_run_s_folder(tmp_path, capsys):
     assert (one_dir / "summary.json").read_bytes() == before
     assert reproduce.main([*one, "--out", str(one_dir)]) == 0  # the same run again: reused
     assert "reusing 1 cell(s)" in capsys.readouterr().err
+    # another workload: its run would leave only its own optimizers in the summary
+    other = ["--workload", "gpt3-2.7b", *SMALL, "--optimizers", "megatron", "--out", str(one_dir)]
+    assert reproduce.main(other) == 2
+    assert "holds the results of gpt3-xl; a run of gpt3-2.7b" in capsys.readouterr().err
+    assert (one_dir / "summary.json").read_bytes() == before
 
 
 def _closed_output_run(argv: list[str], cwd: Path) -> tuple[int, str]:

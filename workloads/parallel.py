@@ -172,8 +172,11 @@ class ParallelConfig:
 
     def job_fields(self) -> dict[str, object]:
         """The job's shape as commands and result files report it (``--json``'s and
-        ``summary.json``'s ``parallel``): the :data:`JOB_FIELDS` and their values."""
-        return {k: getattr(self, k) for k in JOB_FIELDS}
+        ``summary.json``'s ``parallel``): the :data:`JOB_FIELDS` and their values, ``attention``
+        the one that runs (:attr:`core_attention`), so that the fields given back as flags are
+        the same job."""
+        return {k: self.core_attention if k == "attention" else getattr(self, k)
+                for k in JOB_FIELDS}
 
     @property
     def num_gpus(self) -> int:

@@ -100,6 +100,9 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": run.plans[chosen.plan_id].to_json()}
+    elif run.choice is not None:  # no budget: the optimizer's own pick (Zeus's), as summary.json
+        chosen = run.choice.point
+        extra["choice"] = {**run.choice.to_dict(), "plan": run.plans[chosen.plan_id].to_json()}
     # what --export and --breakdown show: the choice, else the fastest plan
     pick = chosen if chosen is not None else run.max_throughput
     assert pick is not None  # a run that finished has a frontier

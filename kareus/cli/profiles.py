@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from kareus.cli.common import FRONTIER_ROWS, emit, render, warn
@@ -44,9 +46,11 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
     with terminal_progress(not as_json) as progress:
         points = runner.on_profile(df, profile_path, stages, microbatches, p_static,
                                    unit_time_s=unit_ms / 1e3, progress=progress, **kwargs)
-    obj = {"profile": profile_path, "optimizer": optimizer, "stages": stages,
-           "microbatches": microbatches, "p_static_w": p_static, "unit_ms": unit_ms, **kwargs,
-           "num_gpus": stages, "points": points,
+    # the frontier object's fields (a profile is one GPU per stage, on no preset of the suite's)
+    obj = {"workload": Path(profile_path).stem, "optimizer": optimizer, "backend": "profile",
+           "gpu": None, "num_gpus": stages, "gpus_per_stage": 1,
+           "profile": profile_path, "stages": stages, "microbatches": microbatches,
+           "p_static_w": p_static, "unit_ms": unit_ms, **kwargs, "points": points,
            "max_throughput": points[fastest([p["time_s"] for p in points],
                                             [p["energy_j"] for p in points])]
            if points else None}
