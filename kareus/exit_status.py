@@ -41,7 +41,11 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
         if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):
             click.echo(e.format_message(), err=True)  # a group run bare: its whole help
             return 2
-        click.echo(f"error: {e.format_message()}".splitlines()[0], err=True)
+        message = f"error: {e.format_message()}".splitlines()[0]
+        ctx = getattr(e, "ctx", None)
+        if isinstance(e, click.NoSuchOption) and not e.possibilities and ctx is not None:
+            message += f" (`{ctx.command_path} --help` lists its options)"
+        click.echo(message, err=True)
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code

@@ -253,3 +253,11 @@ def test_the_reported_parallel_fields_given_back_as_flags_are_the_same_job(capsy
     code, again, _ = run(capsys, "simulate", "-w", "gpt3-xl", "--precision", "fp32",
                          "--attention", par["attention"], "--json")
     assert code == 0 and json.loads(again)["points"] == json.loads(text)["points"]
+
+
+def test_an_unknown_option_points_at_the_command_s_help(capsys):
+    code, _, err = run(capsys, "simulate", "-w", "gpt3-xl", "--nosuch")
+    assert code == 2 and err.strip() == ("error: No such option '--nosuch'. "
+                                         "(`kareus simulate --help` lists its options)")
+    code, _, err = run(capsys, "simulate", "-w", "gpt3-xl", "--tpp", "2")
+    assert code == 2 and "Did you mean" in err and "--help" not in err
