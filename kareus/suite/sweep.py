@@ -135,7 +135,7 @@ def _plan_cells(configs: list, store, gpu: str, backend: str, names: list[str], 
     from kareus.errors import InputError
     from kareus.plugins import optimizer_names
     from kareus.suite.executors import CellTask
-    from kareus.suite.provenance import CodeHasher, made_by, stale_reasons
+    from kareus.suite.provenance import CodeHasher, made_by
 
     hasher = CodeHasher()
     maker = made_by()
@@ -159,11 +159,8 @@ def _plan_cells(configs: list, store, gpu: str, backend: str, names: list[str], 
                 key = {"optimizer": name, "unresolved": f"{type(e).__name__}: {e}"}
                 unresolved = True
             old = store.read(cfg.label, name)
-            ok = old is not None and old.get("status") == "ok"
             reasons = (["its code cannot be found"] if unresolved
-                       else ["unreadable cell"] if old is None and store.exists(cfg.label, name)
-                       else ["not run before"] if old is None
-                       else stale_reasons(old.get("key"), key) or ([] if ok else ["failed before"]))
+                       else _why_recompute(old, key, unreadable=store.exists(cfg.label, name)))
             if name not in names:
                 if reasons:
                     out.left_out.setdefault(", ".join(reasons), []).append(f"{cfg.label}: {name}")
@@ -187,6 +184,19 @@ def _plan_cells(configs: list, store, gpu: str, backend: str, names: list[str], 
         out.shown[cfg.label] = [n for n in registered
                                 if n in names or (cfg.label, n) in out.records]
     return out
+
+
+def _why_recompute(old: dict | None, key: dict, *, unreadable: bool) -> list[str]:
+    """Why a cell must be computed again (none: its stored record ``old`` can be reused): never
+    run, its file unreadable (``unreadable``: a file exists but gave no record), its inputs or
+    code changed since (:func:`kareus.suite.provenance.stale_reasons` against ``key``), or it
+    failed before."""
+    from kareus.suite.provenance import stale_reasons
+
+    if old is None:
+        return ["unreadable cell"] if unreadable else ["not run before"]
+    return stale_reasons(old.get("key"), key) or (
+        [] if old.get("status") == "ok" else ["failed before"])
 
 
 def _execute_cells(tasks: list, records: dict[tuple[str, str], dict], console,  # noqa: ANN001
