@@ -79,6 +79,32 @@ def test_refusal_midway_restores_what_was_changed():
     assert dev.locked is None
 
 
+def test_a_device_that_cannot_lock_leaves_no_other_locked():
+    """NVML's NOT_SUPPORTED (a DeviceError) on the second GPU: the first is restored at once, so
+    a caller that goes on after the error does not run the GPUs at different clocks."""
+    class Unsupported(FakeDevice):
+        def lock_sm_clock(self, mhz: int) -> None:
+            raise DeviceError("NVML error 3: Not Supported")
+
+    first, second = FakeDevice(), Unsupported()
+    with ClockController([first, second], allow=True, handle_signals=False) as c:
+        with pytest.raises(DeviceError):
+            c.lock(1410)
+        assert first.locked is None and first.calls[-1] == "reset_clock"
+
+
+def test_cap_sys_admin_is_read_from_the_effective_capabilities(tmp_path):
+    """A container's root may lack CAP_SYS_ADMIN (bit 21 of CapEff); NVML's setters need it."""
+    from kareus.backends.gpu.device import has_cap_sys_admin
+
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nCapEff:\t00000000a80425fb\n")  # docker's default set
+    assert not has_cap_sys_admin(str(status))
+    status.write_text("Name:\tpython\nCapEff:\t000001ffffffffff\n")  # everything
+    assert has_cap_sys_admin(str(status))
+    assert has_cap_sys_admin(str(tmp_path / "absent"))  # not Linux: root decides
+
+
 def test_restore_after_exception():
     dev = FakeDevice()
     with pytest.raises(RuntimeError, match="boom"):

@@ -131,8 +131,8 @@ class ClockController:
                     continue
                 try:
                     d.lock_sm_clock(target)
-                except ClockPermissionError:
-                    self.restore()
+                except (ClockPermissionError, DeviceError):  # refused, or not supported here:
+                    self.restore()  # leave no device locked at another's clock
                     raise
                 self._locked[i] = target
             return target

@@ -315,10 +315,24 @@ class NvmlDevice:
         return float(self._nvml(self.nvml.nvmlDeviceGetPowerUsage)) / 1e3
 
     def control_permission(self) -> tuple[bool, str]:
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
+        if hasattr(os, "geteuid") and os.geteuid() == 0 and has_cap_sys_admin():
             return True, ""
-        return False, f"this process is not root and zeus (with its daemon) is not installed; " \
-                      f"{PERMISSION_HINT}"
+        return False, f"this process is not root with CAP_SYS_ADMIN (a container's root may " \
+                      f"lack it) and zeus (with its daemon) is not installed; {PERMISSION_HINT}"
+
+
+def has_cap_sys_admin(status_file: str = "/proc/self/status") -> bool:
+    """Whether this process's effective capabilities hold CAP_SYS_ADMIN (bit 21 of ``CapEff`` in
+    ``status_file``), which NVML's clock and power-limit setters need. Where the file cannot be
+    read (not Linux), ``True``: root decides there."""
+    try:
+        with open(status_file) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 21 & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
 
 
 def nvml_index(index: int, nvml: NvmlLike | None = None) -> int:
