@@ -59,12 +59,12 @@ class GPUPreset:
             NICs at once.
         network_efficiency: Fraction of the NICs' bandwidth NCCL's rings reach across nodes.
         network_hop_latency_s: Latency of one step of a ring or tree across the network (s); a
-            ring all-reduce over ``n`` nodes takes ``2(n-1)`` steps, a tree ``2·log2(n)``, and NCCL
-            takes the faster.
+            ring all-reduce over ``N`` nodes takes ``2(N-1)`` such steps, a tree
+            ``2·floor(log2 N)``, and NCCL takes the faster.
         host_eager_op_s: Host time the framework (eager PyTorch, Megatron-LM) spends to issue one
-            compute op outside partitions (s). A sequential instruction takes the longer of its
-            GPU time and its ops' host time (with ``host_issue_call_s`` per collective): the host
-            runs ahead of short kernels only as fast as it issues them.
+            compute op outside partitions (s). A kernel of a sequential instruction starts when it
+            has been issued and the one before it is done (with ``host_issue_call_s`` per
+            collective): the host runs ahead of long kernels, and short ones wait for its issue.
         power_limit_w: Default board power limit; above it the card lowers its clock.
         static_power_w: Power while blocked on a point-to-point receive (the paper's static power).
         gemm_efficiency: Fraction of tensor peak a deep GEMM reaches per full wave.
