@@ -100,11 +100,12 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
         chosen = pick_within(run, time_budget_s=time_budget_s, energy_budget_j=energy_budget_j)
         extra["choice"] = {**chosen.to_dict(), "plan_id": chosen.plan_id,
                            "plan": run.plans[chosen.plan_id].to_json()}
-    elif run.choice is not None:  # no budget: the optimizer's own pick (Zeus's), as summary.json
-        chosen = run.choice.point
+    # what --export and --breakdown show: the budget's choice, else the fastest plan
+    by_budget = chosen is not None
+    pick = chosen if by_budget else run.max_throughput
+    if chosen is None and run.choice is not None:  # no budget: the optimizer's own pick (Zeus's)
+        chosen = run.choice.point  # reported and marked, as summary.json does
         extra["choice"] = {**run.choice.to_dict(), "plan": run.plans[chosen.plan_id].to_json()}
-    # what --export and --breakdown show: the choice, else the fastest plan
-    pick = chosen if chosen is not None else run.max_throughput
     assert pick is not None  # a run that finished has a frontier
     if export_dir is not None:
         _export_plan(export_dir, g, run.plans[pick.plan_id])
@@ -139,7 +140,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"
                 if export_dir is not None else None)
     where = ([f"\nwhere plan {extra['breakdown']['plan_id']}'s time and energy go "
-              f"({'the choice' if chosen is not None else 'the fastest'}):",
+              f"({'the choice' if by_budget else 'the fastest'}):",
               breakdown_text(stages, g.gpus_per_stage)] if stages else [])
     emit(obj, as_json, lambda: "\n".join(
         [head, _frontier_table(run.frontier, chosen, all_points)]
