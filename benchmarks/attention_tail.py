@@ -98,12 +98,13 @@ def main(sms: int, query_blocks: int, overhead: float) -> None:
         print(f"{'backward' if backward else 'forward ':8s}: mean {statistics.mean(tails):.3f}, "
               f"sd {statistics.pstdev(tails):.3f}, {min(tails):.3f}-{max(tails):.3f} "
               f"over {len(tails)} grids")
-    print(f"\n== SMs lent to a collective: time on {sms} - k SMs / time on {sms}")
+    lent = min(20, sms - 1)  # at least one SM stays with the attention
+    print(f"\n== SMs lent to a collective: time on {sms} - k SMs / time on {sms}, k 0-{lent}")
     work = causal_tiles(32, query_blocks, overhead)
     base = makespan(work, sms)
     n = len(work)
     print(" k  causal, scheduled  uniform, whole waves")
-    for k in range(21):
+    for k in range(lent + 1):
         print(f"{k:2d}  {makespan(work, sms - k) / base:17.3f}  "
               f"{math.ceil(n / (sms - k)) / math.ceil(n / sms):20.3f}")
 

@@ -174,7 +174,7 @@ def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None
 
     check_json_record(write_json, "--write")
     if plot is not None:
-        check_writable_file(plot, "--plot")
+        plot = str(check_writable_file(plot, "--plot"))
     from kareus.suite.progress import terminal_progress
 
     windows = None if top_window is None else top_window_extrapolation(top_window)

@@ -42,6 +42,8 @@ def above_pct(base_t: list[float], base_e: list[float], t: list[float],
     bt, be = np.asarray(base_t), np.asarray(base_e)
     t_, e_ = np.asarray(t), np.asarray(e)
     inside = (t_ >= bt.min()) & (t_ <= bt.max())
+    if not inside.any():
+        return float("nan"), float("nan"), float("nan")
     base = np.interp(t_[inside], bt, be)
     d = fr.change_pct(base, e_[inside])
     return float(d.max()), float(d.mean()), float(d.min())
@@ -50,11 +52,20 @@ def above_pct(base_t: list[float], base_e: list[float], t: list[float],
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--methods", default="perseus,nanobatch-perseus,kareus", show_default=True)
 def main(methods: str) -> None:
+    from kareus.errors import InputError
+    from kareus.plugins import optimizer_names
+    from kareus.suite.options import comma_list
+
+    method_list = comma_list(methods, "--methods")
+    unknown = [m for m in method_list if m not in optimizer_names()]
+    if unknown:
+        raise InputError(f"--methods: unknown optimizer {unknown[0]!r}; choose from "
+                         f"{', '.join(optimizer_names())}")
     print(f"{'job':18s} {'method':18s} {'iso-time':>9s} {'iso-energy':>10s} "
           f"{'fast-above max/mean %':>21s} {'exact-above min/mean %':>22s} {'exact s':>8s} "
           f"{'fast s':>7s}")
     for label, workload, layout in JOBS:
-        for method in methods.split(","):
+        for method in method_list:
             runs, walls = {}, {}
             for solver in ("exact", "fast"):
                 problem = make_problem(workload, gpu="a100-sxm4-80gb",

@@ -115,16 +115,16 @@ FIT_PRIORS = {
 HOST_PRIORS = {"iteration_host_fraction": 1.0, "host_issue_call_s": 8e-6}
 
 
-#: What vTrain's single-node runs pin down, with bounds: the host's issue time per op (it binds at
-#: small micro-batches), what Megatron-LM's memory-bound kernels reach, and how a GEMM's
-#: efficiency falls with its reduction depth. The GEMM efficiency keeps its prior (0.80): freed,
-#: it runs to its bound with the other two compensating.
 #: Sources the fits write into the preset files.
 FRONTIER_FIT_SOURCE = ("fitted: benchmarks/fidelity.py --fit on the Kareus artifact's measured "
                        "iteration frontiers (calibration_frontiers.csv, A100 SXM4 40 GB testbed)")
 MEGATRON_FIT_SOURCE = ("fitted: benchmarks/fidelity.py --fit-megatron on vTrain's measured "
                        "single-node Megatron-LM runs (shared/vtrain_megatron/single_node.csv)")
 
+#: What vTrain's single-node runs pin down, with bounds: the host's issue time per op (it binds at
+#: small micro-batches), what Megatron-LM's memory-bound kernels reach, and how a GEMM's
+#: efficiency falls with its reduction depth. The GEMM efficiency keeps its prior (0.80): freed,
+#: it runs to its bound with the other two compensating.
 MEGATRON_PARAMETERS = {
     "host_eager_op_s": (1e-6, 300e-6),
     "hbm_efficiency": (0.3, 0.95),

@@ -1,6 +1,7 @@
 """Kareus's gain at maximum throughput, from the partition up (issue 30, item 4).
 
-    python benchmarks/kareus_gain.py [--workload llama3.2-3b] [--tp 8] [--no-iteration]
+    python benchmarks/kareus_gain.py [--workload llama3.2-3b] [--tp 8] [--gpu a100-sxm4-40gb]
+                                     [--no-iteration]
 
 Three tables:
 
@@ -21,7 +22,8 @@ Three tables:
   and energy reductions against Megatron-LM, and which collective kernel and SM count each
   fastest plan's partitions use.
 
-Units: ms, µs, mJ, %, GB/s. Needs ``../shared/kareus_artifact`` for the first table (skipped without).
+Units: ms, µs, mJ, MB, %. Needs ``../shared/kareus_artifact`` for the first table (skipped without,
+and with a ``--gpu`` other than the sweep's own, whose law it would compare with A100 measurements).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import collections
 import click
 import numpy as np
 
-from kareus.frontier import change_pct, reduction_pct
+from kareus.frontier import change_pct
 from kareus.hardware.presets import DEFAULT_GPU, get_preset, partition_op_factors
 
 #: The two configurations of the comparison: (start, end, SMs), 1024 threads per block.
@@ -170,7 +172,7 @@ def fastest_plans(problem: object) -> dict[str, dict[str, object]]:
         for ins, ip in p.instructions.items():
             parts = problem.graph.instruction_graphs[ins.type_key].partitions  # type: ignore
             if not ip.nanobatched or not parts:
-                used["sequential: library kernel after the compute"] += 1
+                used["instruction run sequentially: library kernel after the compute"] += 1
                 continue
             scheds = ip.schedule_map()
             for part in parts:
@@ -178,7 +180,7 @@ def fastest_plans(problem: object) -> dict[str, dict[str, object]]:
                 kernel = (f"library kernel ({g.comm_default_sms} channels)" if s.comm_sms is None
                           else f"tuned kernel, {s.comm_sms} SMs")
                 wait = "end" if s.wait_after is None else s.wait_after
-                used[f"{kernel}, window ({s.launch_slot}, {wait})"] += 1
+                used[f"partition: {kernel}, window ({s.launch_slot}, {wait})"] += 1
         out[name] = {"time_s": r.time_s, "energy_j": r.energy.total_j, "schedules": used}
     return out
 
@@ -192,8 +194,11 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
     from kareus.suite.problem import make_problem
 
     problem = make_problem(workload, gpu=gpu, tp=tp)  # bad input refused before any table
-    cmp_ = partition_comparison(gpu)
-    if cmp_ is None:
+    cmp_ = partition_comparison(gpu) if gpu == DEFAULT_GPU else None
+    if gpu != DEFAULT_GPU:
+        click.echo(f"partition sweep: measured on {DEFAULT_GPU}, not compared with {gpu}'s law "
+                   "(run without --gpu for it)")
+    elif cmp_ is None:
         click.echo("partition sweep: ../shared/kareus_artifact absent, skipped")
     else:
         (mb, sb), (ms, ss) = cmp_["best"], cmp_["at_start"]  # type: ignore[misc]
@@ -234,11 +239,12 @@ def main(workload: str, tp: int, gpu: str, iteration: bool) -> None:
         return
     plans = fastest_plans(problem)
     base = plans["megatron"]
-    click.echo("\nfastest plans against Megatron-LM:")
+    click.echo("\nfastest plans against Megatron-LM (their instructions and partitions):")
     for name, p in plans.items():
-        click.echo(f"  {name:18s} {p['time_s']:.4f} s  time -{reduction_pct(base['time_s'], p['time_s']):.1f} %"
-                   f"  energy -{reduction_pct(base['energy_j'], p['energy_j']):.1f} %")
-        for what, n in p["schedules"].most_common(4):  # type: ignore[attr-defined]
+        click.echo(f"  {name:18s} {p['time_s']:.4f} s  time "
+                   f"{change_pct(base['time_s'], p['time_s']):+.1f} %  energy "
+                   f"{change_pct(base['energy_j'], p['energy_j']):+.1f} %")
+        for what, n in p["schedules"].most_common():  # type: ignore[attr-defined]
             click.echo(f"      {n:4d} x {what}")
 
 

@@ -18,7 +18,7 @@ part of the shared sweep along another axis and predicts the rest:
 
 Each prints the fit's and the prediction's time / energy MAPE, the prediction's largest error and
 signed mean, and where the law ranks the held-out rows' measured fastest configuration. About a
-minute per fit on 2 cores. Needs ``../shared/kareus_artifact``. Units: %.
+minute per fit on 2 idle cores, three fits. Needs ``../shared/kareus_artifact``. Units: %.
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ def fitted_rows(axis: str, sms: NDArray[np.int64], threads: NDArray[np.int64]) -
     raise click.BadParameter(f"unknown hold-out {axis!r}; choose from {', '.join(AXES)}")
 
 
-def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None = None
-            ) -> dict[str, float] | None:
-    """Fit on the rows ``axis`` keeps and predict the others, with ``tuned_block_exponent`` set
-    to ``block_exponent`` for the prediction if given (meaningful only where the fitted rows
-    cannot identify it); ``None`` without the shared sweep."""
-    from kareus.backends.partition_calibration import fit_partition, predict
+def holdout(axis: str, gpu_name: str = DEFAULT_GPU,
+            block_exponents: tuple[float | None, ...] = (None,)) -> list[dict[str, float]] | None:
+    """Fit once on the rows ``axis`` keeps and predict the others, once per entry of
+    ``block_exponents``: ``tuned_block_exponent`` set to it for the prediction (``None``: the
+    fit's; meaningful only where the fitted rows cannot identify it). ``None`` without the shared
+    sweep."""
+    from kareus.backends.partition_calibration import fit_partition
     from kareus.suite.datasets import artifact_partition_sweep
 
     gpu = get_preset(gpu_name)
@@ -64,14 +65,21 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
     if shared is None:
         return None
     spec, part, sweep = shared
-    c = sweep.configs
-    train = fitted_rows(axis, c.sms, c.threads)
+    train = fitted_rows(axis, sweep.configs.sms, sweep.configs.threads)
     t0 = time.perf_counter()
     cal = fit_partition(part, sweep.subset(train), gpu, spec.sha256, holdout=False)
-    law = cal.apply(gpu)
-    if block_exponent is not None:
-        law = law.with_overrides(tuned_block_exponent=block_exponent)
-    t, e = predict(part, c, law, None, np.array(cal.op_work), np.array(cal.op_host))
+    fit_s = time.perf_counter() - t0
+    return [_report(cal.apply(gpu) if exponent is None else
+                    cal.apply(gpu).with_overrides(tuned_block_exponent=exponent),
+                    part, sweep, train, cal, fit_s) for exponent in block_exponents]
+
+
+def _report(law, part, sweep, train: NDArray[np.bool_], cal, fit_s: float  # noqa: ANN001
+            ) -> dict[str, float]:
+    """The fit's and the prediction's errors of one law (see :func:`holdout`)."""
+    from kareus.backends.partition_calibration import predict
+
+    t, e = predict(part, sweep.configs, law, None, np.array(cal.op_work), np.array(cal.op_host))
 
     def mape(pred: NDArray, meas: NDArray, rows: NDArray[np.bool_]) -> float:
         return mape_pct(meas[rows], pred[rows])
@@ -80,7 +88,7 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
     held = np.flatnonzero(test)
     best = held[np.argmin(sweep.time_s[held])]
     err = change_pct(sweep.time_s[test], t[test])
-    return {"fit_s": time.perf_counter() - t0,
+    return {"fit_s": fit_s,
             "fit_time_pct": mape(t, sweep.time_s, train),
             "fit_energy_pct": mape(e, sweep.energy_j, train),
             "time_pct": mape(t, sweep.time_s, test), "energy_pct": mape(e, sweep.energy_j, test),
@@ -94,29 +102,29 @@ def holdout(axis: str, gpu_name: str = DEFAULT_GPU, block_exponent: float | None
               help="Comma-separated hold-outs to run.")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True)
 def main(only: str, gpu: str) -> None:
+    from kareus.suite.options import comma_list
     from kareus.suite.progress import terminal_progress
 
-    axes = [a.strip() for a in only.split(",") if a.strip()]
+    axes = comma_list(only, "--only")
     for axis in axes:  # every name checked before the first fit
         fitted_rows(axis, np.zeros(0, np.int64), np.zeros(0, np.int64))
-    runs = [(axis, None) for axis in axes]
-    if "block-size" in axes:
-        runs.insert(axes.index("block-size") + 1, ("block-size", 1.0))
     with terminal_progress() as progress:
-        task = progress.start("hold-outs (a fit each, ~1-2 min)", len(runs))
-        for axis, exponent in runs:
-            r = holdout(axis, gpu, exponent)
+        task = progress.start("hold-outs (a fit each, ~1-2 min)", len(axes))
+        for axis in axes:
+            # one block size cannot identify the thread exponent: also predict with its prior, 1
+            reports = holdout(axis, gpu, (None, 1.0) if axis == "block-size" else (None,))
             task.advance()
-            if r is None:
+            if reports is None:
                 click.echo("../shared/kareus_artifact absent: nothing to hold out")
                 return
-            label = AXES[axis] + (f", thread exponent {r['block_exponent']:.3g}"
-                                  if axis == "block-size" else "")
-            click.echo(f"{axis} ({label}; {r['fit_s']:.0f} s): fit {r['fit_time_pct']:.2f} / "
-                       f"{r['fit_energy_pct']:.2f} %, predicted {r['rows']} rows "
-                       f"{r['time_pct']:.2f} / {r['energy_pct']:.2f} % (max {r['max_pct']:.2f} %, "
-                       f"signed {r['signed_pct']:+.2f} %), their measured fastest ranked "
-                       f"{r['best_rank']}")
+            for r in reports:
+                label = AXES[axis] + (f", thread exponent {r['block_exponent']:.3g}"
+                                      if axis == "block-size" else "")
+                click.echo(f"{axis} ({label}; {r['fit_s']:.0f} s): fit {r['fit_time_pct']:.2f} / "
+                           f"{r['fit_energy_pct']:.2f} %, predicted {r['rows']} rows "
+                           f"{r['time_pct']:.2f} / {r['energy_pct']:.2f} % (max "
+                           f"{r['max_pct']:.2f} %, signed {r['signed_pct']:+.2f} %), their "
+                           f"measured fastest ranked {r['best_rank']}")
 
 
 if __name__ == "__main__":  # one-line errors and exit statuses, as the kareus commands

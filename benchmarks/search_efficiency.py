@@ -130,7 +130,7 @@ def main(seeds: int, plot: str | None, as_json: bool) -> None:
     from kareus.suite.progress import terminal_progress
 
     if plot is not None:
-        check_writable_file(plot, "--plot")
+        plot = str(check_writable_file(plot, "--plot"))
     t0 = time.perf_counter()
     with terminal_progress() as progress:
         rows = measure(seeds, PERCENTS, progress)

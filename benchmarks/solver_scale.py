@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,25 +58,32 @@ def run_one(repo: Path, job: str, method: str, timeout_s: float, solver: str | N
     if solver is not None:
         args += ["--solver", solver]
     env = dict(os.environ, PYTHONPATH=str(repo))
-    start = time.perf_counter()
-    child = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, start_new_session=True)
-    status = "ok"
-    deadline = start + timeout_s
-    while True:
-        pid, code, usage = os.wait4(child.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            os.killpg(child.pid, signal.SIGKILL)
-            pid, code, usage = os.wait4(child.pid, 0)
-            status = f"killed after {timeout_s:.0f} s"
-            break
-        time.sleep(0.05)
-    wall = time.perf_counter() - start
-    if status == "ok" and code != 0:
-        err = (child.stderr.read() or b"").decode().strip().splitlines()
-        status = f"exit {code >> 8}: {err[-1] if err else ''}"
+    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a chatty child cannot block
+        start = time.perf_counter()
+        child = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=stderr, start_new_session=True)
+        status, pid = "ok", 0
+        deadline = start + timeout_s
+        try:
+            while True:
+                pid, code, usage = os.wait4(child.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.perf_counter() > deadline:
+                    status = f"killed after {timeout_s:.0f} s"
+                    break
+                time.sleep(0.05)
+        finally:  # timed out, or this script interrupted: the child's group goes with it
+            if not pid:
+                os.killpg(child.pid, signal.SIGKILL)
+                pid, code, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        exit_code = os.waitstatus_to_exitcode(code)
+        if status == "ok" and exit_code != 0:
+            stderr.seek(0)
+            err = stderr.read().decode(errors="replace").strip().splitlines()
+            status = (f"exit {exit_code}: {err[-1] if err else ''}" if exit_code > 0
+                      else f"killed by signal {-exit_code}")
     row = {"job": job, "method": method, "status": status, "wall_s": round(wall, 1),
            "peak_mib": round(usage.ru_maxrss / 1024, 0)}
     assert tuple(row) == ROW_FIELDS
@@ -113,7 +121,7 @@ def main(repo: str, timeout_s: float, jobs: str, methods: str, solver: str | Non
         raise InputError(f"--methods: unknown optimizer {unknown[0]!r}; choose from "
                          f"{', '.join(known)}")
     if csv_path:
-        check_writable_file(csv_path, "--csv")
+        csv_path = str(check_writable_file(csv_path, "--csv"))
     with contextlib.ExitStack() as stack:
         writer = None
         if csv_path:

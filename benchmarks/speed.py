@@ -19,8 +19,9 @@ import numpy as np
 
 from kareus.backends.sim import SimulatorBackend
 from kareus.hardware.presets import get_preset
-from kareus.optimizer.kareus import partition_windows
-from kareus.plan import LIBRARY_DEFAULT, IterationPlan, PartitionSchedule
+from kareus.hardware.knobs import KnobSpace
+from kareus.optimizer.kareus import partition_space
+from kareus.plan import IterationPlan, PartitionSchedule
 from workloads import make_workload
 from workloads.graph_builder import build_iteration_graph
 
@@ -47,9 +48,8 @@ def main(repeats: int) -> None:
     for label, kw in (("llama3.2-3b TP8", {}), ("llama3.2-3b CP2+TP4", dict(tp=4, cp=2))):
         g = build_iteration_graph(make_workload("llama3.2-3b", **kw))
         part = g.instruction_graphs[(0, "backward")].partitions[-1]
-        clocks = gpu.clock_grid(900, 1410)[::2]  # the paper's 30 MHz steps
-        ks = np.array([LIBRARY_DEFAULT, *range(3, 31, 3)])
-        windows = partition_windows(len(part.compute))  # every (launch, wait) window
+        space = partition_space(part, KnobSpace.default(gpu))  # Kareus's grid: 900-1410 MHz
+        clocks, ks, windows = space.clocks_mhz, space.comm_sms, space.windows
         n = clocks.size * ks.size * windows.shape[0]
         cold = _median_ms(lambda: SimulatorBackend(gpu).evaluate_partition(
             part, clocks, ks, windows), repeats)

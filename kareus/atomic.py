@@ -66,12 +66,13 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     create it (and its parents) if missing, write a probe file there, and remove again what it
     created (the writers create their folders, so a run refused later leaves nothing behind).
     Raises :class:`~kareus.errors.InputError` (one line: the folder, the option that named it and
-    why) when that fails, e.g. ``/proc/x``, a read-only place or an empty path. Returns ``path``."""
+    why) when that fails, e.g. ``/proc/x``, a read-only place or an empty path. Returns ``path``
+    with a leading ``~`` expanded (the shell leaves it in ``--out=~/x``); write there."""
     from kareus.errors import InputError
 
     if not str(path).strip():
         raise InputError(f"{option}: empty path; name a folder")
-    path = Path(path)
+    path = Path(path).expanduser()
     probed = Path(os.path.abspath(path))  # '..' resolved: each folder made is one to remove
     created: list[Path] = []
     try:
@@ -102,19 +103,20 @@ def check_writable_file(path: str | Path, option: str,
     (:class:`~kareus.errors.InputError`, one line naming ``option``) an empty path, a folder, a
     file whose folder cannot be written (:func:`check_writable_dir`), or one of the command's
     other files, ``inputs`` (option -> path: what it reads or writes besides). Returns
-    ``path``."""
+    ``path`` with a leading ``~`` expanded; write there."""
     from kareus.errors import InputError
 
     if not str(path).strip():
         raise InputError(f"{option}: empty path; name a file")
-    if Path(path).is_dir():
+    path = Path(path).expanduser()
+    if path.is_dir():
         raise InputError(f"{option} {path} is a folder; give a file's path")
     for other, read in (inputs or {}).items():
         if read is not None and _same_file(path, read):
             raise InputError(f"{option} {path} is also the {other} file, which writing it "
                              f"would replace: give another path")
     check_writable_dir(Path(os.path.abspath(path)).parent, f"{option}'s folder")
-    return Path(path)
+    return path
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

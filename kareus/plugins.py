@@ -4,7 +4,10 @@ An optimizer is any class with a ``name`` and an ``optimize(problem)`` method re
 Built-ins and third-party optimizers register the same way: an entry point in the group
 ``kareus.optimizers`` naming the class (see ``pyproject.toml`` and ``examples/``); the
 entry point's name is the one runs, cells and tables use (give the class's ``name`` the same; two
-packages registering one name for different classes are refused). The harness
+packages registering one name for different classes are refused). To try a class before it is
+packaged, name it in ``$KAREUS_OPTIMIZERS`` instead (:data:`ENV_OPTIMIZERS`): ``NAME=module:Class``
+entries, comma-separated, each module importable (``PYTHONPATH``); they join the installed entry
+points under the same rules. The harness
 evaluates every returned plan on the problem's backend; optimizers may also call the backend
 themselves (to profile, or to pick among candidates).
 
@@ -32,12 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Literal, Protocol, Union, runtime_checkable
 
 from kareus.backends.base import Backend
@@ -53,6 +57,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ENTRY_POINT_GROUP = "kareus.optimizers"
+
+#: Environment variable registering optimizers without installing a package: ``NAME=module:Class``
+#: entries separated by commas, each module importable from ``sys.path`` (e.g. ``PYTHONPATH``).
+ENV_OPTIMIZERS = "KAREUS_OPTIMIZERS"
 
 
 @dataclass(frozen=True)
@@ -373,13 +381,31 @@ class OptimizerEntry(Protocol):
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
+def environment_entry_points(spec: str | None = None) -> list[EntryPoint]:
+    """The optimizers ``$KAREUS_OPTIMIZERS`` (or ``spec``) names, as entry points of
+    :data:`ENTRY_POINT_GROUP` (not loaded). Raises :class:`InputError` for an entry that is not
+    ``NAME=module:Class``."""
+    spec = os.environ.get(ENV_OPTIMIZERS, "") if spec is None else spec
+    eps = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        name, _, value = (s.strip() for s in item.partition("="))
+        module, _, attr = value.partition(":")
+        if not (name and module.strip() and attr.strip()):
+            raise InputError(f"${ENV_OPTIMIZERS} entry {item!r} is not NAME=module:Class "
+                             "(e.g. uniform-clock=uniform_clock:UniformClock)")
+        eps.append(EntryPoint(name, value, ENTRY_POINT_GROUP))
+    return eps
+
+
 def registered_optimizers() -> dict[str, OptimizerEntry]:
-    """Entry points registered under :data:`ENTRY_POINT_GROUP`, by name (sorted); not loaded.
-    Raises :class:`InputError` where two installed packages register one name for different
-    classes (which one ran would depend on the install order), or a name is not a
-    :data:`PLAIN_NAME`."""
+    """Entry points registered under :data:`ENTRY_POINT_GROUP` by installed packages, and those
+    ``$KAREUS_OPTIMIZERS`` names (:func:`environment_entry_points`), by name (sorted); not
+    loaded. Raises :class:`InputError` where two register one name for different classes (which
+    one ran would depend on the install order), or a name is not a :data:`PLAIN_NAME`."""
     found: dict[str, OptimizerEntry] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in [*entry_points(group=ENTRY_POINT_GROUP), *environment_entry_points()]:
         if not PLAIN_NAME.fullmatch(ep.name):
             raise InputError(f"optimizer name {ep.name!r} (registered by {ep.value}) is not a "
                              "plain name (letters, digits, '.', '_' and '-', not starting with "

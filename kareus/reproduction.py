@@ -149,6 +149,7 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     from kareus.plugins import ignored_settings, own_settings
     from kareus.suite.executors import check_settings
     from kareus.suite.options import parse_settings
+    from kareus.suite.store import hold_run_folder
     from kareus.suite.suites import get_suite
     from workloads import make_workload, workload_ref
 
@@ -166,16 +167,18 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
         if workload is not None or any(v is not None for v in overrides.values()):
             raise InputError("--suite runs fixed configurations; drop --workload and the "
                              "parallelism overrides")
+        default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
+        target = check_writable_dir(out, "--out") if out is not None else default
+        _refuse_another_run_s_folder(target, suite, gpu, backend)
         for cfg in get_suite(suite):
             preset = get_preset(cfg.gpu or gpu)
             _check_job(make_workload(cfg.workload, **cfg.overrides),
                           preset.with_overrides(**cfg.gpu_overrides)
                           if cfg.gpu_overrides else preset, strict)
-        default = default_results_root() / (suite if gpu == DEFAULT_GPU else f"{suite}-{gpu}")
-        target = check_writable_dir(out, "--out") if out is not None else default
-        _refuse_another_run_s_folder(target, suite, gpu, backend)
-        run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
-                  backend_options, options)
+        with hold_run_folder(target):
+            _refuse_another_run_s_folder(target, suite, gpu, backend)  # held: one finished since?
+            run_suite(suite, gpu, backend, names, seed, target, force, jobs, executor,
+                      backend_options, options)
         _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
         return
     if workload is None:
@@ -186,15 +189,17 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
     clean = {k: v for k, v in overrides.items() if v is not None}
     w = make_workload(ref, **clean)  # validate before any work
     _refuse_if_none_can_plan(w, names)
-    _check_job(w, get_preset(gpu), strict)
     out_dir = (check_writable_dir(out, "--out") if out is not None
                else default_results_root() / w.name)
     _refuse_another_run_s_folder(out_dir, None, gpu, backend, w.name)
+    _check_job(w, get_preset(gpu), strict)
     t0 = time.perf_counter()
     cfg = SuiteConfig(label=out_dir.name, workload=ref, overrides=clean)
-    summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
-                          jobs=jobs, executor=executor,
-                          backend_options=backend_options, options=options)[cfg.label]
+    with hold_run_folder(out_dir):
+        _refuse_another_run_s_folder(out_dir, None, gpu, backend, w.name)  # held: one finished?
+        summary = run_configs([cfg], out_dir.parent, gpu, backend, names, seed, force=force,
+                              jobs=jobs, executor=executor,
+                              backend_options=backend_options, options=options)[cfg.label]
     _print_tables(summary)
     make_console().print(get_preset(gpu).provenance(), highlight=False)
     make_console().print(f"Results in {out_dir} ({time.perf_counter() - t0:.1f} s)")

@@ -120,6 +120,16 @@ def test_writable_folder_check_leaves_nothing_and_refuses_an_empty_path(tmp_path
         check_writable_dir("", "--out")
 
 
+def test_a_tilde_the_shell_left_is_the_home_folder_not_a_folder_named_tilde(tmp_path,
+                                                                           monkeypatch):
+    """`--out=~/res` reaches the command unexpanded; it must not create ./~/res."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert check_writable_dir("~/res", "--out") == tmp_path / "home" / "res"
+    assert check_writable_file("~/plots/f.png", "--plot") == tmp_path / "home" / "plots" / "f.png"
+    assert not (tmp_path / "~").exists()
+
+
 def test_writable_file_check_refuses_a_folder_an_empty_path_and_an_unwritable_folder(tmp_path):
     target = tmp_path / "new" / "plot.png"
     assert check_writable_file(target, "--plot") == target

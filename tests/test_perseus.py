@@ -151,6 +151,7 @@ def test_perseus_command_on_the_published_profile(capsys):
     (["--stages", "3"], "profile has 8 stages"),
     (["--stages", "8", "--unit-ms", "0"], "--unit-ms"),
     (["--stages", "8", "--filter", "odd"], "raw"),
+    (["--stages", "8", "--prefilter", "odd"], "raw"),
 ])
 def test_perseus_command_bad_input(capsys, args, fragment):
     path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")

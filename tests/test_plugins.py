@@ -558,6 +558,39 @@ def test_one_name_registered_for_two_classes_is_refused(monkeypatch):
     assert list(plugins.registered_optimizers()) == ["megatron"]
 
 
+def test_an_optimizer_named_in_the_environment_runs_without_installing(monkeypatch, problem,
+                                                                        capsys):
+    """$KAREUS_OPTIMIZERS registers a class of an importable module, as an entry point would."""
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    monkeypatch.setenv(plugins.ENV_OPTIMIZERS, " uniform-clock = uniform_clock:UniformClock ,")
+    try:
+        assert optimizer_names()[-1] == "uniform-clock"
+        opt = load_optimizer("uniform-clock", {"min_clock_mhz": "1300"})
+        run = harness.run_optimizer("uniform-clock", opt, problem)
+        assert run.status == "ok", run.error
+        assert len(run.points) == sum(c >= 1300 for c in problem.knobs.clocks_mhz) > 0
+        assert main(["optimizers"]) == 0
+        assert "uniform_clock:UniformClock  --set min_clock_mhz" in capsys.readouterr().out
+    finally:
+        sys.modules.pop("uniform_clock", None)
+
+
+@pytest.mark.parametrize("spec", ["uniform-clock", "=uniform_clock:UniformClock",
+                                  "uniform-clock=uniform_clock", "u=:UniformClock"])
+def test_a_malformed_environment_entry_is_one_input_error(monkeypatch, capsys, spec):
+    monkeypatch.setenv(plugins.ENV_OPTIMIZERS, f"megatron=baselines.megatron:Megatron,{spec}")
+    with pytest.raises(InputError, match=r"\$KAREUS_OPTIMIZERS entry .* is not NAME=module:Class"):
+        plugins.registered_optimizers()
+    assert main(["optimizers"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_an_environment_entry_cannot_take_a_built_in_s_name(monkeypatch):
+    monkeypatch.setenv(plugins.ENV_OPTIMIZERS, "perseus=my_plugin:FakePerseus")
+    with pytest.raises(InputError, match="'perseus' is registered twice"):
+        plugins.registered_optimizers()
+
+
 def test_when_every_optimizer_fails_the_message_names_the_workload(broken_plugins, tmp_path,
                                                                    capsys):
     out = tmp_path / "some_folder"

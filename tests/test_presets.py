@@ -425,3 +425,19 @@ def test_every_preset_says_where_its_numbers_come_from(capsys):
     assert main(["simulate", "-w", "gpt3-xl", "--tp", "4", "--pp", "2", "--mbs", "2",
                  "--microbatches", "4", "--gpu", "h100-sxm"]) == 0
     assert h100.provenance() in capsys.readouterr().out
+
+
+def test_the_default_clocks_reach_below_every_preset_s_knee():
+    """The paper's A100 space, 900-1410 MHz, is kept; on every preset the space reaches a little
+    below the V-f knee, where an instruction's least-energy clock lies (Hopper's knee sits low in
+    its range: a floor at 64 % of its top clock would cut its frugal clocks off)."""
+    from kareus.hardware.knobs import KnobSpace
+
+    a100 = KnobSpace.default(P.get_preset("a100-sxm4-40gb")).clocks_mhz
+    assert (a100[0], a100[-1], len(a100)) == (900.0, 1410.0, 18)
+    for name in P.PRESETS:
+        gpu = P.get_preset(name)
+        clocks = KnobSpace.default(gpu).clocks_mhz
+        assert clocks[-1] == gpu.clock_max_mhz
+        assert clocks[0] <= 0.85 * gpu.knee_mhz, name
+        assert clocks[0] >= gpu.clock_min_mhz

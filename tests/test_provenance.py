@@ -213,6 +213,19 @@ def test_figures_give_every_method_one_style_and_print_nothing(tmp_path, capsys)
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_figure_s_title_names_the_job_s_shape_and_the_preset_s_changes():
+    """Figures of one model at several shapes (the paper suite) or static powers (the static
+    sweep) tell themselves apart."""
+    from kareus.suite.report import figure_title
+
+    summary = {"workload": "qwen3-1.7b", "num_gpus": 16, "gpu": "a100-sxm4-40gb", "backend": "sim",
+               "parallel": {"tp": 4, "cp": 2, "pp": 2, "dp": 1, "mbs": 8, "microbatches": 8,
+                            "seq": 8192}}
+    assert figure_title(summary) == ("qwen3-1.7b: TP4 CP2 PP2, MBS 8 x 8, seq 8192\n"
+                                     "16 x a100-sxm4-40gb (sim)")
+    assert figure_title(summary, {"static_power_w": 40.0}).endswith("(sim), static_power_w 40")
+
+
 def test_the_breakdown_is_relative_to_megatron():
     from kareus.suite.report import _breakdown_rows
 

@@ -165,6 +165,47 @@ def test_a_run_never_writes_into_another_kind_of_run_s_folder(tmp_path, capsys):
     assert (one_dir / "summary.json").read_bytes() == before
 
 
+def test_a_second_run_into_a_folder_being_written_is_refused(tmp_path, capsys):
+    """Two runs checking one folder at once would each find it theirs; the one that comes
+    second is refused while the first holds it, and writes nothing."""
+    from kareus.suite.store import hold_run_folder
+
+    out = tmp_path / "busy"
+    argv = ["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron", "--out", str(out)]
+    with hold_run_folder(out):
+        assert reproduce.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --out {out}: another run is writing there now; wait for it to "
+                       "finish or give another --out"]
+        assert list(out.iterdir()) == []
+    assert reproduce.main(argv) == 0  # released with the run that held it
+
+
+def test_a_run_interrupted_while_writing_its_results_does_not_pass_for_finished(
+        tmp_path, capsys, monkeypatch):
+    """The old summary.json goes before the new files are written: a Ctrl-C among them leaves no
+    summary that would describe the other files wrongly, and the rerun writes it."""
+    from kareus.suite import report
+
+    out = tmp_path / "run"
+    argv = ["--workload", "gpt3-xl", *SMALL, "--optimizers", "megatron,perseus", "--out",
+            str(out)]
+    assert reproduce.main(argv) == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "plot_breakdown", interrupted)
+    assert reproduce.main([*argv, "--set", "unit_ms=2"]) == 130
+    assert not (out / "summary.json").exists() and (out / "cells" / "perseus.json").is_file()
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert reproduce.main([*argv, "--set", "unit_ms=2"]) == 0
+    assert "reusing 2 cell(s)" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and set(summary["optimizers"]) == {"megatron", "perseus"}
+
+
 def _closed_output_run(argv: list[str], cwd: Path) -> tuple[int, str]:
     """Run ``argv`` with its stdout's reader gone before the first line: (status, stderr)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, wherever installed

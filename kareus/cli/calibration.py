@@ -124,7 +124,7 @@ def calibrate(profile_path: str | None, sweep_path: str | None, spec_path: str |
         from kareus.atomic import check_writable_dir
 
         out_dir = "results/calibration" if out_path is None else out_path
-        check_writable_dir(out_dir, "--out")
+        out_dir = str(check_writable_dir(out_dir, "--out"))
         report = _gpu_measure(preset, workload, layers, clocks, out_dir, partitions,
                               allow_clock_control, static_power, strict, layout)
         emit(report, as_json, lambda: json.dumps(report, indent=2))
@@ -275,9 +275,9 @@ def _calibrate_partition(sweep_path: str, spec_path: str | None, preset: GPUPres
     from kareus.atomic import check_writable_file
 
     read = {"--partition-sweep": sweep_path, "--spec": spec_path}
-    check_writable_file(out_path, "--out", read)
+    out_path = str(check_writable_file(out_path, "--out", read))
     if figure_path is not None:
-        check_writable_file(figure_path, "--figure", {**read, "--out": out_path})
+        figure_path = str(check_writable_file(figure_path, "--figure", {**read, "--out": out_path}))
     if figure_path is not None:
         from kareus.suite.report import check_figure_path
 

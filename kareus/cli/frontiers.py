@@ -69,7 +69,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
           for key in ignored_settings(optimizer_name, options)])
     if solver is not None and not set_solver:
         _check_has_solver(optimizer_name)  # refused as --set solver=... would be
-    _check_frontier_outputs(time_budget_s, energy_budget_j, breakdown, backend, export_dir)
+    export_dir = _check_frontier_outputs(time_budget_s, energy_budget_j, breakdown, backend,
+                                         export_dir)
     from kareus.suite.progress import terminal_progress
 
     with terminal_progress(not as_json) as progress:
@@ -148,9 +149,11 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
 
 
 def _check_frontier_outputs(time_budget_s: float | None, energy_budget_j: float | None,
-                            breakdown: bool, backend: str, export_dir: str | None) -> None:
+                            breakdown: bool, backend: str, export_dir: str | None
+                            ) -> str | None:
     """``kareus frontier``'s checks of what it is asked to pick and write, before any work:
-    positive budgets, ``--breakdown`` only on the simulator, a writable ``--export`` folder."""
+    positive budgets, ``--breakdown`` only on the simulator, a writable ``--export`` folder.
+    Returns the folder to export to (``~`` expanded), ``None`` without ``--export``."""
     from kareus.errors import InputError
 
     for label, v in (("--time-budget-s", time_budget_s), ("--energy-budget-j", energy_budget_j)):
@@ -161,12 +164,13 @@ def _check_frontier_outputs(time_budget_s: float | None, energy_budget_j: float 
     if export_dir is not None:
         from kareus.atomic import check_writable_dir
 
-        check_writable_dir(export_dir, "--export")
+        export_dir = str(check_writable_dir(export_dir, "--export"))
         for name in EXPORT_FILES:
             target = Path(export_dir) / name
             if target.is_dir():
                 raise InputError(f"--export {export_dir!r}: {name} there is a folder; the export "
                                  "writes a file of that name")
+    return export_dir
 
 
 def _frontier_options(optimizer_name: str, solver: str | None, settings: tuple[str, ...]

@@ -36,13 +36,13 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
     from kareus.plugins import ProfileRunner, load_optimizer
     from workloads.parallel import pipeline_fill_warnings
 
-    warn(pipeline_fill_warnings(microbatches, stages))
     runner = load_optimizer(optimizer)
     if not isinstance(runner, ProfileRunner):
         raise InputError(f"optimizer {optimizer!r} cannot run on a measured profile")
     from kareus.suite.progress import terminal_progress
 
-    df = load_profile(profile_path)
+    df = load_profile(profile_path)  # refused in one line before any warning
+    warn(pipeline_fill_warnings(microbatches, stages))
     with terminal_progress(not as_json) as progress:
         points = runner.on_profile(df, profile_path, stages, microbatches, p_static,
                                    unit_time_s=unit_ms / 1e3, progress=progress, **kwargs)
@@ -78,8 +78,10 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
 
 @click.command()
 @_profile_options
-@click.option("--filter", "prefilter", type=click.Choice(["raw", "effective"]), default="raw",
-              show_default=True, help="Pareto pre-filter on raw or static-adjusted energy.")
+@click.option("--prefilter", "--filter", "prefilter", type=click.Choice(["raw", "effective"]),
+              default="raw", show_default=True,
+              help="Pareto pre-filter on raw or static-adjusted energy (--set prefilter=... "
+                   "in a run).")
 @click.option("--all-iterations", is_flag=True, help="Every solver step, in solver order.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def perseus(profile_path: str, stages: int, microbatches: int, p_static: float, unit_ms: float,

@@ -12,6 +12,26 @@ from kareus.hardware.presets import GPUPreset
 from kareus.plan import LIBRARY_DEFAULT
 
 
+#: The paper's lowest clock as a share of the top clock: 900 of 1410 MHz on A100.
+FLOOR_OF_MAX = 0.64
+
+#: The paper's lowest clock as a share of the V–f knee: 900 MHz against the A100's 1077 MHz.
+FLOOR_OF_KNEE = 0.836
+
+
+def clock_floor_mhz(gpu: GPUPreset) -> float:
+    """The lowest clock (MHz, before rounding to the clock grid) of the default knob space: the
+    Kareus paper's A100 floor, 900 MHz, carried to ``gpu`` as the lower of the same share of its
+    top clock (:data:`FLOOR_OF_MAX`) and the same share of its V–f knee
+    (:data:`FLOOR_OF_KNEE`). Below the knee the voltage stays at its floor, so a lower clock
+    saves no dynamic energy per operation and only adds static energy: an instruction's
+    least-energy clock lies near the knee, and the space reaches a little below it on every GPU.
+    A GPU whose knee sits low in its range (Hopper: 1077 of 1980 MHz) would otherwise have its
+    frugal clocks cut off, leaving power caps (which slow each kernel below the space) the only
+    way there."""
+    return min(FLOOR_OF_MAX * gpu.clock_max_mhz, FLOOR_OF_KNEE * gpu.knee_mhz)
+
+
 @dataclass(frozen=True)
 class KnobSpace:
     """What optimizers may choose from.
@@ -31,13 +51,14 @@ class KnobSpace:
 
     @staticmethod
     def default(gpu: GPUPreset) -> "KnobSpace":
-        """The Kareus paper's space scaled to ``gpu``: clocks from ~64 % of the maximum (A100:
-        900 MHz) to the maximum in two hardware steps (30 MHz on A100); all-reduce SMs 3..30 step 3;
-        CP collective SMs 1..20; both also the library's default kernel (0); power limits from
-        ~1.6x static power to the default limit in 25 W steps. Every partition's (launch, wait)
-        windows are searched (:func:`kareus.optimizer.kareus.partition_windows`)."""
+        """The Kareus paper's space carried to ``gpu``: clocks from its floor
+        (:func:`clock_floor_mhz`; A100: 900 MHz) to the maximum in two hardware steps (30 MHz on
+        A100); all-reduce SMs 3..30 step 3; CP collective SMs 1..20; both also the library's
+        default kernel (0); power limits from ~1.6x static power to the default limit in 25 W
+        steps. Every partition's (launch, wait) windows are searched
+        (:func:`kareus.optimizer.kareus.partition_windows`)."""
         step = 2 * gpu.clock_step_mhz
-        lo = gpu.clock_min_mhz + np.floor((0.64 * gpu.clock_max_mhz - gpu.clock_min_mhz) / step
+        lo = gpu.clock_min_mhz + np.floor((clock_floor_mhz(gpu) - gpu.clock_min_mhz) / step
                                           ) * step
         clocks = tuple(float(c) for c in np.arange(gpu.clock_max_mhz, lo - 1e-6, -step)[::-1])
         pl_lo = max(100.0, 25 * np.ceil(1.6 * gpu.static_power_w / 25))

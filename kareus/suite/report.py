@@ -196,11 +196,24 @@ def _frame_limits(ax, t: pd.Series, e: pd.Series) -> None:  # noqa: ANN001
     ax.set_ylim(e_lo - pad_e, e_hi + pad_e)
 
 
+#: How far toward white a dominated plan's colour is blended: opaque, so that thousands of
+#: overlapping plans stay a pale cloud instead of stacking into a second, solid curve.
+DOMINATED_WHITE = 0.72
+
+
+def _pale(color: str) -> tuple[float, float, float]:
+    """``color`` blended :data:`DOMINATED_WHITE` of the way toward white (opaque RGB)."""
+    from matplotlib.colors import to_rgb
+
+    return tuple(c + DOMINATED_WHITE * (1.0 - c) for c in to_rgb(color))
+
+
 def _draw_frontiers(ax, frame: pd.DataFrame, dominated: bool, scale: float = 1.0) -> list[str]:  # noqa: ANN001
-    """Draw every method of ``frame`` (``frontiers.csv`` rows) on ``ax``: dominated points faint
-    and unjoined (if ``dominated``), the Pareto frontier as a line marked every few points, the
-    fastest plan as a large outlined marker (the larger ones below, so coinciding methods stay
-    visible). ``scale`` multiplies marker sizes. Returns the methods drawn, in order."""
+    """Draw every method of ``frame`` (``frontiers.csv`` rows) on ``ax``: dominated points pale
+    and unjoined (if ``dominated``; those outside the frame counted in a corner note), the Pareto
+    frontier as a line marked every few points, the fastest plan as a large outlined marker (the
+    larger ones below, so coinciding methods stay visible). ``scale`` multiplies marker sizes.
+    Returns the methods drawn, in order."""
     from matplotlib.colors import to_rgb
 
     from kareus.suite.style import method_style
@@ -214,8 +227,8 @@ def _draw_frontiers(ax, frame: pd.DataFrame, dominated: bool, scale: float = 1.0
         front = d[d.on_frontier].sort_values("time_s")
         if dominated:
             rest = d[~d.on_frontier]
-            ax.scatter(rest.time_s, rest.energy_kj, s=7 * scale, marker=st.marker,
-                       color=st.color, alpha=0.16, linewidths=0, zorder=1, rasterized=True)
+            ax.scatter(rest.time_s, rest.energy_kj, s=5 * scale, marker=st.marker,
+                       color=_pale(st.color), linewidths=0, zorder=1, rasterized=True)
         if not front.empty:
             ax.plot(front.time_s, front.energy_kj, "-", color=st.color, alpha=0.9, zorder=3,
                     marker=st.marker, ms=3.2 * scale ** 0.5, markevery=max(1, len(front) // 6),
@@ -228,6 +241,13 @@ def _draw_frontiers(ax, frame: pd.DataFrame, dominated: bool, scale: float = 1.0
     front_all = df[df.on_frontier]
     if not front_all.empty:
         _frame_limits(ax, front_all.time_s, front_all.energy_kj)
+        if dominated:
+            (t_lo, t_hi), (e_lo, e_hi) = ax.get_xlim(), ax.get_ylim()
+            outside = int((~df.time_s.between(t_lo, t_hi) | ~df.energy_kj.between(e_lo, e_hi)
+                           ).sum())
+            if outside:
+                ax.text(0.99, 0.99, f"{outside} plan{'s' if outside > 1 else ''} off the axes",
+                        transform=ax.transAxes, ha="right", va="top", fontsize=6, color="0.4")
     return names
 
 
@@ -242,7 +262,7 @@ def _method_handles(names: list[str], explain: bool = True) -> list:
     if explain:
         handles += [Line2D([], [], color="0.45", marker="o", ms=7, mfc=(0.45, 0.45, 0.45, 0.22),
                            mew=1.3, lw=0, label="fastest plan (max throughput)"),
-                    Line2D([], [], color="0.45", marker="o", ms=3, lw=0, alpha=0.35,
+                    Line2D([], [], color=_pale("0.45"), marker="o", ms=3, lw=0,
                            label="dominated plan")]
     return handles
 
@@ -250,7 +270,7 @@ def _method_handles(names: list[str], explain: bool = True) -> list:
 def plot_frontiers(frame: pd.DataFrame, path: Path, title: str) -> None:
     """Time–energy frontiers of all methods, sized for a paper's column: each method in its own
     colour and marker (:mod:`kareus.suite.style`), Pareto frontiers as lines, dominated plans
-    faint and unjoined, the fastest plan of each as a large outlined marker."""
+    pale and unjoined, the fastest plan of each as a large outlined marker."""
     from matplotlib.figure import Figure
 
     from kareus.suite.style import COLUMN_IN, figure_style
@@ -351,7 +371,7 @@ def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
             ax.axvline(0, color="0.3", lw=0.7)
             lo, hi = _extent(rows, key)
             span = max(hi - lo, 1.0)
-            ax.set_xlim(lo - (0.5 if lo < 0 else 0.08) * span, hi + 0.5 * span)
+            ax.set_xlim(lo - (0.65 if lo < 0 else 0.08) * span, hi + 0.5 * span)
             for yy, r in zip(y, rows):
                 v = r[key]
                 end = _extent([r], key)[1 if v >= 0 else 0]  # beyond the bar on the value's side
@@ -359,12 +379,12 @@ def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
                         va="center", ha="left" if v >= 0 else "right", fontsize=6.2)
             ax.grid(axis="y", visible=False)
         ax_t.set_yticks(y, [method_style(r["optimizer"]).label for r in rows])
-        ax_t.set_xlabel("Δ time (%)")
-        ax_e.set_xlabel("Δ energy (%)")
+        ax_t.set_xlabel("Δ time (%)\n< 0: faster")
+        ax_e.set_xlabel("Δ energy (%)\n< 0: less")
         if ref:
             r = summary["optimizers"][ref]["max_throughput"]
             fig.suptitle(f"{title}\nmax-throughput plans vs {method_style(ref).label}'s "
-                         f"({r['time_s']:.3g} s, {r['energy_j'] / 1e3:.3g} kJ)")
+                         f"({r['time_s']:.3g} s, {r['energy_j'] / 1e3:.1f} kJ)")
         fig.legend(handles=[Patch(color="0.35", alpha=0.9, label="dynamic"),
                             Patch(facecolor="0.35", alpha=0.45, hatch="/////", label="static"),
                             Line2D([], [], color="black", marker="|", lw=0, ms=7, mew=1.3,
@@ -382,8 +402,9 @@ def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
     windows absent from it are skipped."""
     import seaborn as sns
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
-    from kareus.suite.style import figure_style
+    from kareus.suite.style import PAGE_IN, figure_style
 
     key = list(zip(frame.overlap_start, frame.overlap_end))
     df = frame.assign(window=[f"({s}, {e})" for s, e in key],
@@ -393,30 +414,29 @@ def plot_partition_fit(frame: pd.DataFrame, path: Path, title: str,
     order = [f"({s}, {e})" for s, e in windows if f"({s}, {e})" in set(df.window)]
     palette = dict(zip(order, sns.color_palette("tab10", len(order))))
     with figure_style():
-        fig = Figure(figsize=(6.5 * max(1, len(blocks)), 5), layout="constrained")
+        fig = Figure(figsize=(PAGE_IN, 3.2), layout="constrained")
         axes = fig.subplots(1, max(1, len(blocks)), sharey=True, squeeze=False)
         for ax, b in zip(axes[0], blocks):
             sub = df[df.comm_block_size == b].sort_values("comm_sm_number")
             for w in order:
                 d = sub[sub.window == w]
-                ax.plot(d.comm_sm_number, d.predicted_s * 1e3, color=palette[w], lw=1.6,
-                        label=f"{w} predicted")
-                ax.scatter(d.comm_sm_number, d.measured_s * 1e3, color=palette[w], s=18,
-                           label=f"{w} measured")
-            ax.set_title(f"{b} threads per block", fontsize=10)
+                ax.plot(d.comm_sm_number, d.predicted_s * 1e3, color=palette[w], lw=1.2)
+                ax.scatter(d.comm_sm_number, d.measured_s * 1e3, color=palette[w], s=9)
+            ax.set_title(f"{b} threads per block")
             ax.set_xlabel("SMs given to the all-reduce")
-            ax.set_ylabel("partition time (ms, log scale)")
             ax.set_yscale("log")
             ticks = [2, 2.5, 3, 4, 5, 6, 8, 10, 12]
             ax.set_yticks(ticks)
             ax.set_yticklabels([f"{v:g}" for v in ticks])
             ax.minorticks_off()
             ax.set_xticks(sorted(sub.comm_sm_number.unique())[::2])
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        axes[0][-1].legend(handles, labels, fontsize=7, ncol=2, title="window (launch, wait)",
-                           title_fontsize=8)
+        axes[0][0].set_ylabel("partition time (ms, log scale)")
+        handles = [Line2D([], [], color=palette[w], lw=1.2, marker="o", ms=3.5, label=w)
+                   for w in order]
+        fig.legend(handles=handles, loc="outside right center", frameon=False,
+                   title="window\n(launch, wait)")
         fig.suptitle(title + "\nmarkers: measured (mean of repeats); lines: the fitted "
-                     "partition law", fontsize=10)
+                     "partition law")
         _savefig(fig, path)
 
 
@@ -449,14 +469,31 @@ RESULT_FILES = ("summary.json", "frontiers.csv", "comparison.md", "frontiers.png
                 "energy_breakdown.png", "timings.json")
 
 
+def figure_title(summary: Mapping, gpu_overrides: Mapping[str, float] | None = None) -> str:
+    """Two lines naming one configuration in its figures: the workload and the job's shape
+    (``llama3.2-3b: TP8 PP2, MBS 8 x 8, seq 4096``), then the GPUs, the backend and any preset
+    parameter the run changed (``static_power_w 40``), so that figures of one model at several
+    shapes or settings tell themselves apart."""
+    p = summary["parallel"]
+    grid = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "cp", "pp", "dp")
+                    if p[k] > 1 or k == "tp")
+    changed = "".join(f", {k} {v:g}" for k, v in sorted((gpu_overrides or {}).items()))
+    return (f"{summary['workload']}: {grid}, MBS {p['mbs']} x {p['microbatches']}, "
+            f"seq {p['seq']}\n{summary['num_gpus']} x {summary['gpu']} ({summary['backend']})"
+            f"{changed}")
+
+
 def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun],
-                  timings: Mapping | None = None) -> list[Path]:
+                  timings: Mapping | None = None,
+                  gpu_overrides: Mapping[str, float] | None = None) -> list[Path]:
     """Write every result file of one comparison; returns the paths written. ``summary.json``
-    is written last, so its presence means the cell finished."""
+    is written last, so its presence means the cell finished. ``gpu_overrides``: the preset
+    parameters the run changed, named in the figures' titles."""
     out_dir = Path(out_dir)
+    # the old summary goes first: interrupted below, the folder must not pass for finished
+    (out_dir / RESULT_FILES[0]).unlink(missing_ok=True)
     frame = frontiers_frame(runs)
-    title = (f"{summary['workload']}, {summary['num_gpus']} x {summary['gpu']} "
-             f"({summary['backend']})")
+    title = figure_title(summary, gpu_overrides)
     paths = [out_dir / name for name in RESULT_FILES[:5]]
     atomic_write_text(paths[1], frame.to_csv(index=False))
     atomic_write_text(paths[2], comparison_markdown(summary))
@@ -639,12 +676,15 @@ def plot_suite_breakdown(summaries: Mapping[str, Mapping], path: Path, title: st
             x = [i + (j - (len(present) - 1) / 2) * width for i in idx]
             rows = [per[labels[i]][name] for i in idx]
             ax_t.bar(x, [r["time_pct"] for r in rows], width * 0.92, color=st.color, alpha=0.9)
+            flat = [xx for xx, r in zip(x, rows) if abs(r["time_pct"]) < 0.05]
+            ax_t.hlines([0.0] * len(flat), [xx - 0.46 * width for xx in flat],
+                        [xx + 0.46 * width for xx in flat], color=st.color, lw=2.4, zorder=4)
             _diverging(ax_e, x, rows, [st.color] * len(rows), width * 0.92, horizontal=False)
         for ax in (ax_t, ax_e):
             ax.axhline(0, color="0.3", lw=0.7)
             ax.grid(axis="x", visible=False)
-        ax_t.set_ylabel("time vs Megatron-LM (%)")
-        ax_e.set_ylabel("energy vs Megatron-LM (%)")
+        ax_t.set_ylabel("Δ time vs Megatron-LM (%)\n< 0: faster")
+        ax_e.set_ylabel("Δ energy vs Megatron-LM (%)\n< 0: less")
         ax_e.set_xticks(range(len(labels)), labels, rotation=25, ha="right")
         handles = [Patch(color=method_style(o).color, label=method_style(o).label)
                    for o in present]

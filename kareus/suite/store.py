@@ -6,14 +6,16 @@ content hashes of the code that computed it (:mod:`kareus.suite.provenance`); be
 records who made it (suite version, git commit). It is written
 atomically (temporary file + rename) as soon as the optimizer finishes, so an interrupted sweep
 (SIGINT, SIGTERM, a crash inside a plugin) keeps every finished cell; a rerun reuses the cells
-whose key matches and computes only the missing ones. Two runs writing the same folder never see a
-half-written file; a lock serialises the writers of each configuration's summary.
+whose key matches and computes only the missing ones. One run at a time writes a folder
+(:func:`hold_run_folder`); within it, no process sees a half-written file, and a lock serialises
+the writers of each configuration's summary.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +37,27 @@ def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> 
         "wall_s": round(run.wall_s, 3), "optimize_s": round(run.optimize_s, 3),
         **({"refused": True} if run.refused else {}),
     }
+
+
+@contextmanager
+def hold_run_folder(folder: Path, option: str = "--out") -> Iterator[None]:
+    """Hold ``folder`` for one run (an exclusive lock on the folder itself, released when the
+    run's process ends, however it ends); created if missing. A second run into a held folder is
+    refused (:class:`~kareus.errors.InputError`, one line): two runs checking the folder at once
+    would each find it theirs, and the later would write over the other's finished results."""
+    from kareus.errors import InputError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{option} {folder}: another run is writing there now; wait for it "
+                             "to finish or give another --out") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 class MalformedCell(ValueError):

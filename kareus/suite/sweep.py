@@ -294,7 +294,7 @@ def _write_config(cfg, out_dir: Path, gpu: str, backend: str, names: list[str], 
                                     suite_version=__version__, complete=complete)
     with store.lock(cfg.label):
         report.write_results(out_dir, summary, runs, report.timings_object(
-            runs, sum(r.wall_s for r in runs.values())))
+            runs, sum(r.wall_s for r in runs.values())), gpu_overrides=cfg.gpu_overrides)
     return summary
 
 
