@@ -82,13 +82,14 @@ def run(progress: Progress = SILENT) -> tuple[list[dict], pd.DataFrame, pd.DataF
     return report, pd.concat(tables, ignore_index=True), pd.concat(frames, ignore_index=True)
 
 
-def top_window_extrapolation(window_mhz: float) -> list[dict]:
+def top_window_extrapolation(window_mhz: float, progress: Progress = SILENT) -> list[dict]:
     """Each profile fitted on its clocks within ``window_mhz`` of its top clock, predicting the
     clocks below: time and energy MAPE (%) there, by the calibration's default (``kept``: the
     knee and voltage ratio kept from the preset, when the window lies above the knee; else
     ``free``) and with them always fitted (``free``). A window that leaves fewer than 4 clocks to
     fit or none to predict is refused (:class:`click.BadParameter`)."""
     out = []
+    task = progress.start("top-window fits", len(CASES) * len(DIRECTIONS) * 2)
     for gpu, tag in CASES:
         preset = get_preset(gpu)
         for model, _ in DIRECTIONS:
@@ -105,6 +106,7 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
                     "below it to predict (at least 1)", param_hint="--top-window")
             for min_below in (MIN_CLOCKS_BELOW_KNEE, 0):
                 res = calibrate(profile[inside], preset, min_clocks_below_knee=min_below)
+                task.advance()
                 rows, _ = predict_relative(res, preset, profile)
                 low = rows[rows.frequency < cut]
                 label = "kept" if res.kept_from_preset else "free"
@@ -113,6 +115,7 @@ def top_window_extrapolation(window_mhz: float) -> list[dict]:
                             "v_ratio": res.law.v_ratio,
                             "time_mape_pct": mape_pct(low.time, low.time_pred),
                             "energy_mape_pct": mape_pct(low.energy, low.energy_pred)})
+    task.done()
     return out
 
 
@@ -128,12 +131,13 @@ def knee_rules(source: GPUPreset, target: GPUPreset) -> dict[str, float | None]:
             "same MHz": source.knee_mhz}
 
 
-def cross_gpu_table() -> list[dict]:
+def cross_gpu_table(progress: Progress = SILENT) -> list[dict]:
     """Each (target, source) of :data:`CROSS` and knee rule (:func:`knee_rules`), both directions
     of models: the target's profile of one model fitted with the carried knee and voltage ratio
     held (``own``: fitted freely), the other model's per-clock time and energy relative to its top
     clock predicted (MAPE %)."""
     out = []
+    task = progress.start("cross-GPU fits", len(CROSS) * 3 * len(DIRECTIONS))
     for gpu, source_gpu in CROSS:
         target, source = get_preset(gpu), get_preset(source_gpu)
         tag = dict(CASES)[gpu]
@@ -147,12 +151,14 @@ def cross_gpu_table() -> list[dict]:
                     raise InputError("shared/perseus_sosp24 not found; set KAREUS_SHARED_DIR")
                 res = calibrate(load_profile(fit_path), preset,
                                 min_clocks_below_knee=0 if knee is None else sys.maxsize)
+                task.advance()
                 _, tr = predict_relative(res, preset, load_profile(test_path))
                 out.append({"gpu": gpu, "curve_from": gpu if knee is None else source_gpu,
                             "rule": rule, "fit": fit_model, "test": test_model,
                             "knee_mhz": res.law.knee_mhz, "v_ratio": res.law.v_ratio,
                             "hold_time_mape_pct": tr.time_mape_pct,
                             "hold_energy_mape_pct": tr.energy_mape_pct})
+    task.done()
     return out
 
 
@@ -177,9 +183,9 @@ def main(detail: bool, plot: str | None, as_json: bool, top_window: float | None
         plot = str(check_writable_file(plot, "--plot"))
     from kareus.suite.progress import terminal_progress
 
-    windows = None if top_window is None else top_window_extrapolation(top_window)
-    carried = cross_gpu_table() if cross_gpu else None
     with terminal_progress() as progress:
+        windows = None if top_window is None else top_window_extrapolation(top_window, progress)
+        carried = cross_gpu_table(progress) if cross_gpu else None
         report, table, frames = run(progress)
     if write_json is not None:
         _write_record(write_json, report)

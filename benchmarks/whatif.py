@@ -72,10 +72,13 @@ def study_record(folder: Path, args: list[str], wall_s: float | None, jobs: int 
     order = pd.read_csv(folder / "frontier.csv")["config"].tolist()
     configs = {name: configuration_record(json.loads((folder / name / "summary.json").read_text()))
                for name in order}
-    written = dt.date.fromtimestamp((folder / "metadata.json").stat().st_mtime)
+    # the run's own date and --jobs where its metadata has them (a file's time is its checkout's)
+    written = meta.get("date_this_run") or dt.date.fromtimestamp(
+        (folder / "metadata.json").stat().st_mtime).isoformat()
+    jobs = meta.get("jobs_this_run", jobs) if wall_s is None else jobs
     return {"command": "python reproduce.py " + " ".join(args) + f" --jobs {jobs}",
             "gpu": meta["gpu"], "git_commit": meta["git_commit"],
-            "date": written.isoformat(),
+            "date": written,
             "wall_s": round(wall_s if wall_s is not None else meta.get("wall_s_this_run", 0.0), 1),
             "configs": configs}
 

@@ -55,6 +55,8 @@ def hold_run_folder(folder: Path, option: str = "--out") -> Iterator[None]:
         except BlockingIOError:
             raise InputError(f"{option} {folder}: another run is writing there now; wait for it "
                              "to finish or give another --out") from None
+        except OSError:  # a file system without locks (some network mounts): run unheld
+            pass
         yield
     finally:
         os.close(fd)

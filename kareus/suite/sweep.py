@@ -321,14 +321,18 @@ def run_suite(suite: str, gpu: str, backend: str, names: list[str], seed: int, o
         own_gpus=[f"{c.label} on {c.gpu}" for c in configs if c.gpu and c.gpu != gpu],
         headlines=PAPER_HEADLINES if suite == "paper" else None)
     report.atomic_write_text(out / "metadata.json", json.dumps(
-        _metadata(suite, gpu, backend, names, time.perf_counter() - t0), indent=2) + "\n")
+        _metadata(suite, gpu, backend, names, time.perf_counter() - t0, jobs), indent=2) + "\n")
     console.print(f"Suite {suite}: {len(configs)} configurations in "
                   f"{time.perf_counter() - t0:.1f} s -> {out}")
     make_console().print((out / "tables.md").read_text())
     return out
 
 
-def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: float) -> dict:
+def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: float,
+              jobs: int = 1) -> dict:
+    """What ran the suite (code, packages) and how this run went: its wall time (s), ``--jobs``
+    and its date (UTC), which a record of the folder quotes (``benchmarks/whatif.py``)."""
+    import datetime
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -344,4 +348,5 @@ def _metadata(suite: str, gpu: str, backend: str, names: list[str], wall_s: floa
             packages[pkg] = None
     return {"suite": suite, "suite_version": __version__, "git_commit": commit, "gpu": gpu,
             "backend": backend, "optimizers": names, "python": platform.python_version(),
-            "packages": packages, "wall_s_this_run": round(wall_s, 1)}
+            "packages": packages, "wall_s_this_run": round(wall_s, 1), "jobs_this_run": jobs,
+            "date_this_run": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
