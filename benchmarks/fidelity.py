@@ -510,8 +510,9 @@ def _write_record(path: str, gpu: str) -> None:
     from kareus.atomic import merge_json_record
 
     today = datetime.date.today().isoformat()
+    on = "" if gpu == DEFAULT_GPU else f" --gpu {gpu}"
     merge_json_record(path, {name: {"date": today, "gpu": gpu,
-                               "command": f"python benchmarks/fidelity.py --only {name} "
+                               "command": f"python benchmarks/fidelity.py --only {name}{on} "
                                           f"--write {path}", **entry}
                         for name, entry in RECORD.items()})
     click.echo(f"\n(wrote {', '.join(sorted(RECORD))} to {path})")
@@ -680,7 +681,9 @@ def paper_predictions(gpu: str) -> pd.DataFrame:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True)
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True,
+              help="The preset of the artifact and partition sections; the others simulate "
+                   "their measurements' own GPUs.")
 @click.option("--fit", "do_fit", is_flag=True, help="Refit the iteration-scale parameters.")
 @click.option("--skip-partition", is_flag=True, help="Skip the partition-law fit (slow).")
 @click.option("--predictions", "predictions_csv", default=None, type=click.Path(dir_okay=False),
