@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from baselines.profiles import check_arguments, frequencies_record
 from kareus.energy import iteration_energy
 from kareus.errors import JobRefused
+from kareus.frontier import undominated
 from kareus.graph import (
     Direction,
     Instruction,
@@ -37,6 +37,7 @@ from kareus.graph import (
     critical_path,
     one_f_one_b,
     schedule_times,
+    transfer_delay,
 )
 from kareus.methods.profiling import profile_instructions, profile_to_options
 from kareus.methods.tradeoff import (
@@ -49,6 +50,10 @@ from kareus.methods.tradeoff import (
 )
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def in_envelope(ins: Instruction, stages: int, microbatches: int) -> bool:
     """Whether ``ins`` is on the outer envelope: the last stage, or a stage's first forward or
@@ -88,8 +93,9 @@ def starting_clock(options: Sequence[Option], unit_time_s: float = 0.0) -> Hasha
     quantized time is closest to its measured time). With ``unit_time_s`` 0, simply the slowest
     Pareto-optimal option.
     """
-    pareto = [o for o in options
-              if not any(p.time_s < o.time_s and p.energy_j < o.energy_j for p in options)]
+    times, energies = [o.time_s for o in options], [o.energy_j for o in options]
+    keep = undominated(times, energies, times, energies, strict=True)
+    pareto = [o for o, kept in zip(options, keep) if kept]
     slowest = max(_quantized(o.time_s, unit_time_s) for o in pareto)
     return max((o for o in pareto if _quantized(o.time_s, unit_time_s) == slowest),
                key=lambda o: (o.energy_j, o.time_s)).knob
@@ -155,7 +161,7 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
                 clock[ins] = c[c.index(low) + 1]
         steps += 1
     delays = boundary_delays(stages, p2p_s)
-    hops = sum(delays[min(a.stage, b.stage)] for a, b in zip(path, path[1:]) if a.stage != b.stage)
+    hops = sum(transfer_delay(a.stage, b.stage, delays) for a, b in zip(path, path[1:]))
     length = (sum(measured[ins.type_key][clock[ins]] for ins in path) + hops
               + sum(wait_before(ins, waits) for ins in path))
     return EnvPipeRun(clock, tuple(path), length, steps)

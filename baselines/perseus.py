@@ -9,7 +9,7 @@ solver on an external Zeus-format profile (``kareus perseus``).
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kareus.errors import InputError
 from kareus.methods.profiling import TradeoffSettings, clock_tradeoff_plans
@@ -17,6 +17,9 @@ from kareus.methods.tradeoff import is_prefilter
 from kareus.plan import IterationPlan
 from kareus.plugins import Problem
 from kareus.progress import SILENT, Progress
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Perseus:

@@ -21,8 +21,7 @@ for both.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kareus.errors import InputError
 from kareus.frontier import pareto_indices
@@ -40,6 +39,9 @@ from kareus.methods.tradeoff import (
     whole_dag_problem,
 )
 from kareus.progress import SILENT, Progress
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 

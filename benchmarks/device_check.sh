@@ -6,7 +6,7 @@
 #   benchmarks/device_check.sh OUTDIR [--only P,Q | --from P] [--fake] [--models a,b]
 #
 # Phases (one JSON each under OUTDIR, written atomically the moment the phase ends, so a kill
-# keeps what finished): env power pytest workload contention fault, then summary.json and
+# keeps what finished): env power fault pytest workload contention, then summary.json and
 # log.txt -- 8 files at most. A phase whose record exists is skipped; --only reruns phases.
 # --fake: the dry run on the CPU with a fake NVML card (tests/test_device_check.py runs it).
 # Limit: DEVICE_CHECK_LIMIT_S (default 480) seconds, then exit status 124.
@@ -28,7 +28,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "$0")/.."
 unset KAREUS_ALLOW_CLOCK_CONTROL
-unset ZEUSD_SOCK_PATH  # zeus's daemon would set clocks over its socket, past the NVML guard
+unset ZEUSD_SOCK_PATH ZEUSD_HOST_PORT ZEUSD_TOKEN  # zeus's daemon (a socket or TCP) would set clocks past the NVML guard
 export KAREUS_NVML_GUARD=1
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check for a shared machine: installs nothing, never changes clocks or power limits.
+# GPU check for a shared machine: installs nothing, never changes clocks or power limits (both
+# steps run under the NVML guard, kareus.backends.gpu.guarded: every NVML setter raises).
 #
 #   benchmarks/gpu_check.sh OUTDIR [extra args for python3 -m kareus.backends.gpu.check]
 #
@@ -33,7 +34,8 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"   # the script works from the repository root
 cd "$(dirname "$0")/.."
 unset KAREUS_ALLOW_CLOCK_CONTROL
-unset ZEUSD_SOCK_PATH  # zeus's daemon would set clocks over its socket, past the NVML guard
+unset ZEUSD_SOCK_PATH ZEUSD_HOST_PORT ZEUSD_TOKEN  # zeus's daemon (a socket or TCP) would set clocks past the NVML guard
+export KAREUS_NVML_GUARD=1
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 PY="${PYTHON:-python3}"   # the interpreter that holds the CUDA build of torch
 # Each step has a wall-clock limit (s), so a hung NCCL init or kernel cannot eat a GPU lease;
@@ -44,12 +46,12 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 
 start=$(date +%s)
 echo "== pytest -m gpu" | tee "$OUT/summary.txt"
-timeout "$PYTEST_LIMIT_S" "$PY" -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+timeout "$PYTEST_LIMIT_S" "$PY" -m kareus.backends.gpu.guarded pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
 pytest_rc=${PIPESTATUS[0]}
 echo "pytest -m gpu exit status: $pytest_rc" | tee -a "$OUT/summary.txt"
 
 echo "== measured vs simulated (python -m kareus.backends.gpu.check)" | tee -a "$OUT/summary.txt"
-timeout "$CHECK_LIMIT_S" "$PY" -m kareus.backends.gpu.check --out "$OUT" "$@" 2>&1 | tee -a "$OUT/summary.txt"
+timeout "$CHECK_LIMIT_S" "$PY" -m kareus.backends.gpu.guarded kareus.backends.gpu.check --out "$OUT" "$@" 2>&1 | tee -a "$OUT/summary.txt"
 check_rc=${PIPESTATUS[0]}
 echo "check exit status: $check_rc" | tee -a "$OUT/summary.txt"
 echo "elapsed: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"

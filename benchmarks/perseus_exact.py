@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from baselines.envpipe import envpipe_on_profile  # noqa: E402
 from baselines.profiles import perseus_on_profile  # noqa: E402
 from kareus.frontier import change_pct  # noqa: E402
+from kareus.frontier import fastest as fastest_index  # noqa: E402
 from kareus.hardware.profile import load_profile  # noqa: E402
 from kareus.suite.datasets import perseus_profile  # noqa: E402
 from tests.perseus_reference import reference_frontier  # noqa: E402
@@ -63,7 +64,8 @@ def main(microbatches: int, a40: bool, skip_sim: bool) -> None:
         de = max(abs(r[1] - o["energy_j"]) for r, o in zip(ref, ours))
         click.echo(f"{name:30s} {len(ours):6d} {len(ref):6d} {dt:10.2e} {de:10.2e} "
                    f"{t1 - t0:7.1f} {t2 - t1:7.1f}" + ("" if same else "  CLOCKS DIFFER"))
-        fastest[name] = min(ours, key=lambda p: (p["time_s"], p["energy_j"]))
+        fastest[name] = ours[fastest_index([p["time_s"] for p in ours],
+                                           [p["energy_j"] for p in ours])]
 
     click.echo(f"\n== EnvPipe against Perseus's fastest plan ({microbatches} microbatches)")
     click.echo(f"{'profile':30s} {'T s':>8s} {'E J':>10s} {'T/T_P':>7s} {'E/E_P':>7s} {'run s':>6s}")

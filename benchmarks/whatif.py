@@ -55,10 +55,11 @@ def configuration_record(summary: dict) -> dict[str, float | None]:
             out[f"{short}_{field}"] = _reduction(summary, "max_throughput_vs_megatron", name, key)
     points = summary["optimizers"].get("perseus", {}).get("points") or []
     if points:
-        fastest = min(p["time_s"] for p in points)
-        frugal = min(points, key=lambda p: (p["energy_j"], p["time_s"]))["time_s"]
-        out["perseus_fastest_s"] = float(fastest)
-        out["perseus_least_energy_s"] = float(frugal)
+        from kareus.frontier import fastest, least_energy
+
+        times, energies = [p["time_s"] for p in points], [p["energy_j"] for p in points]
+        out["perseus_fastest_s"] = float(times[fastest(times, energies)])
+        out["perseus_least_energy_s"] = float(times[least_energy(times, energies)])
     return out
 
 

@@ -2,7 +2,8 @@
 line naming the problem); 1 internal failure (one line; ``KAREUS_DEBUG=1`` re-raises for the
 traceback; 1 also for a plugin's own fault, ``plugin error: ...``, and when every optimizer of a
 run failed: ``error: every optimizer failed``, but 2 when each refused the job);
-130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n. A reader that
+130 / 143 interrupted by SIGINT / SIGTERM; a command's own ``ctx.exit(n)``: n; 2 when standard
+output is closed before the start (``>&-``). A reader that
 closes the output early (``| head``): what goes through the suite's rich consoles
 (:mod:`kareus.suite.console`: tables, and the progress bar on a terminal) is dropped and the
 command finishes with its own status; a plain write stops the command, 1 with one line saying so. A
@@ -25,8 +26,14 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str,
     """Run ``command`` with ``argv`` and map what happens to an exit status.
 
     ``interrupted(cause)`` handles Ctrl-C / a SIGTERM raised as KeyboardInterrupt and returns the
-    status (default: print "aborted", 130).
+    status (default: print "aborted", 130). Started with standard output closed (``>&-``, where
+    Python leaves ``sys.stdout`` None), the command is refused with status 2 before any work.
     """
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            click.echo("error: standard output is closed (as `>&-` does): the command would have "
+                       "nowhere to print; send it to a file or /dev/null instead", err=True)
+        return 2
     try:
         # click returns the status of a ``click.exceptions.Exit`` (``ctx.exit(n)``) when not
         # standalone; callbacks themselves return None

@@ -44,6 +44,21 @@ def pareto_indices(times: ArrayLike, energies: ArrayLike) -> NDArray[np.int64]:
     return np.asarray(keep, dtype=np.int64)
 
 
+def undominated(ref_times: ArrayLike, ref_energies: ArrayLike, times: ArrayLike,
+                energies: ArrayLike, strict: bool = False) -> NDArray[np.bool_]:
+    """Which points (``times`` s, ``energies`` J) no reference point dominates: a reference
+    point dominates one that is no faster and no cheaper, so a point equal to a reference point
+    counts as dominated (``strict``: one that is slower *and* costlier, lowtime's rule for an
+    instruction's options, under which a tie on either axis survives). One boolean per point."""
+    rt, re_ = np.asarray(ref_times, float), np.asarray(ref_energies, float)
+    t, e = np.asarray(times, float), np.asarray(energies, float)
+    if strict:
+        beats = (rt[None, :] < t[:, None]) & (re_[None, :] < e[:, None])
+    else:
+        beats = (rt[None, :] <= t[:, None]) & (re_[None, :] <= e[:, None])
+    return ~beats.any(axis=1)
+
+
 def hypervolume(times: ArrayLike, energies: ArrayLike, ref_point: tuple[float, float]) -> float:
     """Area dominated by the points and bounded by ``ref_point`` (both objectives minimised),
     computed with pymoo's HV indicator."""

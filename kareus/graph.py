@@ -394,6 +394,13 @@ def boundary_delays(stages: int, p2p_s: float | Sequence[float]) -> tuple[float,
     return delays
 
 
+def transfer_delay(stage_a: int, stage_b: int, delays: Sequence[float]) -> float:
+    """The transfer time (s) on a dependency between an instruction of stage ``stage_a`` and one
+    of the neighbouring stage ``stage_b``: their boundary's (``delays`` as
+    :func:`boundary_delays` gives them), 0 within one stage."""
+    return delays[min(stage_a, stage_b)] if stage_a != stage_b else 0.0
+
+
 def schedule_times(stages: int, microbatches: int, durations: Mapping[Instruction, float],
                    p2p_s: float | Sequence[float] = 0.0) -> dict[Instruction, tuple[float, float]]:
     """Earliest (start, end) of every instruction of the 1F1B DAG given their durations (s);
@@ -454,8 +461,7 @@ def critical_path(stages: int, microbatches: int, times: dict[Instruction, tuple
     while deps[node]:
         start = times[node][0]
         prev = [d for d in deps[node]
-                if abs(times[d][1] + (delay[min(d.stage, node.stage)]
-                                      if d.stage != node.stage else 0.0) - start) < 1e-12]
+                if abs(times[d][1] + transfer_delay(d.stage, node.stage, delay) - start) < 1e-12]
         if not prev:
             break
         node = max(prev, key=lambda d: times[d][1])

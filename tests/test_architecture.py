@@ -230,3 +230,16 @@ def test_no_import_circles():
 def test_an_import_circle_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_circles(graph) == [["a", "b", "c"]]
+
+
+def test_loading_the_simulator_optimizers_leaves_pandas_unloaded():
+    """pandas (a third of a second to import) is for reading profiles and writing results; the
+    optimizers that plan on the simulator name it only in type hints."""
+    import subprocess
+    import sys
+
+    modules = "baselines.megatron, baselines.perseus, kareus.optimizer.kareus, kareus.backends.sim"
+    code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m == 'pandas'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert out.strip() == "[]"

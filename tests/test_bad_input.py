@@ -2,6 +2,7 @@
 leaving nothing on disk (or, where the input is odd but valid, accepted)."""
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -185,8 +186,10 @@ def test_reproduce_refuses_an_empty_out_and_names_each_optimizer_once(capsys, tm
 
 @pytest.mark.parametrize("damage,fragment", [
     (lambda d: (d / "cells").write_text(""), "cells: should be a folder"),
-    (lambda d: (d / ".lock").mkdir(), ".lock: should be a file"),
-    (lambda d: (d / "summary.json").mkdir(), "summary.json: should be a file"),
+    (lambda d: (d / ".lock").mkdir(), ".lock: should be a regular file"),
+    (lambda d: (d / "summary.json").mkdir(), "summary.json: should be a regular file"),
+    (lambda d: os.mkfifo((d / "cells").mkdir() or d / "cells" / "megatron.json"),
+     "megatron.json: should be a regular file"),  # opening a FIFO would block the run
     (lambda d: (d / "cells" / "megatron.json").mkdir(parents=True), "megatron.json: should be"),
 ])
 def test_a_damaged_results_folder_is_refused(capsys, tmp_path, damage, fragment):

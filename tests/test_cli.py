@@ -261,3 +261,23 @@ def test_an_unknown_option_points_at_the_command_s_help(capsys):
                                          "(`kareus simulate --help` lists its options)")
     code, _, err = run(capsys, "simulate", "-w", "gpt3-xl", "--tpp", "2")
     assert code == 2 and "Did you mean" in err and "--help" not in err
+
+
+def test_the_cli_choices_are_the_methods_own():
+    """The CLI lists its choices by hand (importing the solver's module would slow every
+    command's start); they must stay the ones the methods accept."""
+    from typing import get_args
+
+    import click
+
+    from kareus.cli.frontiers import frontier
+    from kareus.cli.profiles import perseus
+    from kareus.methods.profiling import Solver
+    from kareus.methods.tradeoff import Prefilter
+
+    def choices(command: click.Command, name: str) -> tuple[str, ...]:
+        option = next(p for p in command.params if p.name == name)
+        return tuple(option.type.choices)
+
+    assert choices(perseus, "prefilter") == get_args(Prefilter)
+    assert choices(frontier, "solver") == get_args(Solver)

@@ -186,14 +186,14 @@ def test_a_group_s_step_is_its_slowest_gpu_s_time_and_mean_energy():
 
 
 def test_zeus_windows_use_the_oldest_zeus_the_project_allows(monkeypatch):
-    """zeus>=0.11 (pyproject): its ``begin_window(key, sync_execution)`` takes no ``restart``
+    """zeus>=0.13 (pyproject): its ``begin_window(key, sync_execution)`` takes no ``restart``
     (only 0.16 has it). A window that a failed measurement left open is ended and begun again."""
     import sys
     from types import ModuleType, SimpleNamespace
 
     from kareus.backends.gpu.measure import ZeusMeter
 
-    class ZeusMonitor011:  # the 0.11-0.15 signatures and behaviour
+    class ZeusMonitor011:  # the 0.11-0.15 signatures and behaviour (0.13 is the oldest allowed)
         def __init__(self, gpu_indices, cpu_indices, sync_execution_with):
             self.measurement_states: dict[str, float] = {}
             self.energy_j = 0.0
@@ -217,3 +217,49 @@ def test_zeus_windows_use_the_oldest_zeus_the_project_allows(monkeypatch):
     meter.begin()
     meter._mon.energy_j = 12.0
     assert meter.end() == (1.0, 7.0)
+
+
+@pytest.mark.parametrize("api,importable,expected", [
+    ("get_total_energy_consumption", True, True),  # 0.13 and later
+    ("getTotalEnergyConsumption", True, False),  # 0.11 / 0.12: camelCase device API
+    ("get_total_energy_consumption", False, False),  # a dependency of zeus's own missing
+])
+def test_zeus_counts_only_where_its_device_api_can_be_called(monkeypatch, api, importable,
+                                                              expected):
+    """A zeus the backend cannot call counts as absent: the NVML bindings are then used
+    directly, instead of a device whose first call fails."""
+    import importlib.machinery
+    import sys
+    from types import ModuleType
+
+    from kareus.backends.gpu.device import zeus_available
+
+    common = ModuleType("zeus.device.gpu.common")
+    if importable:
+        common.GPU = type("GPU", (), {api: lambda self: 0})
+    else:
+        def missing(name):
+            raise ImportError("No module named 'httpx'")
+        common.__getattr__ = missing
+    for name in ("zeus", "zeus.device", "zeus.device.gpu"):
+        module = ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules, "zeus.device.gpu.common", common)
+    assert zeus_available() is expected
+
+
+def test_the_window_is_sized_on_warm_steps_not_the_cold_first_ones():
+    """A first step ten times slower (autotuning, cold caches) does not shrink the window: the
+    step time that sizes it comes from the warm-up's steps after ``warmup_steps``."""
+    clock = FakeClock()
+    dev = FakeDevice(power_w=300.0, time_fn=clock)
+    durations = iter([2.5] + [0.25] * 100)
+
+    def step():
+        clock.t += next(durations)
+
+    cfg = MeasureConfig(warmup_s=1.0, warmup_steps=1, window_s=3.0, min_steps=2)
+    res = measure_window(step, CounterMeter([dev], time_fn=clock), cfg, time_fn=clock,
+                         sleep_fn=clock.sleep)
+    assert res.steps == 12 and res.time_s == pytest.approx(3.0)  # not ceil(3 / 1.375) = 3

@@ -100,6 +100,25 @@ def test_solver_shortens_the_iteration_one_unit_per_step():
     assert max(steps[-1].knobs.values()) == 1410
 
 
+def test_the_solver_quiets_lowtime_only_while_lowtime_runs():
+    """lowtime logs every step at INFO; the solve holds its logger at WARNING while lowtime's
+    code runs, and leaves it as it was between the steps it yields and when abandoned."""
+    import logging
+
+    logger = logging.getLogger("lowtime")
+    before = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        steps = solve(_synthetic_options(2), 2, 4, 84.0)
+        next(steps)
+        assert logger.level == logging.INFO  # the consumer's code runs with its own level
+        next(steps)
+        steps.close()  # abandoned after two steps
+        assert logger.level == logging.INFO
+    finally:
+        logger.setLevel(before)
+
+
 def test_a_job_no_clock_speeds_up_gives_its_starting_point():
     """Every option equally fast (a host-bound job): lowtime has nothing to reduce and yields no
     step; the solve yields the starting point, each instruction at its lowtime candidate, so the

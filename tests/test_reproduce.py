@@ -234,3 +234,18 @@ def test_a_closed_output_that_stops_a_command_says_so(tmp_path):
     assert err.strip().splitlines() == [
         "error: the output's reader closed it before the command finished (as `| head` does): "
         "the rest of its output is lost"]
+
+
+def test_a_command_started_with_its_output_closed_is_refused_before_any_work(tmp_path):
+    """`kareus workloads >&-`: Python starts with no standard output; one line, status 2, and
+    `reproduce.py` writes nothing (it was an internal error in the table's width)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for argv in ([sys.executable, "-m", "kareus", "workloads"],
+                 [sys.executable, str(ROOT / "reproduce.py"), "--workload", "gpt3-xl", *SMALL,
+                  "--optimizers", "megatron", "--out", str(tmp_path / "out")]):
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                              env=env, timeout=300, preexec_fn=lambda: os.close(1))
+        err = proc.stderr.decode()
+        assert proc.returncode == 2, err
+        assert len(err.strip().splitlines()) == 1 and "standard output is closed" in err, err
+    assert not (tmp_path / "out").exists()

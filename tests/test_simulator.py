@@ -152,6 +152,12 @@ def test_power_cap_throttles_each_phase_and_holds(a100):
     f_eff, watts = capped.kernel_power(BIG_GEMM, 1410)
     assert f_eff < 1410 and watts <= a100.power_limit_w
     assert free.kernel_power(BIG_GEMM, 1410)[1] > a100.power_limit_w  # it would exceed the cap
+    # at a clock it ran at, the op's power is the law's there, cap or not (a card's calibration
+    # compares a measurement at the observed clock with it)
+    uncapped_w = capped.kernel_dynamic_power(BIG_GEMM, 1410) + a100.static_power_w
+    assert uncapped_w == pytest.approx(free.kernel_power(BIG_GEMM, 1410)[1], rel=1e-12)
+    assert capped.kernel_dynamic_power(BIG_GEMM, f_eff) + a100.static_power_w \
+        == pytest.approx(watts, rel=1e-9)
     part = Partition("g/0", (BIG_GEMM,), None)
     clocks = a100.clock_grid(900, 1410)
     grid = capped.evaluate_partition(part, clocks, np.array([1]), np.array([[0, 0]]))

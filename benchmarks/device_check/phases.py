@@ -11,11 +11,11 @@ and fails loudly on any difference. Phases, one JSON file each under OUTDIR (wri
 ========== ============================================================================
 env        guard, versions (driver, CUDA, torch, NCCL, NVML), the card, energy counter
 power      idle power, spin-wait power (static), bf16 GEMM and HBM copy ceilings
+fault      SIGTERM and SIGKILL mid-measurement (:mod:`~benchmarks.device_check.fault`)
 pytest     ``pytest -m gpu tests/test_gpu_cuda.py`` under the guard, no clock control
 workload   gpt3-xl and llama3.2-3b, 2 layers, TP1 PP1 on the GPU backend: the iteration,
            each instruction, each op, beside the simulator at the observed clock
 contention a communication-like kernel on k SMs beside a GEMM, attention, an elementwise op
-fault      SIGTERM and SIGKILL mid-measurement (:mod:`~benchmarks.device_check.fault`)
 summary    per-phase status, settings after and their difference, guard attempts
 ========== ============================================================================
 
@@ -53,7 +53,9 @@ if TYPE_CHECKING:
     from kareus.backends.gpu.settings import CardSettings
     from kareus.hardware.presets import GPUPreset
 
-PHASES = ("env", "power", "pytest", "workload", "contention", "fault")
+#: In run order: the fault check is short and guards what the later ones rely on, so it runs
+#: before the long phases that a time limit cuts first.
+PHASES = ("env", "power", "fault", "pytest", "workload", "contention")
 MODELS = ("gpt3-xl", "llama3.2-3b")
 
 
@@ -165,6 +167,10 @@ def phase_env(run: Run) -> JsonObject:
         "max_sm_clock_mhz": text(dev.max_sm_clock_mhz), "sm_clock_mhz": text(dev.sm_clock_mhz),
         "compile_kernel": hasattr(torch.cuda, "_compile_kernel"),
         "guard": run.guard.describe(), "settings_before": run.settings_before.to_dict(),
+        # the energy counter covers the whole board: another process on the card (or a MIG
+        # slice of it, settings_before's mig_mode) would be in every window measured here
+        "other_processes": sorted(p for p in run.card.pids() if p != os.getpid()),
+        "memory_used_bytes_at_start": text(run.card.memory_used_bytes),
     }
     try:  # the record keeps the versions above when the card's energy counter cannot be read
         counter = counter_update_period(dev, 1.0 if not run.card.fake else 0.2)

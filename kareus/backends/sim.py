@@ -430,6 +430,12 @@ class SimulatorBackend:
         t, _ = self._compute_raw(op, np.array([[float(sms)]]), 0.0, 0.0)
         return float(t[0, j])
 
+    def kernel_dynamic_power(self, op: ComputeOp, clock_mhz: float) -> float:
+        """Dynamic power (W) of ``op`` on all SMs, back to back, at a clock it actually runs at
+        (no power cap): the power that goes with :meth:`kernel_time` there."""
+        j = int(self.clock_index(clock_mhz)[0])
+        return float(self._alone_uncapped(op).power[j])
+
     def collective_time(self, comm: CommOp, clock_mhz: float, sms: int | None,
                         threads: int | None = None) -> float:
         """Time (s) of ``comm`` alone on ``sms`` SMs (``None``: the library's kernel; no cap)."""

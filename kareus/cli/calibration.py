@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kareus.cli.common import STRICT_OPTION, build_workload, emit, render, warn
-from kareus.hardware.presets import get_preset
+from kareus.hardware.presets import fitted_value, get_preset
 from kareus.suite.options import comma_list
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
     fit, and with ``write_preset`` write it into the preset file."""
     from dataclasses import asdict
 
-    from kareus.hardware.calibration import MIN_CLOCKS_BELOW_KNEE
+    from kareus.hardware.calibration import FITTED_FIELDS, MIN_CLOCKS_BELOW_KNEE
     from kareus.hardware.calibration import calibrate as fit
     from kareus.hardware.profile import load_profile
 
@@ -177,9 +177,9 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
                              f"{MAX_WRITTEN_FIT_MAPE_PCT:g} % is written): the profile does not "
                              "follow a GPU's clock law (check its columns and units)")
         source = f"fitted: `kareus calibrate --profile {recorded_path(profile_path)}`"
-        changes = {"sm_dyn_power_w": (round(fitted.sm_dyn_power_w, 1), source),
-                   "knee_mhz": (round(fitted.knee_mhz, 1), source),
-                   "v_ratio": (float(f"{fitted.v_ratio:.4g}"), source)}
+        written = {"sm_dyn_power_w": round(fitted.sm_dyn_power_w, 1),
+                   "knee_mhz": round(fitted.knee_mhz, 1), "v_ratio": fitted_value(fitted.v_ratio)}
+        changes = {k: (written[k], source) for k in FITTED_FIELDS}
         # what the profile could not identify keeps the preset's value and source
         obj.update(_write_fit(gpu, {k: v for k, v in changes.items()
                                     if k not in res.kept_from_preset}))

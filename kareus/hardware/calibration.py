@@ -47,6 +47,9 @@ from kareus.hardware.presets import GPUPreset
 
 #: Distinct profile clocks below the preset's knee needed to fit the knee and the voltage ratio.
 MIN_CLOCKS_BELOW_KNEE = 2
+#: The preset fields a profile's fit sets: SM dynamic power at full activity (W), the V-f knee
+#: (MHz) and the voltage ratio (:meth:`CalibrationResult.fitted_preset`).
+FITTED_FIELDS = ("sm_dyn_power_w", "knee_mhz", "v_ratio")
 
 
 @dataclass(frozen=True)

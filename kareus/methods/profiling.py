@@ -10,8 +10,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
-import pandas as pd
-
 from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.errors import JobRefused
@@ -36,6 +34,8 @@ from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import OptimizerSettings, require
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from kareus.plugins import Problem
 
 

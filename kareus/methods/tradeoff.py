@@ -45,15 +45,17 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeGuard
+from typing import TYPE_CHECKING, Literal, TypeGuard, get_args
 
 import networkx as nx
 
 from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
-from kareus.frontier import even_indices
-from kareus.graph import Direction, Instruction, boundary_delays, dag_dependencies, one_f_one_b
+from kareus.frontier import even_indices, least_energy
+from kareus.graph import (Direction, Instruction, boundary_delays, dag_dependencies, one_f_one_b,
+                          transfer_delay)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,7 +76,7 @@ PERSEUS_UNIT_S = 1e-3
 
 def is_prefilter(value: object) -> TypeGuard[Prefilter]:
     """Whether ``value`` names a pre-filter (:data:`Prefilter`)."""
-    return value in ("raw", "effective")
+    return value in get_args(Prefilter)
 
 #: lowtime's exponential fit is tried on an instruction type's options only where the fastest
 #: option's quantized time is at most this many times their spread (fit_exponential_model). Its
@@ -214,8 +216,9 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
 
     from kareus.methods.phillips_dessouky import IncrementalPhillipsDessouky
 
-    if prefilter not in ("raw", "effective"):
-        raise InputError(f"unknown pre-filter {prefilter!r}; choose raw or effective")
+    if not is_prefilter(prefilter):
+        raise InputError(f"unknown pre-filter {prefilter!r}; choose "
+                         f"{' or '.join(get_args(Prefilter))}")
     if not unit_time_s > 0:
         raise InputError(f"unit time must be positive, got {unit_time_s}")
     try:
@@ -266,29 +269,41 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
     if any(w > 0 for w in waits):
         _add_first_forward_waits(dag, nodes, waits, unit_time_s)
     solver = IncrementalPhillipsDessouky(dag, cut="ortools" if fast else "lowtime")
-    quiet = logging.getLogger("lowtime")
-    level = quiet.level
-    quiet.setLevel(max(level, logging.WARNING))
+    tables = [knob_tables[(ins.stage, ins.direction)] for ins, _ in nodes]
+    steps = 0
+    run = solver.run()
+    while True:
+        with _lowtime_quiet():  # only while lowtime's code runs: never across a ``yield``
+            result = next(run, None)
+        if result is None:
+            break
+        assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
+        steps += 1
+        yield SolverStep(iteration=result.iteration, quant_time=int(result.quant_time),
+                         real_time_s=float(result.real_time), cost=float(result.cost),
+                         layout=layout, assigned=assigned)
+    if steps == 0:
+        # No operation could be sped up (e.g. a host-bound job, whose time no clock
+        # changes): lowtime yields no step. Its starting point, every operation at its
+        # slowest, least-cost option, is then the one step.
+        assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
+        quant = _longest_path(dag)
+        yield SolverStep(iteration=0, quant_time=quant, real_time_s=quant * unit_time_s,
+                         cost=float(sum(lt.get_cost() for _, lt in nodes)),
+                         layout=layout, assigned=assigned)
+
+
+@contextmanager
+def _lowtime_quiet() -> Iterator[None]:
+    """lowtime's ``logging`` output held to warnings and above, restored on leaving: it logs
+    every solver step at INFO."""
+    logger = logging.getLogger("lowtime")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
     try:
-        tables = [knob_tables[(ins.stage, ins.direction)] for ins, _ in nodes]
-        steps = 0
-        for result in solver.run():
-            assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
-            steps += 1
-            yield SolverStep(iteration=result.iteration, quant_time=int(result.quant_time),
-                             real_time_s=float(result.real_time), cost=float(result.cost),
-                             layout=layout, assigned=assigned)
-        if steps == 0:
-            # No operation could be sped up (e.g. a host-bound job, whose time no clock
-            # changes): lowtime yields no step. Its starting point, every operation at its
-            # slowest, least-cost option, is then the one step.
-            assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
-            quant = _longest_path(dag)
-            yield SolverStep(iteration=0, quant_time=quant, real_time_s=quant * unit_time_s,
-                             cost=float(sum(lt.get_cost() for _, lt in nodes)),
-                             layout=layout, assigned=assigned)
+        yield
     finally:
-        quiet.setLevel(level)
+        logger.setLevel(level)
 
 
 def _longest_path(dag: nx.DiGraph) -> int:
@@ -527,7 +542,7 @@ def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
     for u, v in cross:
         dag.remove_edge(u, v)
         dag.add_node(next_id, op=_fixed_operation(
-            delays[min(node_stage[u], node_stage[v])], unit_time_s))
+            transfer_delay(node_stage[u], node_stage[v], delays), unit_time_s))
         dag.add_edge(u, next_id)
         dag.add_edge(next_id, v)
         next_id += 1
@@ -680,7 +695,7 @@ class SlackReclaimer:
 
         def gap(a: Instruction, b: Instruction) -> float:
             """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
-            return delays[min(a.stage, b.stage)] if a.stage != b.stage else 0.0
+            return transfer_delay(a.stage, b.stage, delays)
 
         at = {ins: k for k, ins in enumerate(self.order)}
         self._pred_edges: list[list[tuple[int, float]]] = [[] for _ in self.order]
@@ -819,7 +834,8 @@ def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
                                                     p2p_time_s).values())
 
     fastest = lambda opts: min(o.time_s for o in opts)  # noqa: E731
-    frugal = lambda opts: min(opts, key=lambda o: (o.energy_j, o.time_s)).time_s  # noqa: E731
+    frugal = lambda opts: opts[least_energy([o.time_s for o in opts],  # noqa: E731
+                                            [o.energy_j for o in opts])].time_s
     return iteration(frugal) - iteration(fastest)
 
 

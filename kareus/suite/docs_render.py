@@ -31,6 +31,7 @@ import click
 import pandas as pd
 
 from kareus.atomic import atomic_write_text
+from kareus.frontier import change_pct
 from kareus.suite.tables import signed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -526,7 +527,7 @@ def render_whatif(root: Path) -> str:
         out.append("|---|---|---|---|---|---|---|")
         for config, r in study["configs"].items():
             stretch = (f"{r['perseus_least_energy_s']:.3g} s vs {r['perseus_fastest_s']:.3g} s "
-                       f"({100 * (r['perseus_least_energy_s'] / r['perseus_fastest_s'] - 1):+.0f} %)"
+                       f"({change_pct(r['perseus_fastest_s'], r['perseus_least_energy_s']):+.0f} %)"
                        if r.get("perseus_fastest_s") else "-")
             out.append(f"| {config} | {pct(r['kareus_iso_time_pct'])} | "
                        f"{pct(r['kareus_iso_energy_pct'])} | {pct(r['nb_perseus_iso_time_pct'])} | "

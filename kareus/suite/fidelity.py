@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from kareus.energy import dynamic_from_measured
+from kareus.energy import static_energy
 from kareus.errors import InputError
 from kareus.frontier import (change_pct, fastest, iso_energy_time_reduction,
                              iso_time_energy_reduction, least_energy)
@@ -160,8 +160,8 @@ def nanobatch_dynamic_change(configs: list[FrontierConfig], measured: pd.DataFra
     ``configs``; ``static_power_w``: the blocking power (W) the frontiers were built with."""
     def dynamic(front: tuple[np.ndarray, np.ndarray], stages: int) -> tuple[float, float]:
         ends = endpoints(*front)
-        return (dynamic_from_measured(ends["E_at_T_min"], stages * static_power_w, ends["T_min"]),
-                dynamic_from_measured(ends["E_min"], stages * static_power_w, ends["T_at_E_min"]))
+        return (ends["E_at_T_min"] - static_energy(stages, static_power_w, ends["T_min"]),
+                ends["E_min"] - static_energy(stages, static_power_w, ends["T_at_E_min"]))
 
     rows = []
     for cfg in configs:

@@ -25,6 +25,7 @@ import pandas as pd
 from kareus.atomic import atomic_path, atomic_write_text
 from kareus.frontier import change_pct
 from kareus.plugins import Problem
+from kareus.suite import store
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import frontier_object
 from kareus.suite.tables import signed
@@ -465,10 +466,6 @@ def _savefig(fig, path: Path) -> None:  # noqa: ANN001
 
 #: The files :func:`write_results` writes in a configuration's folder (``timings.json`` only when
 #: given), in the order it returns them.
-RESULT_FILES = ("summary.json", "frontiers.csv", "comparison.md", "frontiers.png",
-                "energy_breakdown.png", "timings.json")
-
-
 def figure_title(summary: Mapping, gpu_overrides: Mapping[str, float] | None = None) -> str:
     """Two lines naming one configuration in its figures: the workload and the job's shape
     (``llama3.2-3b: TP8 PP2, MBS 8 x 8, seq 4096``), then the GPUs, the backend and any preset
@@ -490,20 +487,22 @@ def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerR
     is written last, so its presence means the cell finished. ``gpu_overrides``: the preset
     parameters the run changed, named in the figures' titles."""
     out_dir = Path(out_dir)
+    summary_path = out_dir / store.SUMMARY_JSON
     # the old summary goes first: interrupted below, the folder must not pass for finished
-    (out_dir / RESULT_FILES[0]).unlink(missing_ok=True)
+    summary_path.unlink(missing_ok=True)
     frame = frontiers_frame(runs)
     title = figure_title(summary, gpu_overrides)
-    paths = [out_dir / name for name in RESULT_FILES[:5]]
-    atomic_write_text(paths[1], frame.to_csv(index=False))
-    atomic_write_text(paths[2], comparison_markdown(summary))
-    plot_frontiers(frame, paths[3], title)
-    plot_breakdown(summary, paths[4], title)
+    paths = [out_dir / name for name in (store.FRONTIERS_CSV, store.COMPARISON_MD,
+                                         store.FRONTIERS_PNG, store.BREAKDOWN_PNG)]
+    atomic_write_text(paths[0], frame.to_csv(index=False))
+    atomic_write_text(paths[1], comparison_markdown(summary))
+    plot_frontiers(frame, paths[2], title)
+    plot_breakdown(summary, paths[3], title)
     if timings is not None:
-        paths.append(out_dir / RESULT_FILES[5])
+        paths.append(out_dir / store.TIMINGS_JSON)
         atomic_write_text(paths[-1], json.dumps(timings, indent=2) + "\n")
-    atomic_write_text(paths[0], json.dumps(summary, indent=2, sort_keys=False) + "\n")
-    return paths
+    atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    return [summary_path, *paths]
 
 
 # ---------------------------------------------------------------------------------------------

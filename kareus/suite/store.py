@@ -25,6 +25,17 @@ from kareus.json_types import is_finite_number
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import Choice, Point
 
+# A configuration's result files (:func:`kareus.suite.report.write_results` writes them; the
+# summary last, so that its presence means the configuration finished).
+SUMMARY_JSON = "summary.json"
+FRONTIERS_CSV = "frontiers.csv"
+COMPARISON_MD = "comparison.md"
+FRONTIERS_PNG = "frontiers.png"
+BREAKDOWN_PNG = "energy_breakdown.png"
+TIMINGS_JSON = "timings.json"
+RESULT_FILES = (SUMMARY_JSON, FRONTIERS_CSV, COMPARISON_MD, FRONTIERS_PNG, BREAKDOWN_PNG,
+                TIMINGS_JSON)
+
 
 def run_to_record(run: OptimizerRun, key: dict, made_by: dict | None = None) -> dict:
     """A finished run as JSON: its key, who made it (:func:`kareus.suite.provenance.made_by`),
@@ -169,18 +180,20 @@ class ResultsStore:
 
     def check_layout(self, config: str, optimizers: Sequence[str]) -> None:
         """Raise :class:`~kareus.errors.InputError` (one line) before any work when ``config``'s
-        folder cannot hold results: it, or its ``cells``, is a file, or what the run writes
-        there (its ``.lock``, the cells of ``optimizers``, the result files) is a folder."""
+        folder cannot hold results: it, or its ``cells``, is not a folder, or what the run
+        writes there (its ``.lock``, the cells of ``optimizers``, the result files) is not a
+        regular file (a folder, or a FIFO or device, which opening would block on or
+        damage)."""
         from kareus.errors import InputError
-        from kareus.suite.report import RESULT_FILES
 
         folder = self.root / config
         files = [".lock", *RESULT_FILES] + [f"cells/{name}.json" for name in optimizers]
         for path, want_dir in ((folder, True), (folder / "cells", True),
                                *((folder / name, False) for name in files)):
-            if path.exists() and path.is_dir() != want_dir:
-                raise InputError(f"{path}: should be a {'folder' if want_dir else 'file'}; the "
-                                 f"results folder is damaged (move it away or use another --out)")
+            if path.exists() and not (path.is_dir() if want_dir else path.is_file()):
+                raise InputError(f"{path}: should be a {'folder' if want_dir else 'regular file'}"
+                                 f"; the results folder is damaged (move it away or use another "
+                                 f"--out)")
 
     def save(self, config: str, optimizer: str, record: dict) -> None:
         atomic_write_text(self.cell_path(config, optimizer), json.dumps(record, indent=1) + "\n")

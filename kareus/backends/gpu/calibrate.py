@@ -182,13 +182,14 @@ def measure_ops(backend: GPUBackend, workload: Workload, clock_mhz: float,
                 seen.add((part.key, op.name))
                 t, dyn = backend.measure_partition_op(part, i, clock_mhz)
                 obs = snap_to_grid(observed_clock(backend, clock_mhz), backend.gpu)
+                # the card ran at ``obs``: the law there, time and power alike, without a cap
                 ts = sim.kernel_time(op, obs, backend.gpu.sms)
-                _, p_total = sim.kernel_power(op, obs)
+                dyn_sim = sim.kernel_dynamic_power(op, obs) * ts
                 rows.append(OpMeasurement(
                     direction=d, partition=part.key, op=op.name, kind=op.kind, clock_mhz=obs,
                     time_measured=t,
                     energy_measured=measured_energy(dyn, backend.static_power_w, t),
-                    time_sim=ts, energy_sim=p_total * ts))
+                    time_sim=ts, energy_sim=measured_energy(dyn_sim, sim.gpu.static_power_w, ts)))
     return rows
 
 
@@ -266,7 +267,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
 
     Returns the report (also written to ``report.json``).
     """
-    from kareus.hardware.calibration import calibrate
+    from kareus.hardware.calibration import FITTED_FIELDS, calibrate
     from kareus.hardware.knobs import KnobSpace
 
     preset = backend.gpu
@@ -312,8 +313,7 @@ def gpu_measure(backend: GPUBackend, workload: Workload, out_dir: str | Path, *,
         fitted = res.fitted_preset(preset, reference=ref)
         atomic_write_json(out / "fitted_preset.json", {
             "base": preset.name, "static_power_w": res.static_power_w,
-            "overrides": {k: getattr(fitted, k) for k in
-                          ("sm_dyn_power_w", "knee_mhz", "v_ratio")},
+            "overrides": {k: getattr(fitted, k) for k in FITTED_FIELDS},
             "fit": res.to_dict()})
         report["fit"] = {"time_mape_pct": res.time_mape_pct,
                          "energy_mape_pct": res.energy_mape_pct, **asdict(res.law),

@@ -226,8 +226,8 @@ class ZeusDevice:
         return float(self._call(self._gpu.get_instant_power_usage)) / 1e3
 
     def control_permission(self) -> tuple[bool, str]:
-        if os.environ.get("ZEUSD_SOCK_PATH"):  # the Zeus daemon sets clocks on its behalf
-            return True, ""
+        if os.environ.get("ZEUSD_SOCK_PATH") or os.environ.get("ZEUSD_HOST_PORT"):
+            return True, ""  # the Zeus daemon (over its socket or TCP) sets clocks for it
         from zeus.device.common import has_sys_admin
 
         if has_sys_admin():
@@ -358,10 +358,19 @@ def nvml_index(index: int, nvml: NvmlLike | None = None) -> int:
 
 
 def zeus_available() -> bool:
-    """Whether zeus can be found (without importing it)."""
+    """Whether a zeus this backend can call is installed: 0.13 or later, whose device API is
+    snake_case (0.11 and 0.12 name it ``getTotalEnergyConsumption`` ...). One that fails to
+    import (a dependency of its own missing) or is older counts as absent, so that the NVML
+    bindings are used directly instead of a device that fails at its first call."""
     import importlib.util
 
-    return importlib.util.find_spec("zeus") is not None
+    if importlib.util.find_spec("zeus") is None:
+        return False
+    try:
+        from zeus.device.gpu.common import GPU
+    except Exception:  # noqa: BLE001 - ImportError of its own dependencies, or anything else
+        return False
+    return hasattr(GPU, "get_total_energy_consumption")
 
 
 # --------------------------------------------------------------------------------- fake device

@@ -32,7 +32,8 @@ class MeasureConfig:
 
     Attributes:
         warmup_s: Run the step this long before measuring (at least ``warmup_steps`` times).
-        warmup_steps: Minimum warm-up steps.
+        warmup_steps: Minimum warm-up steps; the step time that sizes the window is timed on the
+            warm-up steps after them (at least one), run back to back as in the window.
         window_s: Minimum window length.
         min_steps: Minimum steps inside the window.
         cooldown_s: Idle time before the warm-up (0: none).
@@ -194,15 +195,20 @@ def measure_window(step: Callable[[], object], meter: Meter, cfg: MeasureConfig,
         barrier()
     if cfg.cooldown_s > 0:
         sleep_fn(cfg.cooldown_s)
+    # The step time that sizes the window comes from the warm-up's steps after the first
+    # ``warmup_steps`` (which pay for cold caches and autotuning), run as the window runs them:
+    # back to back, with no wait for the GPU between them; at least one such step.
     t0 = time_fn()
     warm = 0
-    while warm < cfg.warmup_steps or time_fn() - t0 < cfg.warmup_s:
+    mark_t, mark = (t0, 0) if cfg.warmup_steps <= 0 else (t0, -1)
+    while warm < cfg.warmup_steps or time_fn() - t0 < cfg.warmup_s or warm == mark:
         step()
         warm += 1
-        if warm >= cfg.warmup_steps:
+        if warm == cfg.warmup_steps:
             sync()
+            mark_t, mark = time_fn(), warm
     sync()
-    per_step = max((time_fn() - t0) / warm, 1e-9)
+    per_step = max((time_fn() - mark_t) / (warm - max(mark, 0)), 1e-9)
     n = max(cfg.min_steps, math.ceil(cfg.window_s / per_step))
     if agree:
         n = agree(n)

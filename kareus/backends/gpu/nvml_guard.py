@@ -15,8 +15,8 @@ ECC or MIG mode, and never reset the card. :func:`activate` enforces that for th
 
 zeus calls ``pynvml.nvmlDeviceSet...`` through the module attribute at call time
 (``zeus.device.gpu.nvidia``), so (1) covers zeus whether it is imported before or after. zeus's
-daemon (``ZEUSD_SOCK_PATH`` set) sets clocks over a socket instead, past any NVML guard: the
-device scripts unset it.
+daemon (``ZEUSD_SOCK_PATH`` or ``ZEUSD_HOST_PORT`` set) sets clocks over a socket or TCP
+instead, past any NVML guard: the device scripts unset both.
 :meth:`NvmlGuard.verify` proves the guard is on: it calls every blocked setter and expects the
 refusal. Every attempt is recorded (:attr:`NvmlGuard.attempts`).
 

@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 
 from kareus.energy import measured_energy
 from kareus.errors import InputError
-from kareus.frontier import hypervolume, pareto_indices
+from kareus.frontier import hypervolume, pareto_indices, undominated
 from kareus.optimizer.search.base import Evaluator, PartitionSpace, SearchResult
 from kareus.optimizer.search.base import resolve_budget
 
@@ -76,12 +76,6 @@ def _latin_grid(shape: tuple[int, ...], n: int, rng: np.random.Generator) -> NDA
         u = (rng.permutation(n) + rng.random(n)) / n
         cols.append(np.minimum((u * levels).astype(np.int64), levels - 1))
     return np.stack(cols, axis=1)
-
-
-def _undominated(front_t: NDArray[np.float64], front_e: NDArray[np.float64],
-                 t: NDArray[np.float64], e: NDArray[np.float64]) -> NDArray[np.bool_]:
-    """Which points (t, e) no front point weakly dominates."""
-    return ~((front_t[None, :] <= t[:, None]) & (front_e[None, :] <= e[:, None])).any(axis=1)
 
 
 def _trend(features: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -181,8 +175,8 @@ class SurrogateSearch:
             t_opt, e_opt, tot_opt = (np.exp(v.mean(axis=0) - OPTIMISM * v.std(axis=0))
                                      for v in (lt, le, ltot))
             ft, fd = pareto_indices(t_done, tot_done), pareto_indices(t_done, e_done)
-            plausible = (_undominated(t_done[ft], tot_done[ft], t_opt, tot_opt)
-                         | _undominated(t_done[fd], e_done[fd], t_opt, e_opt))
+            plausible = (undominated(t_done[ft], tot_done[ft], t_opt, tot_opt)
+                         | undominated(t_done[fd], e_done[fd], t_opt, e_opt))
 
             # ---- acquisition
             free = np.ones(cand.size, dtype=bool)
@@ -213,7 +207,7 @@ class SurrogateSearch:
         keep = pareto_indices(t_done, e_done)
         ft, fe = t_done[keep], e_done[keep]
         for _ in range(count):
-            ok = np.flatnonzero(free & _undominated(ft, fe, t_hat, e_hat)
+            ok = np.flatnonzero(free & undominated(ft, fe, t_hat, e_hat)
                                 & (t_hat < ref[0]) & (e_hat < ref[1]))
             if ok.size == 0:
                 break

@@ -70,7 +70,7 @@ class LocalComm:
         return _Done()
 
 
-def _sync_reduce(comm: Comm | None) -> Callable[[Tensor], object]:
+def blocking_reduce(comm: Comm | None) -> Callable[[Tensor], object]:
     """A blocking in-place sum all-reduce (what :func:`tensor_parallel_ops` expects)."""
     def reduce(t: Tensor) -> None:
         if comm is not None:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kareus.backends.gpu.engine.tape import Tape, _Add, _Auto
+from kareus.backends.gpu.engine.tape import Tape, ResidualAddEntry, AutogradEntry
 from workloads.models import ModelSpec
 from workloads.torch_model import TransformerLayer
 
@@ -77,7 +77,7 @@ def _auto(ctx: NanoCtx, label: tuple, fn: Callable[..., Tensor | tuple[Tensor, .
         with torch.enable_grad():
             res = fn(*leaves)
         res = res if isinstance(res, tuple) else (res,)
-        ctx.tape.entries[label] = _Auto(leaves, srcs, list(res),
+        ctx.tape.entries[label] = AutogradEntry(leaves, srcs, list(res),
                                         [p for p in params if p is not None])
     else:
         res = fn(*srcs)
@@ -86,7 +86,7 @@ def _auto(ctx: NanoCtx, label: tuple, fn: Callable[..., Tensor | tuple[Tensor, .
         ctx.st[k] = v
 
 
-def _add(ctx: NanoCtx, label: tuple, bias: Tensor | None) -> None:
+def residual_add(ctx: NanoCtx, label: tuple, bias: Tensor | None) -> None:
     """``x = x + (p + bias)`` (the model's bias-dropout-add order), or ``x = x`` without ``p``."""
     x, p = ctx.st["x"], ctx.st.get("p")
     with torch.no_grad():
@@ -98,7 +98,7 @@ def _add(ctx: NanoCtx, label: tuple, bias: Tensor | None) -> None:
             ins = [x, p]
     ctx.st.pop("p", None)
     if ctx.tape is not None:
-        ctx.tape.entries[label] = _Add(ins, bias if p is not None else None, out)
+        ctx.tape.entries[label] = ResidualAddEntry(ins, bias if p is not None else None, out)
     ctx.st["x"] = out
 
 
@@ -159,7 +159,7 @@ class LayerProgram:
             return F.gelu(h, approximate="tanh")
 
         ops: list[Op | CommSpec] = [
-            Op("bda", lambda c: _add(c, (i, "bda1"), prev_bias)),
+            Op("bda", lambda c: residual_add(c, (i, "bda1"), prev_bias)),
             self._norm("norm1"),
             Op("linear_qkv", lambda c: _auto(c, (i, "qkv"), qkv, ["n_col"], ["q", "k", "v"],
                                              list(att.qkv.parameters()))),
@@ -182,7 +182,7 @@ class LayerProgram:
             Op("linear_proj", lambda c: _auto(c, (i, "proj"), att.proj, ["y"], ["p"],
                                               list(att.proj.parameters()))),
             CommSpec("fwd", "p", (i, "ar1")),
-            Op("bda", lambda c: _add(c, (i, "bda2"), lay.proj_bias)),
+            Op("bda", lambda c: residual_add(c, (i, "bda2"), lay.proj_bias)),
             self._norm("norm2"),
             Op("linear_fc1", lambda c: _auto(c, (i, "fc1"), lay.mlp.fc1, ["n_col"], ["h"],
                                              list(lay.mlp.fc1.parameters()))),

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kareus.backends.gpu.engine.collectives import Comm, Work, _sync_reduce
-from kareus.backends.gpu.engine.ops import LayerProgram, NanoCtx, Segment, _add, cut_segments
+from kareus.backends.gpu.engine.collectives import Comm, Work, blocking_reduce
+from kareus.backends.gpu.engine.ops import LayerProgram, NanoCtx, Segment, residual_add, cut_segments
 from kareus.backends.gpu.engine.streams import Streams
-from kareus.backends.gpu.engine.tape import Tape, _Add
+from kareus.backends.gpu.engine.tape import Tape, ResidualAddEntry
 from workloads.torch_model import GPTStage, Hook, tensor_parallel_ops
 
 
@@ -71,7 +71,7 @@ class StageEngine:
                                       self.tp) for i, lay in enumerate(layers)]
         self.first = stage.wte is not None
         self.last = stage.out is not None
-        reduce = _sync_reduce(self.comm)
+        reduce = blocking_reduce(self.comm)
         self._ar_fwd: Hook | None = None
         self._ar_bwd: Hook | None = None
         if self.comm:
@@ -176,9 +176,12 @@ class StageEngine:
             pending = None
         return pending
 
-    def _items(self, direction: str, layers: Sequence[int], ctxs: list[NanoCtx],
+    def segment_items(self, direction: str, layers: Sequence[int], ctxs: list[NanoCtx],
                nanobatched: bool, hooks: Callable[[Segment], Segment] = lambda s: s
                ) -> list[tuple[Segment, NanoCtx, str | None]]:
+        """The chain :meth:`run_chain` runs for ``direction`` over ``layers``: each segment
+        (through ``hooks``) once per nanobatch context, with its partition's key when
+        ``nanobatched`` (``None`` otherwise)."""
         keys = self.partition_keys.get(direction, [])
         items = []
         for layer in layers:
@@ -190,7 +193,9 @@ class StageEngine:
                     items.append((seg, ctx, key))
         return items
 
-    def _split(self, x: Tensor, nanobatched: bool) -> list[Tensor]:
+    def split_nanobatches(self, x: Tensor, nanobatched: bool) -> list[Tensor]:
+        """``x`` cut along the batch into this stage's nanobatches (itself when not
+        ``nanobatched``)."""
         if not nanobatched or self.nanobatches == 1:
             return [x]
         return list(x.chunk(self.nanobatches, dim=0))
@@ -251,7 +256,7 @@ class StageEngine:
             state.embed_out = emb
             x = emb.detach()
         nb = sched.nanobatched
-        ctxs = [NanoCtx(st={"x": part}) for part in self._split(x, nb)]
+        ctxs = [NanoCtx(st={"x": part}) for part in self.split_nanobatches(x, nb)]
         state.ctxs = ctxs
 
         def save(seg: Segment) -> Segment:
@@ -264,12 +269,12 @@ class StageEngine:
             return seg
 
         with torch.no_grad():
-            self.run_chain(self._items("forward", range(len(self.programs)), ctxs, nb, save),
+            self.run_chain(self.segment_items("forward", range(len(self.programs)), ctxs, nb, save),
                            nb, sched)
             top = self.programs[-1].layer
             outs = []
             for ctx in ctxs:
-                _add(ctx, ("final",), top.fc2_bias)
+                residual_add(ctx, ("final",), top.fc2_bias)
                 outs.append(ctx.st["x"])
             out = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
         if self.last:
@@ -303,7 +308,7 @@ class StageEngine:
                        ) -> tuple[list[NanoCtx], list[tuple[Segment, NanoCtx, str | None]]]:
         """Contexts and chain items of a backward instruction (``layers``: top-down subset)."""
         nb = sched.nanobatched
-        gparts = self._split(grad_out, nb)
+        gparts = self.split_nanobatches(grad_out, nb)
         ctxs = []
         for fctx, g in zip(state.ctxs, gparts):
             tape = Tape(keep=keep)
@@ -326,7 +331,7 @@ class StageEngine:
                     x, p = ctx.st["x"], ctx.st["p"]
                     if layer == n_layers - 1:
                         assert ctx.out_ref is not None
-                        ctx.tape.entries[("final",)] = _Add(
+                        ctx.tape.entries[("final",)] = ResidualAddEntry(
                             [x, p], self.programs[layer].layer.fc2_bias, ctx.out_ref)
                     else:
                         ctx.tape.rebind((layer + 1, "bda1"), [x, p])
@@ -334,7 +339,7 @@ class StageEngine:
             return seg
 
         order = list(layers) if layers is not None else list(range(n_layers - 1, -1, -1))
-        return ctxs, self._items("backward", order, ctxs, nb, hook)
+        return ctxs, self.segment_items("backward", order, ctxs, nb, hook)
 
     def backward_finish(self, state: ForwardState, ctxs: list[NanoCtx], keep: bool
                         ) -> Tensor | None:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 @dataclass(eq=False)
-class _Auto:
+class AutogradEntry:
     """An op recorded with autograd: detached leaf inputs, their source tensors, outputs."""
 
     leaves: list[Tensor]
@@ -21,7 +21,7 @@ class _Auto:
 
 
 @dataclass(eq=False)
-class _Add:
+class ResidualAddEntry:
     """A residual add ``out = sum(ins) (+ bias)``; backward by hand (gradients pass through)."""
 
     ins: list[Tensor]
@@ -38,7 +38,7 @@ class Tape:
     """
 
     def __init__(self, keep: bool = False) -> None:
-        self.entries: dict[tuple, _Auto | _Add] = {}
+        self.entries: dict[tuple, AutogradEntry | ResidualAddEntry] = {}
         self.grads: dict[int, Tensor] = {}
         self.keep = keep
 
@@ -56,7 +56,7 @@ class Tape:
         e = self.entries.get(label)
         if e is None:
             return
-        if isinstance(e, _Add):
+        if isinstance(e, ResidualAddEntry):
             g = self.pop_grad(e.out)
             if g is not None:
                 for t in e.ins:
@@ -100,5 +100,5 @@ class Tape:
     def rebind(self, label: tuple, ins: list[Tensor]) -> None:
         """Point a residual add's inputs at other tensors (the recomputed ones)."""
         e = self.entries.get(label)
-        if isinstance(e, _Add):
+        if isinstance(e, ResidualAddEntry):
             e.ins = list(ins)

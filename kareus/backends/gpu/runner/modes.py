@@ -238,8 +238,8 @@ class PartitionBench:
         x = torch.randn((p.mbs, p.seq, w.model.hidden), generator=gen, device=s.device,
                         dtype=s.dtype)
         if direction == "forward":
-            ctxs = [NanoCtx(st={"x": part}) for part in engine._split(x, True)]
-            items = engine._items("forward", [0, 1, 2], ctxs, True)
+            ctxs = [NanoCtx(st={"x": part}) for part in engine.split_nanobatches(x, True)]
+            items = engine.segment_items("forward", [0, 1, 2], ctxs, True)
             per_layer = len(items) // 3
             idx = per_layer + pidx
             self._grad: Callable[[], ContextManager[None]] = torch.no_grad
