@@ -53,13 +53,28 @@ def configuration_record(summary: dict) -> dict[str, float | None]:
         for key, field in (("time_reduction_pct", "fastest_time_pct"),
                            ("energy_reduction_pct", "fastest_energy_pct")):
             out[f"{short}_{field}"] = _reduction(summary, "max_throughput_vs_megatron", name, key)
+    from kareus.frontier import change_pct, fastest, least_energy
+
+    def least_energy_point(name: str) -> tuple[float, float] | None:
+        """(time s, energy J) of optimizer ``name``'s least-energy plan, None without one."""
+        points = summary["optimizers"].get(name, {}).get("points") or []
+        if not points:
+            return None
+        times, energies = [p["time_s"] for p in points], [p["energy_j"] for p in points]
+        k = least_energy(times, energies)
+        return float(times[k]), float(energies[k])
+
     points = summary["optimizers"].get("perseus", {}).get("points") or []
     if points:
-        from kareus.frontier import fastest, least_energy
-
         times, energies = [p["time_s"] for p in points], [p["energy_j"] for p in points]
         out["perseus_fastest_s"] = float(times[fastest(times, energies)])
         out["perseus_least_energy_s"] = float(times[least_energy(times, energies)])
+    # a single power cap's least energy against the clock-setting methods' least energy (%)
+    zeus = least_energy_point("zeus-power-limit")
+    for name, short in (("perseus", "perseus"), ("kareus", "kareus")):
+        ref = least_energy_point(name)
+        out[f"zeus_least_energy_vs_{short}_pct"] = (
+            None if zeus is None or ref is None else float(change_pct(ref[1], zeus[1])))
     return out
 
 

@@ -279,7 +279,8 @@ def _fail_if_all_failed(summaries: dict[str, dict], where: Path) -> None:
         if all(obj.get("refused") for s in summaries.values() for obj in s["optimizers"].values()):
             raise JobRefused(f"every optimizer refused the job ({name} on {label}: {first})")
         raise AllOptimizersFailed(
-            f"every optimizer failed ({len(statuses)} runs; first: {name} on {label}: {first}); "
+            f"every optimizer failed ({len(statuses)} run{'s' if len(statuses) != 1 else ''}; "
+            f"first: {name} on {label}: {first}); "
             f"the failures are recorded in {where}")
 
 
@@ -290,7 +291,8 @@ def _refuse_if_none_can_plan(w: "Workload", names: list[str]) -> None:
 
     refusal = w.parallel.nanobatch_refusal
     if refusal and all(nanobatched_only(n) for n in names):
-        raise JobRefused(f"{', '.join(names)} plan only nanobatched execution: {refusal}")
+        verb = "plans" if len(names) == 1 else "plan"
+        raise JobRefused(f"{', '.join(names)} {verb} only nanobatched execution: {refusal}")
 
 
 def _check_job(w: "Workload", gpu: "GPUPreset", strict: bool) -> None:

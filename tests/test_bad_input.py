@@ -98,6 +98,9 @@ def test_a_nanobatched_optimizer_refuses_an_odd_micro_batch(capsys, tmp_path):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "plan only nanobatched execution" in err
     assert not (tmp_path / "all").exists()
+    assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "nanobatch", "--mbs", "3",
+                              "--out", str(tmp_path / "one")]) == 2
+    assert "nanobatch plans only nanobatched execution" in capsys.readouterr().err
     assert reproduction.main(["-w", "gpt3-xl", "--optimizers", "nanobatch,megatron",
                               "--mbs", "3", "--out", str(tmp_path / "some")]) == 0
     capsys.readouterr()

@@ -159,7 +159,7 @@ def test_frontier_says_what_it_exported(capsys, tmp_path):
     code, text, _ = run(capsys, "frontier", "-w", "gpt3-xl", "--tp", "4", "--mbs", "2",
                         "--microbatches", "4", "-o", "megatron", "--export", str(tmp_path / "p"))
     assert code == 0 and text.strip().splitlines()[-1] == (
-        f"exported plan_id 0 (\"megatron\") to {tmp_path / 'p'}: freqs_pipeline.py (Zeus's "
+        f"exported plan_id 0 (\"megatron\", the fastest) to {tmp_path / 'p'}: freqs_pipeline.py (Zeus's "
         "per-instruction clocks), schedules.json (each partition's window and SMs)")
 
 

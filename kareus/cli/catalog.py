@@ -109,9 +109,10 @@ def gpus(as_json: bool) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def optimizers(as_json: bool) -> None:
-    """List the registered optimizers (built-ins and installed plugins) and the settings each
-    takes (``--set NAME=VALUE``), each built once with its default settings so that a plugin that
-    cannot be imported or constructed says so here rather than in a run."""
+    """List the registered optimizers (built-ins, installed plugins and those named in
+    $KAREUS_OPTIMIZERS) and the settings each takes (--set NAME=VALUE), each built once with its
+    default settings so that a plugin that cannot be imported or constructed says so here rather
+    than in a run."""
     from kareus.plugins import load_error, optimizer_names, registered_optimizers, setting_names
 
     eps = registered_optimizers()

@@ -135,7 +135,10 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
             f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "
             f"evaluated, {len(run.frontier)} on the frontier")
     label = run.plans[pick.plan_id].label
-    named = f' ("{label}")' if label else ""
+    why = "the choice within the budget" if by_budget else "the fastest" + (
+        f"; {optimizer_name} picks plan_id {chosen.plan_id}: a budget exports another"
+        if chosen is not None and chosen.plan_id != pick.plan_id else "")
+    named = f' ("{label}", {why})' if label else f" ({why})"
     exported = (f"exported plan_id {pick.plan_id}{named} to {export_dir}: "
                 "freqs_pipeline.py "
                 "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)"

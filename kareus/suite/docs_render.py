@@ -508,7 +508,8 @@ def render_parameter_kinds(root: Path, gpu: str = "a100-sxm4-40gb") -> str:
 def render_whatif(root: Path) -> str:
     """One table per what-if study, from results/whatif/summary.json (``benchmarks/whatif.py``):
     Kareus's and Nanobatching + Perseus's frontiers against Perseus's, Kareus's fastest plan
-    against Megatron-LM's, and Perseus's least-energy plan's time against its fastest."""
+    against Megatron-LM's, Perseus's least-energy plan's time against its fastest, and a single
+    power cap's (Zeus's) least energy against Perseus's and Kareus's least energy."""
     path = root / "results" / "whatif" / "summary.json"
     if not path.is_file():
         return ("Not recorded yet: run `python benchmarks/whatif.py --write "
@@ -523,8 +524,9 @@ def render_whatif(root: Path) -> str:
                    f"{study['date']}, commit `{str(study.get('git_commit'))[:10]}`)\n")
         out.append("| config | Kareus iso-time ΔE % | Kareus iso-energy ΔT % | NB+Perseus iso-time "
                    "ΔE % | NB+Perseus iso-energy ΔT % | Kareus fastest vs Megatron-LM ΔT / ΔE % "
-                   "| Perseus least-energy plan's time vs its fastest |")
-        out.append("|---|---|---|---|---|---|---|")
+                   "| Perseus least-energy plan's time vs its fastest | Zeus least energy vs "
+                   "Perseus's / Kareus's least % |")
+        out.append("|---|---|---|---|---|---|---|---|")
         for config, r in study["configs"].items():
             stretch = (f"{r['perseus_least_energy_s']:.3g} s vs {r['perseus_fastest_s']:.3g} s "
                        f"({change_pct(r['perseus_fastest_s'], r['perseus_least_energy_s']):+.0f} %)"
@@ -533,7 +535,9 @@ def render_whatif(root: Path) -> str:
                        f"{pct(r['kareus_iso_energy_pct'])} | {pct(r['nb_perseus_iso_time_pct'])} | "
                        f"{pct(r['nb_perseus_iso_energy_pct'])} | "
                        f"{pct(r['kareus_fastest_time_pct'])} / "
-                       f"{pct(r['kareus_fastest_energy_pct'])} | {stretch} |")
+                       f"{pct(r['kareus_fastest_energy_pct'])} | {stretch} | "
+                       f"{pct(r.get('zeus_least_energy_vs_perseus_pct'))} / "
+                       f"{pct(r.get('zeus_least_energy_vs_kareus_pct'))} |")
         out.append("")
     return "\n".join(out)
 
