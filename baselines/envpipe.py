@@ -40,14 +40,9 @@ from kareus.graph import (
     transfer_delay,
 )
 from kareus.methods.profiling import profile_instructions, profile_to_options
-from kareus.methods.tradeoff import (
-    Option,
-    replay_knobs,
-    stage_waits,
-    wait_before,
-    whole_dag_problem,
-    with_first_forward_waits,
-)
+from kareus.methods.slack import replay_knobs
+from kareus.methods.solver_units import whole_dag_problem
+from kareus.methods.tradeoff import Option, stage_waits, wait_before, with_first_forward_waits
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import Problem
 
@@ -191,7 +186,7 @@ def envpipe_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     stops on (:func:`envpipe_run`), and the energy is every instruction's
     measured energy plus every GPU's static power over its idle time in that iteration.
     Also returns the plan replayed on the profile (``replayed_time_s``, ``replayed_energy_j``:
-    :func:`kareus.methods.tradeoff.replay_knobs`, as ``kareus perseus`` does) and the raising
+    :func:`kareus.methods.slack.replay_knobs`, as ``kareus perseus`` does) and the raising
     ``steps`` taken.
     """
     options = profile_to_options(profile)

@@ -28,16 +28,9 @@ from kareus.frontier import pareto_indices
 from kareus.graph import Instruction
 from kareus.hardware.profile import check_clock_sweep, power_problem
 from kareus.methods.profiling import profile_to_options
-from kareus.methods.tradeoff import (
-    PERSEUS_UNIT_S,
-    Prefilter,
-    replay_knobs,
-    solve,
-    solver_energy,
-    solver_span,
-    unit_problem,
-    whole_dag_problem,
-)
+from kareus.methods.slack import replay_knobs
+from kareus.methods.solver_units import solver_span, unit_problem, whole_dag_problem
+from kareus.methods.tradeoff import PERSEUS_UNIT_S, Prefilter, solve, solver_energy
 from kareus.progress import SILENT, Progress
 
 if TYPE_CHECKING:
@@ -84,7 +77,7 @@ def perseus_on_profile(profile: pd.DataFrame, stages: int, microbatches: int,
     Returns point records: ``time_s`` and ``energy_j`` as the authors' driver reports them (the
     solver's time, ``quant_time`` units, and its cost plus every stage's static power over that
     time); ``replayed_time_s`` and ``replayed_energy_j``, the same clocks replayed on the
-    profile's measured times (:func:`kareus.methods.tradeoff.replay_knobs`, the footing on which
+    profile's measured times (:func:`kareus.methods.slack.replay_knobs`, the footing on which
     ``kareus envpipe``'s point compares); solver ``iteration``, ``quant_time``, ``cost`` and the
     per-stage ``frequencies`` in 1F1B order. All steps in solver order with ``all_iterations``,
     else the Pareto-optimal ones sorted by time. ``progress`` counts the solver's steps.

@@ -29,7 +29,8 @@ import numpy as np
 
 from kareus.frontier import change_pct, pareto_indices, spread_indices
 from kareus.methods.exact import min_energy_within, reference_options
-from kareus.methods.tradeoff import SlackReclaimer, evaluate_on_options, solve
+from kareus.methods.slack import SlackReclaimer, evaluate_on_options
+from kareus.methods.tradeoff import solve
 from kareus.optimizer.kareus import kareus_options
 from kareus.plugins import load_optimizer
 from kareus.progress import ProgressTask

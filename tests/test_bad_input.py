@@ -247,7 +247,7 @@ def test_partition_calibration_checks_its_files_before_the_fit(capsys, tmp_path)
 
 
 def test_the_solver_unit_bounds():
-    from kareus.methods.tradeoff import MAX_UNITS_PER_INSTRUCTION, unit_problem
+    from kareus.methods.solver_units import MAX_UNITS_PER_INSTRUCTION, unit_problem
 
     times = [0.004, 0.1]  # s
     assert unit_problem(0.004, times, exact=True) == ""  # the fastest is one unit

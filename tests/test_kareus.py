@@ -7,7 +7,8 @@ import pytest
 
 from kareus.frontier import pareto_indices, spread_indices
 from kareus.methods.exact import min_energy_within, reference_options
-from kareus.methods.tradeoff import evaluate_on_options, solve
+from kareus.methods.slack import evaluate_on_options
+from kareus.methods.tradeoff import solve
 from kareus.plan import IterationPlan
 from kareus.optimizer.compose import merge_fronts
 from kareus.optimizer.kareus import Kareus, kareus_options, partition_space
@@ -138,7 +139,7 @@ def test_zeus_solution_file_is_what_pointsolution_evaluates(tmp_path, small, opt
 def test_lowtime_frontier_is_close_to_the_exact_optimum(small, options):
     """Optimality gap of the lowtime frontier vs the MILP on a 2-stage x 2-microbatch instance,
     as the solver's plans come and after slack reclamation (what the Kareus optimizer returns)."""
-    from kareus.methods.tradeoff import SlackReclaimer
+    from kareus.methods.slack import SlackReclaimer
 
     thin = reference_options(options, 6)
     p = small.gpu.static_power_w

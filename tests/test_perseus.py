@@ -15,7 +15,7 @@ from tests.conftest import profile_or_skip
 def _spec_map(stages):
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
 
-    from kareus.methods.tradeoff import fit_exponential_model
+    from kareus.methods.cost_models import fit_exponential_model
     from lowtime.perseus.instruction import Backward, Forward
 
     out = {}
@@ -280,7 +280,7 @@ def test_cost_model_fits_options_at_thousands_of_units(times, costs):
     finite and follows the options' costs at least as well as their mean does."""
     import numpy as np
 
-    from kareus.methods.tradeoff import fit_exponential_model
+    from kareus.methods.cost_models import fit_exponential_model
 
     cand = _candidates(times, costs)
     model = fit_exponential_model(cand)
@@ -298,7 +298,7 @@ def test_cost_model_keeps_lowtime_s_fit_where_it_is_usable():
     lowtime's own ExponentialModel, as the authors' driver fits it."""
     from lowtime.cost_model import ExponentialModel
 
-    from kareus.methods.tradeoff import fit_exponential_model
+    from kareus.methods.cost_models import fit_exponential_model
 
     cand = _candidates([50, 60, 75, 90], [40.0, 31.0, 26.0, 24.5])
     assert isinstance(fit_exponential_model(cand), ExponentialModel)
@@ -311,7 +311,7 @@ def test_options_with_a_narrow_spread_skip_lowtime_s_grid():
     import numpy as np
     from lowtime.cost_model import ExponentialModel
 
-    from kareus.methods.tradeoff import LOWTIME_TIME_TO_SPREAD, fit_exponential_model
+    from kareus.methods.cost_models import LOWTIME_TIME_TO_SPREAD, fit_exponential_model
 
     times = [991, 989, 987, 985, 983, 982, 980, 979, 978, 976, 975, 974, 973, 972, 971]
     costs = [0.09292, 0.09387, 0.09487, 0.09634, 0.10203, 0.10754, 0.11379, 0.11986, 0.12622,
@@ -346,7 +346,7 @@ def test_a_short_span_is_solved_in_finer_steps():
     """GPT-3 XL at sequence 16: clocks move the iteration by about 20 µs, no step of 1 ms; the
     fast solver refines its unit (to a hundredth of the span, no finer than 1 µs), and finds the
     energy the clocks save at the same time; ``min_steps=1`` keeps Perseus's 1 ms."""
-    from kareus.methods.tradeoff import MIN_UNIT_S, time_unit
+    from kareus.methods.solver_units import MIN_UNIT_S, time_unit
     from kareus.plugins import load_optimizer
     from kareus.suite.problem import make_problem
 
@@ -371,7 +371,7 @@ def test_cost_models_never_rise_with_time():
     where no exponential fits stays flat past its cheapest corner."""
     import numpy as np
 
-    from kareus.methods.tradeoff import _exponential, _fits, _lower_hull
+    from kareus.methods.cost_models import _exponential, _fits, _lower_hull
 
     t = np.array([0.0, 5.0, 10.0])
     assert _fits(_exponential((10.0, -0.3, 1.0)), t, 10.0 * np.exp(-0.3 * t) + 1.0)

@@ -37,7 +37,7 @@ def _lowtime_dag(options, stages, microbatches):
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
     from lowtime.perseus.instruction import Backward, Forward
 
-    from kareus.methods.tradeoff import fit_exponential_model
+    from kareus.methods.cost_models import fit_exponential_model
 
     spec_map = {}
     for s in range(stages):

@@ -14,7 +14,7 @@ from kareus import plugins
 from kareus.cli import main
 from kareus.errors import InputError, PluginError
 from kareus.methods.profiling import SOLVERS, TradeoffSettings
-from kareus.methods.tradeoff import MAX_STEPS, MIN_STEPS
+from kareus.methods.solver_units import MAX_STEPS, MIN_STEPS
 from kareus.optimizer.search import STRATEGIES
 from kareus.plan import IterationPlan
 from kareus.plugins import load_optimizer, optimizer_names

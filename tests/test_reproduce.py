@@ -101,7 +101,7 @@ def test_every_optimizer_failing_exits_1_and_keeps_the_record(tmp_path, capsys, 
                            "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 1
-    assert err.strip().splitlines()[-1].startswith("error: every optimizer failed (1 runs; "
+    assert err.strip().splitlines()[-1].startswith("error: every optimizer failed (1 run; "
                                                    "first: always-fails on gpt3-xl: RuntimeError: boom")
     s = json.loads((out / "summary.json").read_text())
     assert s["optimizers"]["always-fails"]["status"] != "ok"

@@ -14,21 +14,23 @@ from kareus.backends.base import Backend
 from kareus.energy import measured_energy
 from kareus.errors import JobRefused
 from kareus.graph import Direction, IterationGraph
-from kareus.methods.tradeoff import (
+from kareus.methods.slack import SlackReclaimer
+from kareus.methods.solver_units import (
     MAX_STEPS,
     MIN_STEPS,
-    PERSEUS_UNIT_S,
-    Option,
-    Prefilter,
-    SlackReclaimer,
-    folded_microbatches,
     plan_budget,
-    plans_from_steps,
-    solve,
     solver_span,
     time_unit,
     unit_problem,
     whole_dag_problem,
+)
+from kareus.methods.tradeoff import (
+    PERSEUS_UNIT_S,
+    Option,
+    Prefilter,
+    folded_microbatches,
+    plans_from_steps,
+    solve,
 )
 from kareus.plan import InstructionPlan, IterationPlan
 from kareus.plugins import OptimizerSettings, require
@@ -78,8 +80,8 @@ class TradeoffSettings(OptimizerSettings):
     """``fast`` folds the steady state of long pipelines
     (:func:`kareus.methods.tradeoff.folded_microbatches`), coarsens the unit when a solve would
     take more than ``max_steps`` steps and refines it when it would take fewer than
-    ``min_steps`` (:func:`~kareus.methods.tradeoff.time_unit`) and keeps at
-    most :func:`~kareus.methods.tradeoff.plan_budget` plans spread over the solve; ``exact``
+    ``min_steps`` (:func:`~kareus.methods.solver_units.time_unit`) and keeps at
+    most :func:`~kareus.methods.solver_units.plan_budget` plans spread over the solve; ``exact``
     solves the whole DAG as Perseus does, lowtime's steps exactly, and keeps every step."""
     unit_ms: float | None = None
     """The solver's time unit (ms); none given: Perseus's 1 ms, or the fastest instruction's
@@ -114,7 +116,7 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     ``settings`` say (:class:`TradeoffSettings`: the solver, its time unit, the pre-filter). With
     ``reclaim_from`` (options per instruction type, those of ``options`` among them), every kept
     plan's instructions are given the least-energy one of those their slack allows
-    (:class:`~kareus.methods.tradeoff.SlackReclaimer`).
+    (:class:`~kareus.methods.slack.SlackReclaimer`).
     """
     graph = problem.graph
     fast = settings.solver == "fast"

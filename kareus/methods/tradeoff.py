@@ -34,16 +34,17 @@ and cost; the authors report exactly those (:func:`solver_energy`). Evaluating t
 
 For large jobs ``solve(..., fast=True)`` folds a long pipeline's steady state
 (:func:`folded_microbatches`) and uses exact integer minimum cuts
-(:mod:`kareus.methods.phillips_dessouky`); :func:`time_unit` bounds the number of steps,
-:func:`plan_budget` the plans kept. :class:`SlackReclaimer` re-chooses a plan's options within
-their slack on the measured options (Kareus uses it; the baselines keep Perseus's procedure).
+(:mod:`kareus.methods.phillips_dessouky`); :func:`~kareus.methods.solver_units.time_unit`
+bounds the number of steps, :func:`~kareus.methods.solver_units.plan_budget` the plans kept.
+Beside this module: the cost model (:mod:`kareus.methods.cost_models`), the unit and plan
+budgets (:mod:`kareus.methods.solver_units`), and plans replayed on measured options and
+re-chosen within their slack (:mod:`kareus.methods.slack`; Kareus uses the reclaimer, the
+baselines keep Perseus's procedure).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,15 +54,14 @@ import networkx as nx
 
 from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
-from kareus.frontier import even_indices, least_energy
+from kareus.frontier import even_indices
 from kareus.graph import (Direction, Instruction, boundary_delays, dag_dependencies, one_f_one_b,
                           transfer_delay)
+from kareus.methods.cost_models import fit_exponential_model
 
 if TYPE_CHECKING:
-    import numpy as np
     from lowtime.cost_model import CostModel
-    from numpy.typing import NDArray
-    from lowtime.operation import CandidateExecutionOptions, OperationSpec
+    from lowtime.operation import OperationSpec
     from lowtime.perseus.instruction import Instruction as LowtimeInstruction
 
     from kareus.plan import InstructionPlan, IterationPlan
@@ -78,14 +78,6 @@ def is_prefilter(value: object) -> TypeGuard[Prefilter]:
     """Whether ``value`` names a pre-filter (:data:`Prefilter`)."""
     return value in get_args(Prefilter)
 
-#: lowtime's exponential fit is tried on an instruction type's options only where the fastest
-#: option's quantized time is at most this many times their spread (fit_exponential_model). Its
-#: grid search fits ``a·exp(b·t) + c`` in absolute time from ``a`` ≤ 1000: options that change
-#: over a spread small beside their time need ``a`` of ``e^(ratio·b·spread)``, e^30 and more
-#: past this ratio, which its curve fits reach slowly (seconds per type, up to 50,000
-#: evaluations per guess) or not at all. The authors' driver, the paper's suite and the shared
-#: profiles stay below 7.
-LOWTIME_TIME_TO_SPREAD = 10.0
 #: A type with this many Pareto-optimal options or fewer is filtered again with slack.
 FEW_OPTIONS = 3
 #: lowtime's ``noise_factor`` for that second filter (5 % slack), the authors' driver's value.
@@ -335,135 +327,6 @@ def solver_energy(step: SolverStep, stages: int, static_power_w: float) -> float
     return step.cost + static_energy(stages, static_power_w, step.real_time_s)
 
 
-def fit_exponential_model(cand: CandidateExecutionOptions[int]) -> CostModel:
-    """``lowtime``'s ``ExponentialModel`` (``a·exp(b·t) + c``) for candidate options.
-
-    First exactly as the reference driver does (lowtime's own grid search over initial guesses,
-    the best fit kept), if that fit is usable: finite, never rising with time and closer to the
-    options' costs than their mean is (:func:`_fits`). lowtime rejects fits whose parameter covariance is
-    infinite, which happens when three or fewer options are fitted exactly, and its grid assumes
-    costs of tens to thousands of J at quantized times of tens to hundreds: at thousands of
-    units (a job whose instructions take seconds, e.g. one whose collectives cross a slow
-    network) ``exp(b·t)`` overflows or its first guess is kept unchanged; and on options whose
-    spread is small beside their time (their time over :data:`LOWTIME_TIME_TO_SPREAD` times
-    their spread: a fine unit on a small model) it spends seconds per fit, so it is not tried
-    there. Then the same model is
-    fitted here in time shifted to the fastest option, ``a·exp(b·(t − t₀)) + c``: ``c`` just below
-    the least cost and ``a``, ``b`` from a line through ``log(cost − c)``, refined by least
-    squares; with two options, a near-flat exponential through both; with one, a constant. Where
-    no exponential fits either (costs that fall and rise again), the options' lower convex hull,
-    interpolated linearly, is the model.
-    """
-    import numpy as np
-    from lowtime.cost_model import ExponentialModel
-    from scipy.optimize import curve_fit
-
-    t = np.array([o.quant_time for o in cand.options], dtype=np.float64)
-    e = np.array([o.cost for o in cand.options], dtype=np.float64)
-    if t.min() <= LOWTIME_TIME_TO_SPREAD * np.ptp(t):
-        try:
-            with warnings.catch_warnings():  # lowtime's grid search warns for each rejected guess
-                warnings.simplefilter("ignore")
-                model = ExponentialModel(cand, search_strategy="best")
-            if _fits(model, t, e):
-                return model
-        except (ValueError, RuntimeError, TypeError):  # TypeError: fewer points than parameters
-            pass
-    t0 = float(t.min())
-    s = t - t0
-    fn = lambda x, a, b, c: a * np.exp(b * x) + c  # noqa: E731 - lowtime's form, shifted
-    if len(t) == 1:
-        return _exponential((0.0, 0.0, float(e[0])))
-    if len(t) == 2:
-        b = -1e-3
-        a = (e[0] - e[1]) / (np.exp(b * s[0]) - np.exp(b * s[1]))
-        model = _exponential((float(a), b, float(e[0] - a * np.exp(b * s[0]))), t0)
-        return model if _fits(model, t, e) else _lower_hull(t, e)
-    c0 = e.min() - 0.05 * (np.ptp(e) + 1e-9)
-    slope, intercept = np.polyfit(s, np.log(e - c0), 1)
-    guess = (float(np.exp(intercept)), float(slope), float(c0))
-    try:
-        with warnings.catch_warnings():  # an exact fit has no covariance estimate
-            warnings.simplefilter("ignore")
-            fitted = curve_fit(fn, s, e, p0=guess, maxfev=50000)[0]
-    except (ValueError, RuntimeError):
-        return _lower_hull(t, e)
-    model = _exponential((float(fitted[0]), float(fitted[1]), float(fitted[2])), t0)
-    return model if _fits(model, t, e) else _lower_hull(t, e)
-
-
-def _fits(model: CostModel, t: NDArray[np.float64], e: NDArray[np.float64]) -> bool:
-    """Whether the cost ``model`` is usable for options at quantized times ``t`` costing ``e``
-    (J): finite at each, never rising with time between the fastest and the slowest option (on
-    a grid of at most about a thousand points; the solvers charge a speed-up the cost it adds),
-    and its squared error no larger than that of the costs' mean."""
-    import numpy as np
-
-    grid = np.unique(np.concatenate([t, np.linspace(t.min(), t.max(), 1001)]).astype(np.int64))
-    with np.errstate(all="ignore"):
-        along = np.array([model(int(x)) for x in grid], dtype=np.float64)
-    if not np.all(np.isfinite(along)):
-        return False
-    predicted = along[np.searchsorted(grid, t.astype(np.int64))]
-    if np.any(np.diff(along) > 1e-9 * max(1.0, float(np.abs(along).max()))):
-        return False
-    error = float(np.sum((predicted - e) ** 2))
-    return error <= max(float(np.sum((e - e.mean()) ** 2)), 1e-12 * float(np.sum(e ** 2)))
-
-
-def _exponential(coefficients: tuple[float, float, float], t0: float = 0.0) -> CostModel:
-    """lowtime's exponential cost model with given coefficients, in time shifted by ``t0``
-    (quantized units), through its public base."""
-    import numpy as np
-    from lowtime.cost_model import CostModel
-
-    class FixedExponential(CostModel):
-        """``a·exp(b·(t − t0)) + c`` (J) at quantized time ``t``, coefficients fitted here."""
-
-        def __init__(self) -> None:
-            self.coefficients = coefficients
-            self.t0 = t0
-
-        def __call__(self, quant_time: int) -> float:
-            a, b, c = self.coefficients
-            return float(a * np.exp(b * (quant_time - self.t0)) + c)
-
-    return FixedExponential()
-
-
-def _lower_hull(t: NDArray[np.float64], e: NDArray[np.float64]) -> CostModel:
-    """The lower convex hull of the options ``(t, e)`` (quantized time, J) up to its cheapest
-    corner, interpolated linearly between its corners and constant beyond them: convex and never
-    rising with time, as the solvers' exponential is."""
-    import numpy as np
-    from lowtime.cost_model import CostModel
-
-    order = np.lexsort((e, t))
-    hull: list[tuple[float, float]] = []
-    for x, y in zip(t[order], e[order]):
-        if hull and hull[-1][0] == x:
-            continue  # the cheaper option at the same time came first
-        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (y - hull[-2][1])
-                                  - (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])) <= 0:
-            hull.pop()
-        hull.append((float(x), float(y)))
-    cheapest = min(range(len(hull)), key=lambda k: hull[k][1])
-    hull = hull[:cheapest + 1]  # beyond the cheapest corner the cost stays, never rises
-    xs, ys = np.array([p[0] for p in hull]), np.array([p[1] for p in hull])
-
-    class LowerHull(CostModel):
-        """The options' lower convex hull (J) at quantized time ``t``, flat past its cheapest
-        corner."""
-
-        def __init__(self) -> None:
-            self.corners = tuple(hull)
-
-        def __call__(self, quant_time: int) -> float:
-            return float(np.interp(quant_time, xs, ys))
-
-    return LowerHull()
-
-
 def build_1f1b_dag(spec_map: Mapping[int, StageSpecs], stages: int, microbatches: int
                    ) -> tuple[nx.DiGraph, list[tuple[Instruction, LowtimeInstruction]]]:
     """The activity-on-node 1F1B DAG of ``lowtime.perseus`` as the reference driver builds it:
@@ -604,252 +467,6 @@ def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
     program = stages * (2 * microbatches - 1)
     cross = 2 * (stages - 1) * microbatches
     return instructions + 2, program + cross + 2  # only F(0,0) starts and B(0,M-1) ends
-
-
-def evaluate_on_options(step: SolverStep, options: Mapping[tuple[int, Direction], Sequence[Option]],
-                        stages: int, microbatches: int, static_power_w: float
-                        ) -> tuple[float, float]:
-    """(time s, energy J) of a solver step replayed on measured options (:func:`replay_knobs`)."""
-    replay = replay_knobs(step.knobs, options, stages, microbatches, static_power_w)
-    return replay.time_s, replay.energy_j
-
-
-@dataclass(frozen=True)
-class Replay:
-    """A plan replayed on measured options (:func:`replay_knobs`)."""
-
-    time_s: float  #: iteration time on the 1F1B DAG (s)
-    energy_j: float  #: dynamic energy plus every GPU's static power over ``time_s`` (J)
-    dynamic_j: float  #: the chosen options' dynamic energies (J)
-
-
-def replay_knobs(knobs: Mapping[Instruction, Hashable],
-                 options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                 microbatches: int, static_power_w: float) -> Replay:
-    """A knob per instruction replayed on measured options (a profile): instruction times from
-    the chosen options on the 1F1B DAG, energy = their dynamic energies plus every GPU's static
-    power for the whole iteration (one GPU per stage, as a profile describes). The one footing
-    on which plans of different methods compare."""
-    from kareus.energy import iteration_energy
-    from kareus.graph import schedule_times
-
-    by_knob = {key: {o.knob: o for o in opts} for key, opts in options.items()}
-    durations: dict[Instruction, float] = {}
-    dynamic = 0.0
-    for ins, knob in knobs.items():
-        opt = by_knob[(ins.stage, ins.direction)][knob]
-        durations[ins] = opt.time_s
-        dynamic += dynamic_from_measured(opt.energy_j, static_power_w, opt.time_s)
-    times = schedule_times(stages, microbatches, durations)
-    t = max(end for _, end in times.values())
-    return Replay(t, iteration_energy(dynamic, stages, static_power_w, t).total_j, dynamic)
-
-
-class SlackReclaimer:
-    """Gives every instruction of a plan the least-energy measured option that fits its slack.
-
-    lowtime's solver chooses options through a fitted cost model on a quantized time grid, so
-    an instruction off the critical path can be left faster than it needs to be, or on an option
-    the model ranks right but the measurement does not. Given a plan (a knob per instruction),
-    the iteration's makespan ``T`` stays as it is; every instruction, in topological order, gets
-    the option of least dynamic energy (measured energy minus static power over its time) that
-    ends by its latest finish (the backward pass from ``T`` over the other instructions' current
-    durations) when started at its earliest start (its predecessors as already chosen). Every
-    instruction not yet visited can still keep its option, so the makespan never grows and the
-    energy never rises; passes repeat while they still save energy (at most ``passes``). The
-    transfers between stages (``p2p_time_s``: one time, or one per boundary) must be the ones
-    the iteration runs: with a boundary's transfer understated, the slack it computes is not
-    there and the makespan grows; so must each stage's first-forward wait
-    (``first_forward_wait_s``, :func:`stage_waits`).
-    """
-
-    def __init__(self, options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                 microbatches: int, static_power_w: float,
-                 p2p_time_s: float | Sequence[float] = 0.0, passes: int = 3,
-                 first_forward_wait_s: Sequence[float] | None = None) -> None:
-        from bisect import bisect_right
-
-        from kareus.graph import topological_order
-
-        self._bisect = bisect_right
-        self.passes, self.static_power_w = passes, static_power_w
-        self.order = topological_order(stages, microbatches)
-        self.by_knob: dict[tuple[int, str], dict[Hashable, Option]] = {}
-        tables: dict[tuple[int, str], tuple[list[float], list[Option]]] = {}
-        for key, opts in options.items():
-            self.by_knob[key] = {o.knob: o for o in opts}
-            ranked = sorted(opts, key=lambda o: o.time_s)
-            times, best, cheapest = [], [], None
-            for o in ranked:  # least dynamic energy among the options at most this fast
-                dyn = dynamic_from_measured(o.energy_j, static_power_w, o.time_s)
-                if cheapest is None or dyn < cheapest[0]:
-                    cheapest = (dyn, o)
-                times.append(o.time_s)
-                best.append(cheapest[1])
-            tables[key] = (times, best)
-        # The DAG on positions in topological order, each edge with its transfer (s) and each
-        # instruction with its wait (s, :func:`wait_before`): the passes index lists instead of
-        # hashing instructions.
-        delays = boundary_delays(stages, p2p_time_s)
-        waits = stage_waits(stages, first_forward_wait_s)
-
-        def gap(a: Instruction, b: Instruction) -> float:
-            """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
-            return transfer_delay(a.stage, b.stage, delays)
-
-        at = {ins: k for k, ins in enumerate(self.order)}
-        self._pred_edges: list[list[tuple[int, float]]] = [[] for _ in self.order]
-        self._succ_edges: list[list[tuple[int, float]]] = [[] for _ in self.order]
-        for ins, preds in dag_dependencies(stages, microbatches).items():
-            for p in preds:
-                self._pred_edges[at[ins]].append((at[p], gap(p, ins)))
-                self._succ_edges[at[p]].append((at[ins], gap(p, ins)))
-        self._waits = [wait_before(ins, waits) for ins in self.order]
-        self._tables = [tables[ins.type_key] for ins in self.order]
-
-    def __call__(self, knobs: Mapping[Instruction, Hashable]) -> dict[Instruction, Hashable]:
-        """The plan ``knobs`` with every instruction's option re-chosen within its slack."""
-        chosen = [self.by_knob[ins.type_key][knobs[ins]] for ins in self.order]
-        for _ in range(self.passes):
-            if not self._one_pass(chosen):
-                break
-        picked = dict(zip(self.order, chosen))
-        return {ins: picked[ins].knob for ins in knobs}
-
-    def _one_pass(self, chosen: list[Option]) -> bool:
-        """One pass over ``chosen`` (an option per position of :attr:`order`), in place; whether
-        it changed an option."""
-        preds, succs, waits = self._pred_edges, self._succ_edges, self._waits
-        n = len(chosen)
-        end = [0.0] * n
-        for i in range(n):
-            start = max((end[j] + gap for j, gap in preds[i]), default=0.0)
-            end[i] = start + waits[i] + chosen[i].time_s
-        makespan = max(end)
-        latest = [0.0] * n
-        for i in reversed(range(n)):
-            latest[i] = min((latest[j] - chosen[j].time_s - waits[j] - gap for j, gap in succs[i]),
-                            default=makespan)
-        changed = False
-        for i in range(n):
-            start = max((end[j] + gap for j, gap in preds[i]), default=0.0) + waits[i]
-            times, best = self._tables[i]
-            k = self._bisect(times, latest[i] - start + 1e-12 * makespan) - 1
-            current = chosen[i]
-            if k >= 0 and best[k] is not current and self._cheaper(best[k], current):
-                chosen[i] = best[k]
-                changed = True
-            end[i] = start + chosen[i].time_s
-        return changed
-
-    def _cheaper(self, a: Option, b: Option) -> bool:
-        """Whether ``a`` draws less dynamic energy than ``b`` (J)."""
-        return (dynamic_from_measured(a.energy_j, self.static_power_w, a.time_s)
-                < dynamic_from_measured(b.energy_j, self.static_power_w, b.time_s))
-
-
-#: Instruction plans (plans × instructions) the fast path materializes and evaluates at most.
-PLAN_ENTRIES = 1 << 19
-
-
-def plan_budget(instructions: int) -> int:
-    """Plans to keep from a solve of an iteration of ``instructions`` instructions:
-    ``max(64, PLAN_ENTRIES // instructions)``: every step of the paper's 16-GPU jobs (32
-    instructions, 16,384 plans), 128 evenly spread steps of a 4,096-instruction job, so that
-    memory and evaluation stay bounded whatever the job."""
-    return max(64, PLAN_ENTRIES // max(1, instructions))
-
-
-#: Solver steps the fast solver's time unit keeps a solve under (see time_unit).
-MAX_STEPS = 8000
-#: Solver steps below which the fast solver refines its time unit (see time_unit).
-MIN_STEPS = 100
-#: The finest unit a refinement gives (s): a microsecond, the scale of one kernel launch; a
-#: span shorter than that is one that clocks barely move, and finer steps would trade noise.
-MIN_UNIT_S = 1e-6
-
-#: Most (microbatch, stage) pairs a procedure over the whole 1F1B DAG accepts (Perseus's exact
-#: solve, EnvPipe): it takes a step per time unit (or per clock raised), each over the whole DAG,
-#: so its work grows with the square of the pairs.
-MAX_WHOLE_DAG_SLOTS = 8192
-#: Measured reference for the estimate in the refusal: the exact solve of the published
-#: gpt3-175b A100 profile, 8 stages x 12 microbatches at 1 ms, took about 4 s (one core).
-REFERENCE_SLOTS, REFERENCE_SOLVE_S = 96, 4.0
-
-
-def whole_dag_problem(stages: int, microbatches: int, what: str) -> str:
-    """Why ``what`` (e.g. "Perseus's exact solve") cannot run over the whole DAG of ``stages``
-    x ``microbatches`` pairs in reasonable time ("" when it can): more than
-    :data:`MAX_WHOLE_DAG_SLOTS`, with an estimate of its time (h)."""
-    slots = stages * microbatches
-    if slots <= MAX_WHOLE_DAG_SLOTS:
-        return ""
-    hours = REFERENCE_SOLVE_S * (slots / REFERENCE_SLOTS) ** 2 / 3600
-    return (f"{stages} stages x {microbatches} microbatches = {slots:,} (microbatch, stage) "
-            f"pairs; the solve's work grows with their square ({what}: about {hours:,.0f} h "
-            f"here); at most {MAX_WHOLE_DAG_SLOTS:,}")
-#: Most time units the slowest instruction may span in an exact solve (Perseus's): it trades
-#: iteration time one unit per step, so its work grows as the unit shrinks (on the shared GPT-3
-#: 175B A100 profile, whose slowest instruction takes 150 ms: 2.8 s at 1 ms, 48 s at 0.03 ms).
-MAX_UNITS_PER_INSTRUCTION = 10_000
-
-
-def unit_problem(unit_s: float, times_s: Sequence[float], *, exact: bool) -> str:
-    """Why the solver's time unit ``unit_s`` (s) cannot quantise instructions that take
-    ``times_s`` (s); '' when it can. It must be a finite positive time no longer than the
-    fastest instruction (which would round to no time at all), and for an ``exact`` solve (the
-    fast one coarsens its unit itself, :func:`time_unit`) no finer than the slowest's
-    1/:data:`MAX_UNITS_PER_INSTRUCTION`."""
-    ms = unit_s * 1e3
-    if not (unit_s > 0 and math.isfinite(unit_s)):
-        return f"{ms} is not a positive number of ms"
-    fastest, slowest = min(times_s), max(times_s)
-    if unit_s > fastest:
-        return (f"{ms:g} ms is longer than the fastest instruction ({fastest * 1e3:.4g} ms), "
-                f"which would round to no time at all; use at most {fastest * 1e3:.4g}")
-    if exact and slowest / unit_s > MAX_UNITS_PER_INSTRUCTION:
-        return (f"{ms:g} ms: the slowest instruction ({slowest * 1e3:.4g} ms) spans "
-                f"{slowest / unit_s:,.0f} units and the solver trades time one unit per step; at "
-                f"most {MAX_UNITS_PER_INSTRUCTION:,} (use at least "
-                f"{slowest * 1e3 / MAX_UNITS_PER_INSTRUCTION:.3g} here)")
-    return ""
-
-
-def solver_span(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
-                microbatches: int, p2p_time_s: float | Sequence[float],
-                first_forward_wait_s: Sequence[float] | None = None) -> float:
-    """How much a solve shortens the iteration (s): from every instruction at its slowest
-    Pareto-optimal option (its least-energy one) to every one at its fastest, both timed on the
-    1F1B schedule of ``microbatches`` (:func:`kareus.graph.schedule_times`, with the stages'
-    first-forward waits, :func:`stage_waits`). Each solver step shortens it by one time unit."""
-    from kareus.graph import schedule_times
-
-    waits = stage_waits(stages, first_forward_wait_s)
-
-    def iteration(pick: Callable[[Sequence[Option]], float]) -> float:
-        durations = with_first_forward_waits(
-            {ins: pick(options[(ins.stage, ins.direction)])
-             for seq in one_f_one_b(stages, microbatches).values() for ins in seq}, waits)
-        return max(end for _, end in schedule_times(stages, microbatches, durations,
-                                                    p2p_time_s).values())
-
-    fastest = lambda opts: min(o.time_s for o in opts)  # noqa: E731
-    frugal = lambda opts: opts[least_energy([o.time_s for o in opts],  # noqa: E731
-                                            [o.energy_j for o in opts])].time_s
-    return iteration(frugal) - iteration(fastest)
-
-
-def time_unit(span_s: float, base_unit_s: float, max_steps: int = MAX_STEPS,
-              min_steps: int = MIN_STEPS) -> float:
-    """The fast solver's time unit (s): the smallest whole multiple of ``base_unit_s`` for which
-    a solve over ``span_s`` (:func:`solver_span`) takes at most ``max_steps`` steps; where the
-    span holds fewer than ``min_steps`` units, ``span_s / min_steps`` instead, so that a job of
-    short instructions still has a frontier to trade along (at 1 ms a span of 3 ms would give
-    three steps), but no finer than :data:`MIN_UNIT_S`. Perseus's 1 ms stays the unit for every
-    job whose span is between ``min_steps`` and ``max_steps`` ms; ``min_steps`` 1 keeps it."""
-    if min_steps > 1 and 0 < span_s < base_unit_s * min_steps:
-        return max(span_s / min_steps, min(MIN_UNIT_S, base_unit_s))
-    return base_unit_s * max(1, math.ceil(span_s / (base_unit_s * max_steps)))
 
 
 def spread_steps(steps: Sequence[SolverStep], limit: int | None) -> list[SolverStep]:
