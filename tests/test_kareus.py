@@ -308,3 +308,23 @@ def test_exact_reference_refuses_an_unproven_answer(options):
 
     with pytest.raises(SolverTimeout, match="before proving optimality"):
         min_energy_within(options, 2, 2, 85.0, 10.0, time_limit_s=1e-9)
+
+
+def test_the_reclaimer_is_a_setting_on_kareus_and_the_baselines():
+    """``reclaim``: on by default for Kareus, off for Perseus's procedure; turned on for Perseus
+    it never makes a plan slower or costlier, and on gpt3-xl it moves some."""
+    from kareus.plugins import load_optimizer
+    from kareus.suite.problem import make_problem
+
+    problem = make_problem("gpt3-xl", gpu="a100-sxm4-40gb")
+    plain = load_optimizer("perseus").optimize(problem)
+    reclaimed = load_optimizer("perseus", {"reclaim": "true"}).optimize(problem)
+    assert len(plain) == len(reclaimed)
+    ev = problem.backend.evaluate_plan
+    moved = 0
+    for a, b in zip(plain, reclaimed):
+        ra, rb = ev(problem.graph, a).energy, ev(problem.graph, b).energy
+        assert rb.time_s <= ra.time_s * (1 + 1e-9) and rb.total_j <= ra.total_j * (1 + 1e-9)
+        moved += rb.total_j < ra.total_j * (1 - 1e-9)
+    assert moved > 0
+    assert load_optimizer("kareus", {"reclaim": "false"}).settings.reclaim is False

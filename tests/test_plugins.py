@@ -204,13 +204,14 @@ def fake_plugins(monkeypatch):
 def test_defaults_are_the_old_behaviour():
     """What optimizers read with ``options.get(key, default)`` before settings were typed."""
     k = load_optimizer("kareus", {}).settings
-    assert (k.solver, k.unit_ms, k.prefilter, k.max_steps, k.min_steps, k.search, k.budget) == \
-        ("fast", None, "raw", MAX_STEPS, MIN_STEPS, "exhaustive", None)
+    assert (k.solver, k.unit_ms, k.prefilter, k.max_steps, k.min_steps, k.reclaim, k.search,
+            k.budget) == ("fast", None, "raw", MAX_STEPS, MIN_STEPS, True, "exhaustive", None)
     assert load_optimizer("perseus").settings == TradeoffSettings()
     assert load_optimizer("nanobatch-perseus").settings == TradeoffSettings()
     assert load_optimizer("zeus-power-limit").settings.eta == 0.5
     assert [f.name for f in fields(type(k))] == ["solver", "unit_ms", "prefilter", "max_steps",
-                                                 "min_steps", "search", "budget"]
+                                                 "min_steps", "reclaim", "search", "budget"]
+    assert not TradeoffSettings().reclaim  # Perseus's procedure keeps the solver's plans
     assert SOLVERS == ("fast", "exact") and STRATEGIES == ("exhaustive", "nsga2", "surrogate")
 
 

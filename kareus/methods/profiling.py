@@ -95,6 +95,10 @@ class TradeoffSettings(OptimizerSettings):
     min_steps: int = MIN_STEPS
     """``fast`` solver: below this many steps (or ``max_steps``, if fewer) the unit refines
     (``1`` keeps the unit)."""
+    reclaim: bool = False
+    """Give every kept plan's instructions the least-energy measured option their slack allows
+    (:class:`~kareus.methods.slack.SlackReclaimer`) after the solve. Perseus's procedure does
+    not (``false``); Kareus does by default: ``--set reclaim=`` on both measures what it adds."""
 
     def check(self) -> None:
         require(self.unit_ms is None or self.unit_ms > 0, "unit_ms", "a positive number of ms",
@@ -114,9 +118,9 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
                    settings: TradeoffSettings = TradeoffSettings()) -> list[IterationPlan]:
     """Solve the time–cost tradeoff over ``options`` on ``problem`` and return the plans, as
     ``settings`` say (:class:`TradeoffSettings`: the solver, its time unit, the pre-filter). With
-    ``reclaim_from`` (options per instruction type, those of ``options`` among them), every kept
-    plan's instructions are given the least-energy one of those their slack allows
-    (:class:`~kareus.methods.slack.SlackReclaimer`).
+    ``settings.reclaim``, every kept plan's instructions are given the least-energy option their
+    slack allows (:class:`~kareus.methods.slack.SlackReclaimer`) among ``reclaim_from`` (options
+    per instruction type, those of ``options`` among them; ``None``: ``options``).
     """
     graph = problem.graph
     fast = settings.solver == "fast"
@@ -152,8 +156,8 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
         task.done()
     instructions = 2 * graph.stages * graph.microbatches
     limit = plan_budget(instructions) if fast else None
-    refine = None if reclaim_from is None else SlackReclaimer(
-        reclaim_from, graph.stages, graph.microbatches, problem.gpu.static_power_w, p2p,
+    refine = None if not settings.reclaim else SlackReclaimer(
+        options if reclaim_from is None else reclaim_from, graph.stages, graph.microbatches, problem.gpu.static_power_w, p2p,
         first_forward_wait_s=waits)
     return plans_from_steps(steps, make_plan, label, limit, refine)
 

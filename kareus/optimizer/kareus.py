@@ -58,6 +58,10 @@ class KareusSettings(TradeoffSettings):
     strategy's default, :func:`kareus.optimizer.search.base.resolve_budget`); at least the
     strategy's smallest (:func:`kareus.optimizer.search.min_budget`: 4 for ``nsga2``, 8 for
     ``surrogate``)."""
+    reclaim: bool = True
+    """Kareus re-chooses every kept plan's options within their slack among all it measured, the
+    baselines' included (:class:`~kareus.methods.slack.SlackReclaimer`); ``false`` keeps the
+    solver's plans as lowtime returns them, as Perseus does."""
 
     def check(self) -> None:
         super().check()
