@@ -328,3 +328,36 @@ def test_the_reclaimer_is_a_setting_on_kareus_and_the_baselines():
         moved += rb.total_j < ra.total_j * (1 - 1e-9)
     assert moved > 0
     assert load_optimizer("kareus", {"reclaim": "false"}).settings.reclaim is False
+
+
+def test_a_clock_a_sampling_search_missed_keeps_its_overlapped_options(small):
+    """A partition not measured at some clock takes its front's schedules from the nearest clock
+    it was measured at: every clock keeps nanobatched options (the instruction evaluated at its
+    own clock), instead of losing them all for one partition's gap."""
+    from dataclasses import replace
+
+    from kareus.optimizer.compose import instruction_options, nearest_measured_clock
+    from kareus.optimizer.kareus import search_partitions
+
+    results = search_partitions(small)
+    part = next(iter(results))
+    full = results[part]
+    gone = 0  # drop every measurement at the lowest clock from one partition
+    keep = full.idx[:, 0] != gone
+    results[part] = replace(full, idx=full.idx[keep], time_s=full.time_s[keep],
+                            dynamic_energy_j=full.dynamic_energy_j[keep])
+    assert nearest_measured_clock(results[part], gone) == 1
+    assert nearest_measured_clock(full, gone) == gone
+    clock = small.knobs.clocks_mhz[gone]
+    checked = 0
+    for key in sorted(small.graph.instruction_graphs):
+        if part not in small.graph.instruction_graphs[key].partitions:
+            continue
+        counts = []
+        for res in ({**results, part: full}, results):
+            opts = instruction_options(small.backend, small.graph, key, res,
+                                       small.knobs.clocks_mhz)
+            counts.append(sum(o.knob.clock_mhz == clock and o.knob.nanobatched for o in opts))
+        assert counts[0] > 0 and counts[1] > 0, (key, counts)  # was 0 with the gap
+        checked += 1
+    assert checked

@@ -64,11 +64,26 @@ def partition_front(result: SearchResult, clock_index: int) -> tuple[NDArray, ND
     return result.time_s[keep], result.dynamic_energy_j[keep], keep[:, None]
 
 
+def nearest_measured_clock(result: SearchResult, clock_index: int) -> int | None:
+    """The grid index of the clock nearest (in MHz) to ``clock_index``'s at which ``result``
+    measured anything, ``clock_index`` itself when it did (ties: the lower clock); ``None`` when
+    it measured nothing."""
+    measured = np.unique(result.idx[:, 0])
+    if measured.size == 0:
+        return None
+    clocks = np.asarray(result.space.clocks_mhz, dtype=np.float64)
+    gap = np.abs(clocks[measured] - clocks[clock_index])
+    return int(measured[np.lexsort((clocks[measured], gap))[0]])
+
+
 def instruction_options(backend: Backend, graph: IterationGraph, key: tuple[int, Direction],
                         results: Mapping[Partition, SearchResult],
                         clocks_mhz: Sequence[float]) -> list[Option]:
     """Kareus execution options of instruction type ``key``: for every clock, the composed
-    nanobatched schedules on the instruction's front, and the sequential execution."""
+    nanobatched schedules on the instruction's front, and the sequential execution. A partition
+    a sampling search did not measure at a clock takes the schedules of its front at the nearest
+    clock it did measure (the instruction is then evaluated at its own clock), so that no clock
+    loses its overlapped options for one partition's gap."""
     ig = graph.instruction_graphs[key]
     static_w = backend.gpu.static_power_w
     plans: list[InstructionPlan] = []
@@ -79,11 +94,12 @@ def instruction_options(backend: Backend, graph: IterationGraph, key: tuple[int,
         merged: tuple[NDArray, NDArray, NDArray] | None = None
         for part in ig.partitions:
             res = results[part]
-            fi = int(np.flatnonzero(np.isclose(res.space.clocks_mhz, clock))[0])
-            front = partition_front(res, fi)
-            if front[0].size == 0:  # this clock was not measured for this partition
+            fi = nearest_measured_clock(
+                res, int(np.flatnonzero(np.isclose(res.space.clocks_mhz, clock))[0]))
+            if fi is None:  # nothing measured for this partition
                 merged = None
                 break
+            front = partition_front(res, fi)
             merged = front if merged is None else merge_fronts(merged, front)
         if merged is None:
             continue
