@@ -97,7 +97,8 @@ def fastest(times: ArrayLike, energies: ArrayLike) -> int:
     finite = np.isfinite(t)
     if not finite.any():
         raise ValueError("no point with a finite time")
-    tied = np.flatnonzero(finite & (t <= t[finite].min() * (1 + _TOL)))
+    least = t[finite].min()
+    tied = np.flatnonzero(finite & (t <= least + abs(least) * _TOL))
     return int(tied[np.lexsort((t[tied], e[tied]))[0]])
 
 
@@ -116,7 +117,7 @@ def best_within(x: ArrayLike, y: ArrayLike, limit: float) -> int | None:
     ``None`` when none qualifies. With (x, y) = (time s, energy J): the least energy within a
     time budget; swapped, the fastest point within an energy budget."""
     xs, ys = np.asarray(x, float), np.asarray(y, float)
-    ok = np.flatnonzero((xs <= limit * (1 + _TOL)) & np.isfinite(ys))
+    ok = np.flatnonzero((xs <= limit + abs(limit) * _TOL) & np.isfinite(ys))
     if not ok.size:
         return None
     return int(ok[fastest(ys[ok], xs[ok])])

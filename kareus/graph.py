@@ -434,9 +434,9 @@ def schedule_times(stages: int, microbatches: int, durations: Mapping[Instructio
                     break
                 start = free[s] if i > 0 else 0.0
                 if s > 0 and ins.direction == "forward":
-                    start = max(start, ready + delay[s - 1])
+                    start = max(start, ready + transfer_delay(s - 1, s, delay))
                 elif s < stages - 1 and ins.direction == "backward":
-                    start = max(start, ready + delay[s])
+                    start = max(start, ready + transfer_delay(s + 1, s, delay))
                 end = start + durations[ins]
                 times[ins] = (start, end)
                 (forward_end if ins.direction == "forward" else backward_end)[s][m] = end

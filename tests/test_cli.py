@@ -159,8 +159,8 @@ def test_frontier_says_what_it_exported(capsys, tmp_path):
     code, text, _ = run(capsys, "frontier", "-w", "gpt3-xl", "--tp", "4", "--mbs", "2",
                         "--microbatches", "4", "-o", "megatron", "--export", str(tmp_path / "p"))
     assert code == 0 and text.strip().splitlines()[-1] == (
-        f"exported plan_id 0 (\"megatron\", the fastest) to {tmp_path / 'p'}: freqs_pipeline.py (Zeus's "
-        "per-instruction clocks), schedules.json (each partition's window and SMs)")
+        f"exported plan_id 0 (\"megatron\", the fastest) to {tmp_path / 'p'}: freqs_pipeline.py "
+        "(Zeus's per-instruction clocks), schedules.json (each partition's window and SMs)")
 
 
 def test_workloads_show_lists_a_gelu_variant_only_for_a_gelu_mlp(capsys):

@@ -100,7 +100,11 @@ def test_the_settings_table_lists_every_built_in_setting_and_its_default() -> No
         for f in dataclasses.fields(settings) if settings is not None else ():
             declared.setdefault(f.name, []).append(name)
             default = "none" if f.default is None else f"`{f.default}`"
-            assert default in rows[f.name][4], (f.name, name, default)  # per optimizer
+            # the row's default, or ``name: `value``` where one optimizer's differs
+            cell = rows[f.name][4]
+            own = re.search(rf"\b{re.escape(name)}: (`[^`]*`)", cell)
+            assert (own.group(1) if own else cell.split(";")[0].strip()).startswith(default), \
+                (f.name, name, default)
     assert set(rows) >= set(declared)
     for setting, owners in declared.items():
         assert rows[setting][2].split(", ") == owners, setting

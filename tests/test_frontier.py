@@ -107,3 +107,13 @@ def test_non_finite_points_are_never_on_a_frontier_nor_a_reference():
     assert iso_time_energy_reduction([1.0, 2.0], [math.nan, 10.0], [2.0], [9.0]) == \
         pytest.approx(10.0)
     assert iso_time_energy_reduction([math.nan], [1.0], [2.0], [9.0]) is None
+
+
+def test_ties_are_judged_on_negative_values_too():
+    """Energies measured against a static power can come out below zero (a dynamic part); the
+    floating-point slack of the ties widens towards larger values either way."""
+    from kareus.frontier import best_within, fastest, least_energy
+
+    assert least_energy([1.0, 2.0], [-5.0, -3.0]) == 0
+    assert fastest([-2.0, -1.0], [1.0, 0.5]) == 0
+    assert best_within([-1.0, 1.0], [3.0, 2.0], -1.0) == 0

@@ -62,7 +62,8 @@ def test_window_agrees_on_step_count_and_uses_barriers():
                          agree=lambda n: (seen.append(n), 7)[1],
                          barrier=lambda: seen.append("barrier"), time_fn=clock,
                          sleep_fn=clock.sleep)
-    assert seen == ["barrier", 1, "barrier"] and res.steps == 7
+    # the warm-up's count and the window's, each agreed between ranks before it runs
+    assert seen == ["barrier", 1, 1, "barrier"] and res.steps == 7
 
 
 def test_clock_sampler_reads_the_device():
@@ -262,4 +263,5 @@ def test_the_window_is_sized_on_warm_steps_not_the_cold_first_ones():
     cfg = MeasureConfig(warmup_s=1.0, warmup_steps=1, window_s=3.0, min_steps=2)
     res = measure_window(step, CounterMeter([dev], time_fn=clock), cfg, time_fn=clock,
                          sleep_fn=clock.sleep)
-    assert res.steps == 12 and res.time_s == pytest.approx(3.0)  # not ceil(3 / 1.375) = 3
+    # sized on the whole warm-up's mean step (1.375 s) the window would take min_steps, 2
+    assert res.steps == 12 and res.time_s == pytest.approx(3.0)

@@ -168,8 +168,11 @@ def phase_env(run: Run) -> JsonObject:
         "compile_kernel": hasattr(torch.cuda, "_compile_kernel"),
         "guard": run.guard.describe(), "settings_before": run.settings_before.to_dict(),
         # the energy counter covers the whole board: another process on the card (or a MIG
-        # slice of it, settings_before's mig_mode) would be in every window measured here
-        "other_processes": sorted(p for p in run.card.pids() if p != os.getpid()),
+        # slice of it, settings_before's mig_mode) would be in every window measured here. NVML
+        # lists host PIDs, so in a container this process may be among them under another PID.
+        "processes_on_card": text(lambda: sorted(
+            int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(dev.handle))),
+        "own_pid": os.getpid(),
         "memory_used_bytes_at_start": text(run.card.memory_used_bytes),
     }
     try:  # the record keeps the versions above when the card's energy counter cannot be read

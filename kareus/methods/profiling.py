@@ -157,8 +157,8 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     instructions = 2 * graph.stages * graph.microbatches
     limit = plan_budget(instructions) if fast else None
     refine = None if not settings.reclaim else SlackReclaimer(
-        options if reclaim_from is None else reclaim_from, graph.stages, graph.microbatches, problem.gpu.static_power_w, p2p,
-        first_forward_wait_s=waits)
+        options if reclaim_from is None else reclaim_from, graph.stages, graph.microbatches,
+        problem.gpu.static_power_w, p2p, first_forward_wait_s=waits)
     return plans_from_steps(steps, make_plan, label, limit, refine)
 
 

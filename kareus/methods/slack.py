@@ -1,7 +1,8 @@
 """Plans replayed on measured options, and the slack reclaimer: a solver step's plan evaluated
 on a profile's (time s, energy J) options (:func:`replay_knobs`), and every instruction of a plan
 moved to the least-energy option that fits its slack without lengthening the iteration
-(:class:`SlackReclaimer`; Kareus uses it, the baselines keep Perseus's procedure)."""
+(:class:`SlackReclaimer`; Kareus uses it by default, the baselines only with ``--set
+reclaim=true``: :class:`kareus.methods.profiling.TradeoffSettings`)."""
 
 from __future__ import annotations
 

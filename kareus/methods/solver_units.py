@@ -53,6 +53,8 @@ def whole_dag_problem(stages: int, microbatches: int, what: str) -> str:
     return (f"{stages} stages x {microbatches} microbatches = {slots:,} (microbatch, stage) "
             f"pairs; the solve's work grows with their square ({what}: about {hours:,.0f} h "
             f"here); at most {MAX_WHOLE_DAG_SLOTS:,}")
+
+
 #: Most time units the slowest instruction may span in an exact solve (Perseus's): it trades
 #: iteration time one unit per step, so its work grows as the unit shrinks (on the shared GPT-3
 #: 175B A100 profile, whose slowest instruction takes 150 ms: 2.8 s at 1 ms, 48 s at 0.03 ms).

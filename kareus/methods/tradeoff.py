@@ -38,8 +38,8 @@ For large jobs ``solve(..., fast=True)`` folds a long pipeline's steady state
 bounds the number of steps, :func:`~kareus.methods.solver_units.plan_budget` the plans kept.
 Beside this module: the cost model (:mod:`kareus.methods.cost_models`), the unit and plan
 budgets (:mod:`kareus.methods.solver_units`), and plans replayed on measured options and
-re-chosen within their slack (:mod:`kareus.methods.slack`; Kareus uses the reclaimer, the
-baselines keep Perseus's procedure).
+re-chosen within their slack (:mod:`kareus.methods.slack`; Kareus uses the reclaimer by
+default, the baselines keep Perseus's procedure unless ``--set reclaim=true``).
 """
 
 from __future__ import annotations
@@ -485,7 +485,8 @@ def plans_from_steps(steps: Sequence[SolverStep],
                      | None = None) -> list[IterationPlan]:
     """One :class:`~kareus.plan.IterationPlan` per solver step (``make_plan(knob)`` gives each
     instruction's plan); with ``limit``, for at most that many steps (:func:`spread_steps`);
-    ``refine`` (e.g. a :class:`SlackReclaimer`) may re-choose each step's knobs first."""
+    ``refine`` (e.g. a :class:`~kareus.methods.slack.SlackReclaimer`) may re-choose each step's
+    knobs first."""
     from kareus.plan import IterationPlan
 
     cache: dict[Hashable, InstructionPlan] = {}

@@ -9,9 +9,10 @@ instruction options, and the iteration-level time–cost tradeoff.
    partitions' combined schedules, measured as whole instructions, plus the sequential execution.
 3. **Iteration frontier** (:mod:`kareus.methods.tradeoff`): lowtime's Phillips–Dessouky solver on the 1F1B
    DAG exactly as Perseus, each option's knob being (clock, per-partition SMs and window). Every
-   solver step is a plan, whose instructions then take the least-energy measured option their
-   slack allows (:class:`~kareus.methods.slack.SlackReclaimer`: the solver chooses through a
-   fitted cost model on a time grid, which leaves energy on instructions off the critical path).
+   solver step is a plan, whose instructions then take (unless ``--set reclaim=false``) the
+   least-energy measured option their slack allows (:class:`~kareus.methods.slack.SlackReclaimer`:
+   the solver chooses through a fitted cost model on a time grid, which leaves energy on
+   instructions off the critical path).
    The solver also runs on the two baselines' option sets, which Kareus's knob space contains:
    the sequential execution per clock (Perseus's) and the nanobatched one with the default
    collective schedules per clock (Nanobatching + Perseus's), each solve's plans reclaimed over

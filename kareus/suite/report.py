@@ -464,8 +464,6 @@ def _savefig(fig, path: Path) -> None:  # noqa: ANN001
         fig.savefig(tmp, dpi=DPI)
 
 
-#: The files :func:`write_results` writes in a configuration's folder (``timings.json`` only when
-#: given), in the order it returns them.
 def figure_title(summary: Mapping, gpu_overrides: Mapping[str, float] | None = None) -> str:
     """Two lines naming one configuration in its figures: the workload and the job's shape
     (``llama3.2-3b: TP8 PP2, MBS 8 x 8, seq 4096``), then the GPUs, the backend and any preset

@@ -25,8 +25,9 @@ from kareus.json_types import is_finite_number
 from kareus.suite.harness import OptimizerRun
 from kareus.suite.records import Choice, Point
 
-# A configuration's result files (:func:`kareus.suite.report.write_results` writes them; the
-# summary last, so that its presence means the configuration finished).
+# A configuration's result files (:func:`kareus.suite.report.write_results` writes them, the
+# summary last so that its presence means the configuration finished, and returns them in the
+# order of RESULT_FILES; ``timings.json`` only when given).
 SUMMARY_JSON = "summary.json"
 FRONTIERS_CSV = "frontiers.csv"
 COMPARISON_MD = "comparison.md"

@@ -31,9 +31,11 @@ class MeasureConfig:
     """How long to measure (s).
 
     Attributes:
-        warmup_s: Run the step this long before measuring (at least ``warmup_steps`` times).
-        warmup_steps: Minimum warm-up steps; the step time that sizes the window is timed on the
-            warm-up steps after them (at least one), run back to back as in the window.
+        warmup_s: Run the step about this long before measuring (at least ``warmup_steps`` + 2
+            times).
+        warmup_steps: Cold warm-up steps; after them one step is timed with a wait for the GPU,
+            and the warm-up's remaining steps (at least one, agreed between ranks) are run back
+            to back as in the window: their time sizes it.
         window_s: Minimum window length.
         min_steps: Minimum steps inside the window.
         cooldown_s: Idle time before the warm-up (0: none).
@@ -195,20 +197,27 @@ def measure_window(step: Callable[[], object], meter: Meter, cfg: MeasureConfig,
         barrier()
     if cfg.cooldown_s > 0:
         sleep_fn(cfg.cooldown_s)
-    # The step time that sizes the window comes from the warm-up's steps after the first
-    # ``warmup_steps`` (which pay for cold caches and autotuning), run as the window runs them:
-    # back to back, with no wait for the GPU between them; at least one such step.
+    # The warm-up: ``warmup_steps`` cold steps (caches, autotuning), one step timed with a wait
+    # for the GPU (at least a step's time), then as many more as fill ``warmup_s``, run back to
+    # back as the window runs them; their time sizes the window. Every count is agreed between
+    # ranks (``agree``) before it runs, so that ranks whose steps hold collectives run the same
+    # number of them.
     t0 = time_fn()
-    warm = 0
-    mark_t, mark = (t0, 0) if cfg.warmup_steps <= 0 else (t0, -1)
-    while warm < cfg.warmup_steps or time_fn() - t0 < cfg.warmup_s or warm == mark:
+    for _ in range(max(0, cfg.warmup_steps)):
         step()
-        warm += 1
-        if warm == cfg.warmup_steps:
-            sync()
-            mark_t, mark = time_fn(), warm
     sync()
-    per_step = max((time_fn() - mark_t) / (warm - max(mark, 0)), 1e-9)
+    t1 = time_fn()
+    step()
+    sync()
+    probe = max(time_fn() - t1, 1e-9)
+    more = max(1, math.ceil(max(0.0, cfg.warmup_s - (time_fn() - t0)) / probe))
+    if agree:
+        more = agree(more)
+    t2 = time_fn()
+    for _ in range(more):
+        step()
+    sync()
+    per_step = max((time_fn() - t2) / more, 1e-9)
     n = max(cfg.min_steps, math.ceil(cfg.window_s / per_step))
     if agree:
         n = agree(n)

@@ -78,7 +78,7 @@ def _auto(ctx: NanoCtx, label: tuple, fn: Callable[..., Tensor | tuple[Tensor, .
             res = fn(*leaves)
         res = res if isinstance(res, tuple) else (res,)
         ctx.tape.entries[label] = AutogradEntry(leaves, srcs, list(res),
-                                        [p for p in params if p is not None])
+                                                [p for p in params if p is not None])
     else:
         res = fn(*srcs)
         res = res if isinstance(res, tuple) else (res,)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kareus.backends.gpu.engine.collectives import Comm, Work, blocking_reduce
-from kareus.backends.gpu.engine.ops import LayerProgram, NanoCtx, Segment, residual_add, cut_segments
+from kareus.backends.gpu.engine.ops import (LayerProgram, NanoCtx, Segment, cut_segments,
+                                            residual_add)
 from kareus.backends.gpu.engine.streams import Streams
 from kareus.backends.gpu.engine.tape import Tape, ResidualAddEntry
 from workloads.torch_model import GPTStage, Hook, tensor_parallel_ops
@@ -177,8 +178,8 @@ class StageEngine:
         return pending
 
     def segment_items(self, direction: str, layers: Sequence[int], ctxs: list[NanoCtx],
-               nanobatched: bool, hooks: Callable[[Segment], Segment] = lambda s: s
-               ) -> list[tuple[Segment, NanoCtx, str | None]]:
+                      nanobatched: bool, hooks: Callable[[Segment], Segment] = lambda s: s
+                      ) -> list[tuple[Segment, NanoCtx, str | None]]:
         """The chain :meth:`run_chain` runs for ``direction`` over ``layers``: each segment
         (through ``hooks``) once per nanobatch context, with its partition's key when
         ``nanobatched`` (``None`` otherwise)."""
