@@ -35,9 +35,9 @@ from kareus.graph import (
     Instruction,
     boundary_delays,
     critical_path,
+    dependency_delay,
     one_f_one_b,
     schedule_times,
-    transfer_delay,
 )
 from kareus.methods.profiling import profile_instructions, profile_to_options
 from kareus.methods.slack import replay_knobs
@@ -156,7 +156,7 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
                 clock[ins] = c[c.index(low) + 1]
         steps += 1
     delays = boundary_delays(stages, p2p_s)
-    hops = sum(transfer_delay(a.stage, b.stage, delays) for a, b in zip(path, path[1:]))
+    hops = sum(dependency_delay(a, b, stages, delays) for a, b in zip(path, path[1:]))
     length = (sum(measured[ins.type_key][clock[ins]] for ins in path) + hops
               + sum(wait_before(ins, waits) for ins in path))
     return EnvPipeRun(clock, tuple(path), length, steps)

@@ -401,15 +401,42 @@ def transfer_delay(stage_a: int, stage_b: int, delays: Sequence[float]) -> float
     return delays[min(stage_a, stage_b)] if stage_a != stage_b else 0.0
 
 
+def sender_hold(ins: Instruction, stages: int, delays: Sequence[float]) -> float:
+    """The time (s) ``ins``'s stage stays busy after ``ins`` ends, sending its output across a
+    stage boundary (``delays`` as :func:`boundary_delays` gives them): a forward on any stage
+    but the last sends its activations to the next, a backward on any stage but the first its
+    input gradient to the one before. Megatron-LM's 1F1B (and Merak's, on which the Perseus
+    authors measured) pairs each send with a receive and waits for both before the stage's next
+    instruction (``send_forward_recv_backward``, ``batch_isend_irecv`` then ``wait``), so a send
+    holds its sender as long as the transfer takes its receiver. 0 for an instruction that
+    sends nothing."""
+    if ins.direction == "forward":
+        return delays[ins.stage] if ins.stage < stages - 1 else 0.0
+    return delays[ins.stage - 1] if ins.stage > 0 else 0.0
+
+
+def dependency_delay(pred: Instruction, succ: Instruction, stages: int,
+                     delays: Sequence[float]) -> float:
+    """The time (s) between ``pred``'s end and the earliest start of ``succ`` on the 1F1B DAG
+    edge ``pred -> succ`` (:func:`dag_dependencies`): across a stage boundary the transfer
+    (:func:`transfer_delay`), on one stage the sender's hold (:func:`sender_hold`). The one
+    rule every schedule of the suite (the simulator's, the solver's DAG, the slack reclaimer,
+    EnvPipe's critical path) keeps."""
+    if pred.stage != succ.stage:
+        return transfer_delay(pred.stage, succ.stage, delays)
+    return sender_hold(pred, stages, delays)
+
+
 def schedule_times(stages: int, microbatches: int, durations: Mapping[Instruction, float],
                    p2p_s: float | Sequence[float] = 0.0) -> dict[Instruction, tuple[float, float]]:
     """Earliest (start, end) of every instruction of the 1F1B DAG given their durations (s);
-    ``p2p_s`` delays every cross-stage dependency (the activation transfer): one time for every
-    boundary, or one per boundary (:func:`boundary_delays`).
+    ``p2p_s`` is the activation transfer across each boundary: one time for every boundary, or
+    one per boundary (:func:`boundary_delays`).
 
     Each stage runs its program order (:func:`one_f_one_b`) as far as the other stages allow;
-    an instruction starts when its stage's previous one and its cross-stage predecessor
-    (:func:`dag_dependencies`) have ended. Linear in the instructions.
+    an instruction starts when its stage's previous one has ended and sent its output
+    (:func:`sender_hold`) and its cross-stage predecessor (:func:`dag_dependencies`) has ended
+    and its output arrived (:func:`dependency_delay`). Linear in the instructions.
     """
     order = one_f_one_b(stages, microbatches)
     delay = boundary_delays(stages, p2p_s)
@@ -432,7 +459,7 @@ def schedule_times(stages: int, microbatches: int, durations: Mapping[Instructio
                     ready = backward_end[s + 1][m] if s < stages - 1 else 0.0
                 if ready is None:
                     break
-                start = free[s] if i > 0 else 0.0
+                start = free[s] + sender_hold(seq[i - 1], stages, delay) if i > 0 else 0.0
                 if s > 0 and ins.direction == "forward":
                     start = max(start, ready + transfer_delay(s - 1, s, delay))
                 elif s < stages - 1 and ins.direction == "backward":
@@ -461,7 +488,7 @@ def critical_path(stages: int, microbatches: int, times: dict[Instruction, tuple
     while deps[node]:
         start = times[node][0]
         prev = [d for d in deps[node]
-                if abs(times[d][1] + transfer_delay(d.stage, node.stage, delay) - start) < 1e-12]
+                if abs(times[d][1] + dependency_delay(d, node, stages, delay) - start) < 1e-12]
         if not prev:
             break
         node = max(prev, key=lambda d: times[d][1])

@@ -143,16 +143,22 @@ def test_spread_steps_keeps_the_ends():
     assert spread_steps(steps[:10], 64) == steps[:10]
 
 
-def _reference_times(stages, microbatches, durations, p2p):
-    """Earliest times by brute force over the dependency lists (the definition)."""
+def _reference_times(stages, microbatches, durations, p2p, hold=True):
+    """Earliest times by brute force over the dependency lists (the definition): a transfer
+    delays its receiver and (``hold``) holds its sender (a forward sends on every stage but the
+    last, a backward on every stage but the first)."""
     deps = dag_dependencies(stages, microbatches)
+
+    def sends(p):
+        return p.stage < stages - 1 if p.direction == "forward" else p.stage > 0
+
     times = {}
     while len(times) < len(deps):
         for ins, preds in deps.items():
             if ins in times or any(p not in times for p in preds):
                 continue
-            start = max([times[p][1] + (p2p if p.stage != ins.stage else 0.0) for p in preds],
-                        default=0.0)
+            start = max([times[p][1] + (p2p if p.stage != ins.stage or hold and sends(p) else 0.0)
+                         for p in preds], default=0.0)
             times[ins] = (start, start + durations[ins])
     return times
 
@@ -165,3 +171,27 @@ def test_schedule_times_match_the_dependency_definition(stages, microbatches):
     for p2p in (0.0, 0.3):
         assert schedule_times(stages, microbatches, durations, p2p) == \
             _reference_times(stages, microbatches, durations, p2p)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 6)])
+def test_solver_dag_times_transfers_as_the_schedule_does(stages, microbatches):
+    """The DAG the solver hands lowtime carries each transfer on its receiver and on its sender
+    (:func:`kareus.graph.dependency_delay`), as the 1F1B schedule does: its first step (every
+    instruction at its one option) lasts the schedule's makespan, to the solver's unit."""
+    from kareus.methods.tradeoff import Option, solve
+
+    rng = random.Random(stages + microbatches)
+    options = {(s, d): [Option(rng.uniform(0.05, 0.2), 1.0, 0)]
+               for s in range(stages) for d in ("forward", "backward")}
+    p2p = 0.011
+    durations = {ins: options[ins.type_key][0].time_s
+                 for seq in one_f_one_b(stages, microbatches).values() for ins in seq}
+    makespan = max(end for _, end in schedule_times(stages, microbatches, durations,
+                                                    p2p).values())
+    receiver_only = max(end for _, end in _reference_times(stages, microbatches, durations,
+                                                            p2p, hold=False).values())
+    step = next(iter(solve(options, stages, microbatches, 60.0, unit_time_s=1e-4,
+                           p2p_time_s=p2p)))
+    units = 2 * stages * microbatches + 4 * (stages - 1) * microbatches  # quantised nodes
+    assert makespan - units * 1e-4 <= step.real_time_s <= makespan + 1e-9
+    assert makespan > receiver_only + 1e-3  # the holds lengthen this pipeline

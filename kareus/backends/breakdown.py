@@ -11,8 +11,8 @@ Two views of each stage:
   whose parts are what the simulator adds up into an instruction's cost).
 - **The iteration** on one GPU of the stage, from the simulated schedule: its instructions
   (``instructions_s``, their durations added up), the waits before and between them
-  (``waiting_s``: the pipeline filling, the stage waiting for its neighbours' work and for the
-  transfers between stages, and with ``--overlap-param-gather`` for what its parameter
+  (``waiting_s``: the pipeline filling, the stage waiting for its neighbours' work, for the
+  transfers between stages and for its own sends to finish, and with ``--overlap-param-gather`` for what its parameter
   all-gather leaves exposed before its first forward), what the host gains a single-stage job by issuing ahead across
   instructions (``run_ahead_s``, subtracted), the stage's tail (``tail_s``: the optimizer step
   and what the data-parallel gradient synchronisation leaves exposed), and the time after its
@@ -44,7 +44,7 @@ class StageBreakdown:
         forward_dynamic_j: The forward's dynamic energy by part (J).
         backward_dynamic_j: The backward's dynamic energy by part (J).
         instructions_s: The stage's instructions' durations added up (s).
-        waiting_s: Its waits before and between them (s).
+        waiting_s: Its waits before and between them, and after the last while it sends (s).
         run_ahead_s: What the host's issuing ahead saves (s; only without pipeline stages).
         tail_s: Its optimizer step and exposed gradient synchronisation (s).
         after_s: From the end of its work to the end of the iteration (s).
@@ -119,7 +119,11 @@ def time_breakdown(sim: SimulatorBackend, graph: IterationGraph, plan: Iteration
             backward_s={k: t for k, (t, _) in mean["backward"].items()},
             forward_dynamic_j={k: e for k, (_, e) in mean["forward"].items()},
             backward_dynamic_j={k: e for k, (_, e) in mean["backward"].items()},
-            instructions_s=busy, waiting_s=spans[-1][1] - busy,
+            # the waits run to the stage's last send (its last instruction's end plus the
+            # sender's hold), where its tail starts
+            instructions_s=busy,
+            waiting_s=(result.stage_end_s[s] - result.stage_tail_s.get(s, 0.0)
+                       + result.run_ahead_s - busy),
             run_ahead_s=result.run_ahead_s, tail_s=result.stage_tail_s.get(s, 0.0),
             after_s=result.time_s - result.stage_end_s[s],
             dynamic_j=result.per_gpu_dynamic_j[s], energy_j=result.per_gpu_energy_j[s]))

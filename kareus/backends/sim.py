@@ -57,6 +57,7 @@ from kareus.graph import (
     Segment,
     ring_steps,
     schedule_times,
+    sender_hold,
 )
 from kareus.backends.partition_timeline import (
     TimelineCollective,
@@ -881,15 +882,17 @@ class SimulatorBackend:
         # the host issues on while the GPU waits: a single stage's queue starts that far behind
         run_ahead = self._run_ahead(graph, plan, order, durations,
                                     gather_wait.get(Instruction(0, 0, "forward"), 0.0))
-        times = schedule_times(graph.stages, graph.microbatches, durations,
-                               self.p2p_times(graph))
+        delays = self.p2p_times(graph)
+        times = schedule_times(graph.stages, graph.microbatches, durations, delays)
         for ins, wait in gather_wait.items():
             start, end = times[ins]
             times[ins] = (start + wait, end)
         ends, tails = {}, {}
         last_end = [0.0] * graph.stages
         for ins, (_, end) in times.items():
-            last_end[ins.stage] = max(last_end[ins.stage], end)
+            # the stage tail starts once the last instruction has sent its output
+            last_end[ins.stage] = max(last_end[ins.stage],
+                                      end + sender_hold(ins, graph.stages, delays))
         last_backward = {ins.stage: times[ins] for ins in times
                          if ins.direction == "backward" and ins.microbatch == graph.microbatches - 1}
         for s in range(graph.stages):

@@ -10,7 +10,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kareus.energy import dynamic_from_measured
-from kareus.graph import Direction, Instruction, boundary_delays, dag_dependencies, transfer_delay
+from kareus.graph import (Direction, Instruction, boundary_delays, dag_dependencies,
+                          dependency_delay)
 from kareus.methods.tradeoff import Option, SolverStep, stage_waits, wait_before
 
 
@@ -102,8 +103,9 @@ class SlackReclaimer:
         waits = stage_waits(stages, first_forward_wait_s)
 
         def gap(a: Instruction, b: Instruction) -> float:
-            """The transfer between ``a`` and ``b`` (s): their boundary's, 0 on one stage."""
-            return transfer_delay(a.stage, b.stage, delays)
+            """The delay on the edge ``a -> b`` (s): the transfer across a boundary, the
+            sender's hold on one stage (:func:`kareus.graph.dependency_delay`)."""
+            return dependency_delay(a, b, stages, delays)
 
         at = {ins: k for k, ins in enumerate(self.order)}
         self._pred_edges: list[list[tuple[int, float]]] = [[] for _ in self.order]

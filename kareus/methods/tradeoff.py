@@ -55,8 +55,8 @@ import networkx as nx
 from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
 from kareus.frontier import even_indices
-from kareus.graph import (Direction, Instruction, boundary_delays, dag_dependencies, one_f_one_b,
-                          transfer_delay)
+from kareus.graph import (Direction, Instruction, boundary_delays, dag_dependencies,
+                          dependency_delay, one_f_one_b)
 from kareus.methods.cost_models import fit_exponential_model
 
 if TYPE_CHECKING:
@@ -395,17 +395,21 @@ def _fixed_operation(time_s: float, unit_time_s: float) -> object:
 
 def _add_transfers(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
                    delays: Sequence[float], unit_time_s: float) -> None:
-    """Put a fixed transfer on every edge between instructions of two stages: ``delays[b]`` (s)
-    across boundary ``b``, between stages ``b`` and ``b + 1``."""
-    stage_of = {id(lt): ins.stage for ins, lt in nodes}
-    node_stage = {n: stage_of.get(id(d.get("op"))) for n, d in dag.nodes(data=True)}
-    cross = [(u, v) for u, v in dag.edges if node_stage[u] is not None
-             and node_stage[v] is not None and node_stage[u] != node_stage[v]]
+    """Put a fixed operation on every edge between instructions that carries a delay
+    (:func:`kareus.graph.dependency_delay`): the transfer (s) on each edge between two stages
+    (``delays[b]`` across boundary ``b``, between stages ``b`` and ``b + 1``), and the sender's
+    hold on each edge from an instruction that sends its output to its stage's next one."""
+    stages = len(delays) + 1
+    ins_of = {id(lt): ins for ins, lt in nodes}
+    node_ins = {n: ins_of.get(id(d.get("op"))) for n, d in dag.nodes(data=True)}
+    held = [(u, v, dependency_delay(node_ins[u], node_ins[v], stages, delays))
+            for u, v in dag.edges if node_ins[u] is not None and node_ins[v] is not None]
     next_id = max(dag.nodes) + 1
-    for u, v in cross:
+    for u, v, delay in held:
+        if delay <= 0:
+            continue
         dag.remove_edge(u, v)
-        dag.add_node(next_id, op=_fixed_operation(
-            transfer_delay(node_stage[u], node_stage[v], delays), unit_time_s))
+        dag.add_node(next_id, op=_fixed_operation(delay, unit_time_s))
         dag.add_edge(u, next_id)
         dag.add_edge(next_id, v)
         next_id += 1
