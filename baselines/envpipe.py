@@ -124,7 +124,8 @@ def envpipe_run(options: Mapping[tuple[int, Direction], Sequence[Option]], stage
             number, :func:`clock_knob`); a type's sorted clocks are its clock steps.
         stages: Pipeline stages.
         microbatches: Microbatches per iteration.
-        p2p_s: Activation transfer between stages (s), on every cross-stage dependency: one
+        p2p_s: Activation transfer between stages (s), on every cross-stage dependency and on
+            the sender's own next instruction (:func:`kareus.graph.dependency_delay`): one
             time for every boundary, or one per boundary (``b``: between stages ``b``, ``b + 1``).
         unit_time_s: When positive, the critical path is found on instruction times quantized
             down to this unit (the Perseus emulation's time unit); 0 uses the measured times.

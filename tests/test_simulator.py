@@ -276,3 +276,26 @@ def test_every_preset_simulates(llama_tp8):
         r = SimulatorBackend(gpu).evaluate_plan(llama_tp8, IterationPlan.uniform(
             llama_tp8, gpu.clock_max_mhz))
         assert 0 < r.time_s < 60 and r.energy.total_j > 0
+
+
+def test_a_stage_tail_starts_after_its_last_send_and_overlaps_it_with_the_reduction():
+    """A stage's last backward sends its input gradient on; the send holds the stage, and its
+    overlapped gradient reduction runs on meanwhile: the stage's work ends the larger of the two
+    after that backward, plus the rest of its tail, never the two in series."""
+    from kareus.graph import Instruction, sender_hold
+    from kareus.suite.problem import make_problem
+
+    p = make_problem("gpt3-xl", gpu="a100-sxm4-80gb", pp=2, dp=8, mbs=2, microbatches=4,
+                     overlap_grad_reduce=True)
+    g, sim = p.graph, p.backend
+    plan = IterationPlan.uniform(g, p.gpu.clock_max_mhz)
+    result = sim.evaluate_plan(g, plan)
+    delays = sim.p2p_times(g)
+    last = Instruction(1, g.microbatches - 1, "backward")
+    start, end = result.instruction_times[last]
+    hold = sender_hold(last, g.stages, delays)
+    f_top = int(sim.clock_index(p.gpu.clock_max_mhz)[0])
+    overhang, _ = sim.overlapped_grad_sync(g, 1, g.stage_tail[1][0].comm, start, end, f_top)
+    rest = sum(sim._segment_cost(seg, f_top)[0] for seg in g.stage_tail[1][1:])
+    assert hold > 0 and overhang > 0
+    assert result.stage_end_s[1] == pytest.approx(end + max(hold, overhang) + rest, rel=1e-9)

@@ -63,8 +63,8 @@ class IterationResult:
             what the data-parallel gradient synchronisation leaves exposed. Empty where the
             backend does not tell.
         stage_end_s: Per stage, when its work ends (s from the iteration's start): its last
-            instruction's end, less ``run_ahead_s``, plus its tail; the iteration time is the
-            latest. Empty where the backend does not tell.
+            instruction's end and the time its last send holds it (pipeline stages), less
+            ``run_ahead_s``, plus its tail; the iteration time is the latest. Empty where the backend does not tell.
         run_ahead_s: What a single-stage iteration gains over its instructions run one by one,
             by the host issuing ahead across them (s; 0 with pipeline stages).
     """

@@ -888,21 +888,24 @@ class SimulatorBackend:
             start, end = times[ins]
             times[ins] = (start + wait, end)
         ends, tails = {}, {}
-        last_end = [0.0] * graph.stages
+        last_end, held = [0.0] * graph.stages, [0.0] * graph.stages
         for ins, (_, end) in times.items():
-            # the stage tail starts once the last instruction has sent its output
-            last_end[ins.stage] = max(last_end[ins.stage],
-                                      end + sender_hold(ins, graph.stages, delays))
+            if end > last_end[ins.stage]:
+                last_end[ins.stage] = end
+                held[ins.stage] = sender_hold(ins, graph.stages, delays)
         last_backward = {ins.stage: times[ins] for ins in times
                          if ins.direction == "backward" and ins.microbatch == graph.microbatches - 1}
         for s in range(graph.stages):
-            last = last_end[s] - run_ahead
+            # the stage tail starts once its last instruction has sent its output
+            last = last_end[s] + held[s] - run_ahead
             tail_t = 0.0
             for i, seg in enumerate(graph.stage_tail.get(s, ())):
                 if i == 0 and graph.overlap_grad_reduce and seg.comm is not None:
-                    # bucketed reduction during the last backward: only its overhang shows
+                    # bucketed reduction during the last backward: only its overhang shows,
+                    # and it runs on while the last send holds the stage
                     start, end = last_backward[s]
                     st, se = self.overlapped_grad_sync(graph, s, seg.comm, start, end, f_top)
+                    st = max(0.0, st - held[s])
                 elif seg.comm is not None and seg.comm.collective == "all_gather":
                     # the distributed optimizer's all-gather after its step, bucket by bucket
                     st, se = self._segment_cost(Segment(seg.compute, None), f_top)

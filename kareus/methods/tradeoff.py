@@ -20,7 +20,9 @@ the ``lowtime`` reference driver for Perseus:
    backward dependencies between stages, a dummy source 0 and sink 1). When the executing
    backend puts an activation transfer between stages (``p2p_time_s`` > 0: one time for every
    boundary, or one per boundary), every cross-stage edge carries its boundary's as an operation
-   of fixed duration, so that the solver's critical path is the one the iteration runs;
+   of fixed duration, and so does every edge from an instruction that sends to its stage's next
+   one (the send holds its sender: :func:`kareus.graph.dependency_delay`), so that the solver's
+   critical path is the one the iteration runs;
    Perseus's own profiles (and ``kareus perseus``) have none. A stage whose first forward
    waits for work outside the instruction times (``first_forward_wait_s``: the parameter
    all-gather of Megatron-LM's ``--overlap-param-gather``) gets that wait as a fixed operation
@@ -194,8 +196,9 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         unit_time_s: Time quantum (s); Perseus uses 1 ms.
         prefilter: ``"raw"`` or ``"effective"`` Pareto pre-filter (see module docstring).
         p2p_time_s: Activation transfer between adjacent stages (s), a fixed operation on every
-            cross-stage edge: one time for every boundary, or one per boundary (``b``: between
-            stages ``b`` and ``b + 1``); 0 for none.
+            cross-stage edge and on every edge from a sending instruction to its stage's next
+            (:func:`kareus.graph.dependency_delay`): one time for every boundary, or one per
+            boundary (``b``: between stages ``b`` and ``b + 1``); 0 for none.
         first_forward_wait_s: Per stage, a fixed wait (s) between its first forward's input
             arriving and the forward starting (:func:`stage_waits`); ``None`` for none.
         fast: Solve the DAG of :func:`folded_microbatches`, giving the steady-state
@@ -462,7 +465,9 @@ def with_first_forward_waits(durations: Mapping[Instruction, float],
 
 
 def lowtime_dag_shape(stages: int, microbatches: int) -> tuple[int, int]:
-    """(nodes, edges) of the 1F1B DAG ``solve`` hands to lowtime, dummy source/sink included.
+    """(nodes, edges) of the 1F1B DAG :func:`build_1f1b_dag` builds, dummy source/sink included,
+    before :func:`solve` puts the transfers on it (with transfers between stages, one more node
+    and edge on each cross-stage edge and on each edge from a sending instruction).
 
     Program order gives ``S·(2M − 1)`` edges, forward and backward dependencies ``2·(S − 1)·M``,
     and the source/sink connect to the instructions without predecessors / successors.
