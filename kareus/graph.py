@@ -243,6 +243,10 @@ class IterationGraph:
         instruction_graphs: Work of each (stage, direction).
         p2p: Activation (or gradient) transfer between adjacent stages, one microbatch, over
             the slowest link a stage boundary uses.
+        p2p_gather: With Megatron-LM's scatter/gather of transfers
+            (:attr:`workloads.parallel.ParallelConfig.scatter_gather_p2p`), the all-gather over
+            the receiving stage's TP group that rebuilds a transfer ``p2p`` carries 1/TP of; part
+            of every transfer's time. ``None`` otherwise.
         p2p_across_nodes: For each stage boundary (``b``: between stages ``b`` and ``b + 1``),
             whether its transfer crosses nodes; empty: every boundary as ``p2p`` says. With
             stages smaller than a node some neighbours share one.
@@ -285,6 +289,7 @@ class IterationGraph:
     param_gather: dict[int, CommOp] = field(default_factory=dict)
     nanobatch_refusal: str = ""
     p2p_across_nodes: tuple[bool, ...] = ()
+    p2p_gather: CommOp | None = None
     job: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     @property

@@ -1004,3 +1004,34 @@ def test_an_absurd_job_integer_is_refused_in_one_line(capsys, flag):
     assert main(["simulate", "-w", "gpt3-xl", flag, "1" + "0" * 400]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "larger than any job's" in err
+
+
+def test_scatter_gather_sends_one_tp_share_and_the_receiver_gathers_it(capsys):
+    """Megatron-LM's scatter/gather (its default before Megatron Core): with TP > 1 each TP rank
+    sends 1/TP of the activation over its own NIC and the receiving TP group all-gathers the
+    pieces over NVLink; the transfer is the send and the gather. Under sequence parallelism
+    the activation is already 1/TP and nothing changes; the GPU backend refuses it."""
+    from kareus.backends.gpu.serialize import check_supported
+    from kareus.errors import InputError
+
+    shape = dict(tp=8, pp=2, dp=1, mbs=1, microbatches=4, seq=2048)
+    whole, scattered = (build_iteration_graph(make_workload("gpt3-xl", **shape, **kw))
+                        for kw in ({}, {"scatter_gather_p2p": True}))
+    assert scattered.p2p.bytes == pytest.approx(whole.p2p.bytes / 8)
+    gather = scattered.p2p_gather
+    assert whole.p2p_gather is None
+    assert (gather.collective, gather.group, gather.bytes) == ("all_gather", 8, whole.p2p.bytes)
+    sim = SimulatorBackend(get_preset("a100-sxm4-80gb"))
+    (t_whole,), (t_scattered,) = sim.p2p_times(whole), sim.p2p_times(scattered)
+    send_only = sim.p2p_times(replace(scattered, p2p_gather=None))[0]
+    gather_s = sim.collective_time(gather, sim.gpu.clock_max_mhz, None)
+    assert t_scattered == pytest.approx(send_only + gather_s)
+    assert send_only < t_scattered < t_whole  # across nodes: 1/8 of the bytes on the NIC
+    sp = build_iteration_graph(make_workload("gpt3-xl", **shape, sequence_parallel=True,
+                                             recompute="selective", scatter_gather_p2p=True))
+    assert sp.p2p_gather is None and sp.p2p.bytes == pytest.approx(whole.p2p.bytes / 8)
+    with pytest.raises(InputError, match="scatter-gather-p2p"):
+        check_supported(make_workload("gpt3-xl", **shape, scatter_gather_p2p=True))
+    assert main(["simulate", "-w", "gpt3-xl", "--tp", "8", "--pp", "2", "--mbs", "1",
+                 "--microbatches", "4", "--scatter-gather-p2p", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["scatter_gather_p2p"] is True

@@ -876,22 +876,26 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
                 sequential=sequential, partitions=partitions,
                 extra=_extra_segments(w, stage, direction),
             )
-    p2p, across = None, ()
+    p2p, across, gather = None, (), None
     if p.pp > 1:
         # the stage boundaries' slowest link: a boundary crosses nodes when ranks one stage
         # apart (TP·CP·DP) sit on different nodes; with stages smaller than a node only some do
         place = p.group_placement(p.pp, p.gpus_per_stage)
-        # the activation a rank sends: its sequence shard with sequence parallelism
-        p2p = CommOp("pp_send_recv", "send_recv", float(p.element_bytes * p.sequence_shard(
-            p.tokens_per_gpu) * m.hidden), 2,
-                     intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
+        # the activation a rank sends: its sequence shard with sequence parallelism; its 1/TP,
+        # all-gathered by the receiving TP group, with Megatron-LM's scatter/gather
+        tensor = float(p.element_bytes * p.sequence_shard(p.tokens_per_gpu) * m.hidden)
+        p2p = CommOp("pp_send_recv", "send_recv", tensor / p.tp if p.p2p_scattered else tensor,
+                     2, intra_node=place[0] == 1, nodes=min(place[0], 2), ranks_per_node=1)
+        if p.p2p_scattered:
+            gather = _comm("pp_allgather_received", "all_gather", tensor, p.tp,
+                           p.group_placement(p.tp, 1))
         across = p.stage_boundaries_across_nodes()
     tails = {s: _stage_tail(w, s) for s in range(p.pp)}
     buckets = {s: grad_buckets(w, s) for s in range(p.pp)}
     return IterationGraph(
         workload=w.name, stages=p.pp, microbatches=p.microbatches,
         gpus_per_stage=p.gpus_per_stage, instruction_graphs=graphs, p2p=p2p,
-        p2p_across_nodes=across,
+        p2p_across_nodes=across, p2p_gather=gather,
         stage_tail=tails, model_flops=model_flops(w),
         overlap_grad_reduce=p.overlap_grad_reduce and p.grad_sync_ranks > 1, grad_buckets=buckets,
         param_gather={s: param_gather(w, s) for s in range(p.pp)}

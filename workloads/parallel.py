@@ -147,6 +147,14 @@ class ParallelConfig:
             collectives run between the kernels, as the all-reduces do without it). The norms'
             gradients are all-reduced over TP after the backward
             (:meth:`Workload.tp_replicated_grad_params`).
+        scatter_gather_p2p: Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by
+            default in Megatron-LM before Megatron Core (2021 to 2023; Narayanan et al., SC '21,
+            section 4.1): with TP > 1 each TP rank sends only its 1/TP of the activation to the
+            next stage (or of the gradient to the one before), each over its own link, and the
+            receiving TP group all-gathers the pieces inside its node
+            (:attr:`p2p_scattered`). Megatron Core sends the whole tensor from every TP rank (the
+            default here). With sequence parallelism the tensor sent is already 1/TP, and
+            nothing changes. Simulator-only.
     """
 
     tp: int = 8
@@ -169,6 +177,7 @@ class ParallelConfig:
     cross_entropy: CrossEntropy = "fused"
     make_vocab_size_divisible_by: int = 128
     sequence_parallel: bool = False
+    scatter_gather_p2p: bool = False
 
     def job_fields(self) -> dict[str, object]:
         """The job's shape as commands and result files report it (``--json``'s and
@@ -199,6 +208,12 @@ class ParallelConfig:
     def sequence_sharded(self) -> bool:
         """Whether sequence parallelism is on and shards anything (it needs TP > 1)."""
         return self.sequence_parallel and self.tp > 1
+
+    @property
+    def p2p_scattered(self) -> bool:
+        """Whether a transfer between stages is scattered over the TP ranks and all-gathered by
+        the receiver (:attr:`scatter_gather_p2p` with TP > 1 and no sequence parallelism)."""
+        return self.scatter_gather_p2p and self.tp > 1 and not self.sequence_sharded
 
     def sequence_shard(self, tokens: int) -> int:
         """A GPU's share of ``tokens`` where sequence parallelism splits them over TP (the norms'
@@ -543,7 +558,7 @@ JOB_FIELDS: tuple[str, ...] = (
     "tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
     "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
     "attention", "elementwise", "cross_entropy", "make_vocab_size_divisible_by",
-    "sequence_parallel")
+    "sequence_parallel", "scatter_gather_p2p")
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
@@ -718,6 +733,7 @@ def make_workload(
     cross_entropy: CrossEntropy | None = None,
     make_vocab_size_divisible_by: int | None = None,
     sequence_parallel: bool | None = None,
+    scatter_gather_p2p: bool | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
     is a built-in model or a Hugging Face config path (:func:`workloads.catalog.get_model`).
@@ -740,7 +756,8 @@ def make_workload(
                          overlap_param_gather=overlap_param_gather, attention=attention,
                          elementwise=elementwise, cross_entropy=cross_entropy,
                          make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-                         sequence_parallel=sequence_parallel).items()
+                         sequence_parallel=sequence_parallel,
+                         scatter_gather_p2p=scatter_gather_p2p).items()
         if v is not None
     }
     return Workload(model=model, parallel=replace(parallel, **overrides))

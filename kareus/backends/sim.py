@@ -819,18 +819,22 @@ class SimulatorBackend:
     def p2p_times(self, graph: IterationGraph) -> tuple[float, ...]:
         """Time (s) of one activation transfer across each stage boundary (``b``: between stages
         ``b`` and ``b + 1``): over one NIC per GPU where the boundary crosses nodes, over NVLink
-        where both stages share a node (stages smaller than a node). GPUs wait at static
-        power."""
+        where both stages share a node (stages smaller than a node); with Megatron-LM's
+        scatter/gather (:attr:`IterationGraph.p2p_gather`) each rank sends its 1/TP and the
+        receiving TP group all-gathers the pieces (NCCL's kernel at the top clock), which the
+        transfer includes. GPUs wait at static power."""
         comm = graph.p2p
         if comm is None:
             return (0.0,) * max(graph.stages - 1, 0)
         g = self.gpu
+        gather = (0.0 if graph.p2p_gather is None
+                  else self.collective_time(graph.p2p_gather, g.clock_max_mhz, None))
         inside = replace(comm, intra_node=True, nodes=1, ranks_per_node=comm.group)
-        t_inside = self.comm_latency(inside) + comm.bytes / self.link_rate(inside)
+        t_inside = self.comm_latency(inside) + comm.bytes / self.link_rate(inside) + gather
         if comm.intra_node:
             return (t_inside,) * (graph.stages - 1)
         t_across = (self.comm_latency(comm)  # one NIC per GPU: a send uses one
-                    + comm.bytes / (g.network_bw * g.network_efficiency))
+                    + comm.bytes / (g.network_bw * g.network_efficiency) + gather)
         across = graph.p2p_across_nodes or (True,) * (graph.stages - 1)
         return tuple(t_across if a else t_inside for a in across)
 

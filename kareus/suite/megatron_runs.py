@@ -75,8 +75,10 @@ def load_runs(path: str | Path) -> pd.DataFrame:
 def run_workload(row: pd.Series | dict) -> Workload:
     """The workload of one vTrain run (see the module docstring). Where the row has them, a
     ``vocab`` entry replaces GPT-2's vocabulary (which Megatron-LM pads, as the workload
-    does: :attr:`~workloads.parallel.Workload.padded_vocab`) and ``overlap_grad_reduce``
-    overlaps the gradient reduction with the backward (PyTorch's DDP)."""
+    does: :attr:`~workloads.parallel.Workload.padded_vocab`), ``overlap_grad_reduce``
+    overlaps the gradient reduction with the backward (PyTorch's DDP) and
+    ``scatter_gather_p2p`` scatters the transfers between stages over the TP ranks (Megatron-LM
+    before Megatron Core: :attr:`~workloads.parallel.ParallelConfig.scatter_gather_p2p`)."""
     h, heads, tp = int(row["hidden"]), int(row["heads"]), int(row["tp"])
     vocab = int(row["vocab"]) if "vocab" in row else _GPT2_VOCAB
     model = ModelSpec(
@@ -91,7 +93,8 @@ def run_workload(row: pd.Series | dict) -> Workload:
         microbatches=int(row["microbatches"]), seq=int(row["seq"]), recompute="full",
         nanobatches=1, precision="fp16", attention="unfused", cross_entropy="unfused",
         gpus_per_node=8,
-        overlap_grad_reduce=bool(row.get("overlap_grad_reduce", False)))
+        overlap_grad_reduce=bool(row.get("overlap_grad_reduce", False)),
+        scatter_gather_p2p=bool(row.get("scatter_gather_p2p", False)))
     return Workload(model=model, parallel=parallel)
 
 

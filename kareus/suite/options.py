@@ -98,6 +98,9 @@ JOB_SHAPE_OPTIONS = [
     click.option("--sequence-parallel", is_flag=True, callback=_flag_or_none,
                  help="Megatron-LM's sequence parallelism: norms and dropouts on 1/TP of the "
                       "tokens, each TP all-reduce a reduce-scatter plus an all-gather."),
+    click.option("--scatter-gather-p2p", is_flag=True, callback=_flag_or_none,
+                 help="Megatron-LM's scatter/gather of transfers between stages (its default "
+                      "before Megatron Core): each TP rank sends 1/TP, the receiver all-gathers."),
     click.option("--make-vocab-size-divisible-by", type=int, default=None,
                  help="Pad the vocabulary to a multiple of N x TP, as Megatron-LM does [128]; "
                       "1 keeps it (Hugging Face code, Merak)."),

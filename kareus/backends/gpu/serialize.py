@@ -38,6 +38,11 @@ def check_supported(w: Workload) -> None:
         raise InputError(
             "--sequence-parallel is not implemented in the GPU backend: workloads/torch_model.py "
             "all-reduces over TP; leave the flag out, or use --backend sim")
+    if p.p2p_scattered and p.pp > 1:
+        raise InputError(
+            "--scatter-gather-p2p is simulator-only: the GPU backend's runner sends whole "
+            "tensors between stages, as Megatron Core does; leave the flag out, or use "
+            "--backend sim")
     if p.attention != "flash" or p.elementwise != "fused" or p.cross_entropy != "fused":
         raise InputError(
             f"--attention {p.attention} --elementwise {p.elementwise} --cross-entropy "
