@@ -414,7 +414,10 @@ def sender_hold(ins: Instruction, stages: int, delays: Sequence[float]) -> float
     authors measured) pairs each send with a receive and waits for both before the stage's next
     instruction (``send_forward_recv_backward``, ``batch_isend_irecv`` then ``wait``), so a send
     holds its sender as long as the transfer takes its receiver. 0 for an instruction that
-    sends nothing."""
+    sends nothing. With Megatron-LM's scatter/gather the transfer includes the receiver's
+    all-gather (:attr:`IterationGraph.p2p_gather`), which a sender whose next call receives
+    also does after its send; a send alone (the first stage's warm-up, a stage's last) holds
+    its sender that much less, off the critical path of 1F1B."""
     if ins.direction == "forward":
         return delays[ins.stage] if ins.stage < stages - 1 else 0.0
     return delays[ins.stage - 1] if ins.stage > 0 else 0.0

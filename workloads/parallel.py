@@ -151,7 +151,7 @@ class ParallelConfig:
             default in Megatron-LM before Megatron Core (2021 to 2023; Narayanan et al., SC '21,
             section 4.1): with TP > 1 each TP rank sends only its 1/TP of the activation to the
             next stage (or of the gradient to the one before), each over its own link, and the
-            receiving TP group all-gathers the pieces inside its node
+            receiving TP group all-gathers the pieces (inside its node unless TP spans nodes)
             (:attr:`p2p_scattered`). Megatron Core sends the whole tensor from every TP rank (the
             default here). With sequence parallelism the tensor sent is already 1/TP, and
             nothing changes. Simulator-only.
