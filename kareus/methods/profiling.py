@@ -28,7 +28,6 @@ from kareus.methods.tradeoff import (
     PERSEUS_UNIT_S,
     Option,
     Prefilter,
-    folded_microbatches,
     plans_from_steps,
     solve,
 )
@@ -139,8 +138,8 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
                                                  "the exact solve")
     if too_long:
         raise JobRefused(f"--solver exact: {too_long}; the fast solver folds long pipelines")
-    solved = folded_microbatches(graph.stages, graph.microbatches) if fast else graph.microbatches
-    span = solver_span(options, graph.stages, solved, p2p, waits)
+    # the folded DAG's steady blocks stand for the rest of the iteration: the solve spans all of it
+    span = solver_span(options, graph.stages, graph.microbatches, p2p, waits)
     if fast:
         unit = time_unit(span, unit, settings.max_steps,
                          min(settings.min_steps, settings.max_steps))

@@ -34,8 +34,8 @@ Each step is returned with its knob assignment and the solver's own time (``quan
 and cost; the authors report exactly those (:func:`solver_energy`). Evaluating the resulting plans
 (on a profile, a simulator or real GPUs) is the caller's job.
 
-For large jobs ``solve(..., fast=True)`` folds a long pipeline's steady state
-(:func:`folded_microbatches`) and uses exact integer minimum cuts
+For large jobs ``solve(..., fast=True)`` folds a long pipeline's steady state into one block
+per stage (:func:`folded_microbatches`) and uses exact integer minimum cuts
 (:mod:`kareus.methods.phillips_dessouky`); :func:`~kareus.methods.solver_units.time_unit`
 bounds the number of steps, :func:`~kareus.methods.solver_units.plan_budget` the plans kept.
 Beside this module: the cost model (:mod:`kareus.methods.cost_models`), the unit and plan
@@ -56,9 +56,9 @@ import networkx as nx
 
 from kareus.energy import dynamic_from_measured, static_energy
 from kareus.errors import InputError
-from kareus.frontier import even_indices
+from kareus.frontier import even_indices, pareto_indices
 from kareus.graph import (Direction, Instruction, boundary_delays, dag_dependencies,
-                          dependency_delay, one_f_one_b)
+                          dependency_delay, one_f_one_b, sender_hold)
 from kareus.methods.cost_models import fit_exponential_model
 
 if TYPE_CHECKING:
@@ -104,12 +104,13 @@ class Option:
 
 @dataclass(frozen=True)
 class StepLayout:
-    """Every instruction of the iteration and the solved DAG node whose knob it takes.
+    """Every instruction of the iteration and where in a step's knobs its own is.
 
     Attributes:
         instructions: All ``2·S·M`` instructions of the iteration.
-        source: For each, the index of the solved DAG's instruction it copies (itself when the
-            solve was not folded).
+        source: For each, the index in :attr:`SolverStep.assigned` of the knob it takes (its
+            own instruction's when the solve was not folded; a steady block's for the pairs one
+            stands for: :func:`folded_source`).
     """
 
     instructions: tuple[Instruction, ...]
@@ -122,12 +123,14 @@ class SolverStep:
 
     Attributes:
         iteration: Solver iteration (1-based, as ``lowtime`` counts).
-        quant_time: Iteration time in time units, as the solver sees it (of the folded DAG when
-            the solve was folded, see :func:`folded_microbatches`).
+        quant_time: Iteration time in time units, as the solver sees it (when the solve was
+            folded, of the folded DAG with its steady blocks, which stand for the rest of the
+            iteration: :func:`folded_microbatches`).
         real_time_s: ``quant_time · unit_time`` (s).
         cost: Solver's total effective cost (J, from the fitted cost models).
         layout: Where every instruction's knob comes from in ``assigned`` (shared by steps).
-        assigned: Chosen option knob of every instruction of the solved DAG.
+        assigned: Chosen option knob of every instruction of the solved DAG, then, when the
+            solve was folded, each stage's steady block's forward and backward knobs.
     """
 
     iteration: int
@@ -152,31 +155,51 @@ def folded_microbatches(stages: int, microbatches: int) -> int:
     """Microbatches of the DAG the fast solver solves: ``max(2·S + 2, FOLD_MIN_MICROBATCHES)``,
     or all of them when there are not more.
 
-    In synchronous 1F1B every stage's instructions after its warm-up and before its drain repeat
-    one period: the same forward and backward, with the same slack, microbatch after
-    microbatch. The solved DAG's first ``h = (F − 1) // 2`` microbatches (``F`` solved) and its
-    last ``F − h − 1`` hold every stage's warm-up (``S − 1`` microbatches at most) and drain;
-    the iteration's first and last microbatches keep those options, and every microbatch
-    between them takes the options the solver chose for microbatch ``h``, the steadiest one
-    (:func:`fold_map`). The solver's work per step falls with the DAG, and its number of steps
-    with the shorter iteration; the plans are evaluated on the full iteration.
+    In synchronous 1F1B every stage ``s`` runs ``w = S − s − 1`` warm-up forwards, then pairs
+    (the forward of microbatch ``w + i``, the backward of ``i``), then its drain. An iteration of
+    ``M`` microbatches has ``M − F`` more pairs per stage than one of ``F``, and they repeat one
+    period. The fast solver solves the ``F``-microbatch DAG with, on every stage, one *steady
+    block* standing for those ``K = M − F`` pairs between its pairs :func:`steady_cut` and the
+    next (:func:`folded_source`): an operation whose options are ``K`` times each (forward,
+    backward) option pair's time and cost, followed by ``K`` times the pair's sends. A path
+    through a block is then as long as the whole iteration's path through those pairs, so the
+    block's stage can be no slower per period than the one that sets the iteration's period: a
+    stage left slower there only because the short DAG's warm-up and drain had slack to spare
+    would repeat that excess ``K`` times. The solver's work per step falls with the DAG, and
+    its number of steps with the time unit; the plans are evaluated on the full iteration.
     """
     return min(microbatches, max(2 * stages + 2, FOLD_MIN_MICROBATCHES))
 
 
-def fold_map(microbatches: int, solved: int) -> Callable[[int], int]:
-    """The microbatch of the solved (folded) DAG whose options microbatch ``m`` takes."""
-    head = (solved - 1) // 2
-    tail = solved - head - 1
+def steady_cut(stages: int, solved: int) -> int:
+    """The pair (0-based, after each stage's warm-up) of the ``solved``-microbatch DAG after
+    which every stage's steady block sits (:func:`folded_microbatches`): the middle of the pairs
+    every stage has. The same on every stage, so that no path of the DAG runs through two
+    blocks: a cut at pair ``c`` on every stage is closed under the 1F1B dependencies (a
+    forward's input comes from the stage before at one pair earlier, a backward's from the
+    stage after at the same pair)."""
+    return (solved - stages) // 2
 
-    def source(m: int) -> int:
-        if solved == microbatches or m < head:
-            return m
-        if m >= microbatches - tail:
-            return m - (microbatches - solved)
-        return head
 
-    return source
+def folded_source(ins: Instruction, stages: int, microbatches: int, solved: int
+                  ) -> Instruction | None:
+    """The instruction of the ``solved``-microbatch DAG whose option ``ins`` (of the
+    ``microbatches`` iteration) takes, or ``None`` for one of the repeated pairs its stage's
+    steady block stands for (:func:`folded_microbatches`): pairs up to :func:`steady_cut` and
+    every warm-up forward are themselves, the next ``microbatches − solved`` pairs are the
+    block's, and the rest (the drain included) are the solved DAG's pairs as many microbatches
+    earlier."""
+    extra = microbatches - solved
+    if extra <= 0:
+        return ins
+    cut = steady_cut(stages, solved)
+    pair = (ins.microbatch - (stages - ins.stage - 1) if ins.direction == "forward"
+            else ins.microbatch)
+    if pair <= cut:
+        return ins
+    if pair <= cut + extra:
+        return None
+    return Instruction(ins.stage, ins.microbatch - extra, ins.direction)
 
 
 def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
@@ -201,12 +224,11 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
             boundary (``b``: between stages ``b`` and ``b + 1``); 0 for none.
         first_forward_wait_s: Per stage, a fixed wait (s) between its first forward's input
             arriving and the forward starting (:func:`stage_waits`); ``None`` for none.
-        fast: Solve the DAG of :func:`folded_microbatches`, giving the steady-state
-            microbatches the options of its middle one, with OR-tools' minimum cuts
+        fast: Solve the DAG of :func:`folded_microbatches` with one steady block per stage
+            standing for the pairs it leaves out, with OR-tools' minimum cuts
             (:class:`~kareus.methods.phillips_dessouky.IncrementalPhillipsDessouky`); ``False``
             solves the whole DAG and reproduces lowtime's steps exactly, as Perseus does.
     """
-    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
     from lowtime.perseus.instruction import Backward, Forward
 
     from kareus.methods.phillips_dessouky import IncrementalPhillipsDessouky
@@ -236,28 +258,14 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
             if not opts:
                 raise InputError(f"no execution options for stage {stage} {direction}")
             knob_tables[(stage, direction)] = [o.knob for o in opts]
-            lt_opts = []
-            for idx, o in enumerate(opts):
-                cost = o.energy_j
-                if prefilter == "effective":
-                    quant = int(o.time_s // unit_time_s)
-                    cost = dynamic_from_measured(o.energy_j, static_power_w, quant, unit_time_s)
-                lt_opts.append(ExecutionOption[int](real_time=o.time_s, unit_time=unit_time_s,
-                                                    cost=cost, knob=idx))
-            cand = CandidateExecutionOptions[int](options=lt_opts)
-            if len(cand.options) <= FEW_OPTIONS:
-                cand = CandidateExecutionOptions[int](options=lt_opts, noise_factor=NOISE_FACTOR)
-            if prefilter == "raw":
-                for opt in cand.options:
-                    opt.cost = dynamic_from_measured(opt.cost, static_power_w, opt.quant_time,
-                                                     opt.unit_time)
-            fitted = tuple((o.quant_time, o.cost) for o in cand.options)
-            if fitted not in models:
-                models[fitted] = fit_exponential_model(cand)
-            spec_map[stage][cls] = OperationSpec[int](options=cand, cost_model=models[fitted])
+            spec_map[stage][cls] = _operation_spec(
+                [(o.time_s, o.energy_j) for o in opts], unit_time_s, prefilter,
+                static_power_w, models)
 
     solved = folded_microbatches(stages, microbatches) if fast else microbatches
     dag, nodes = build_1f1b_dag(spec_map, stages, solved)
+    blocks = _add_steady_blocks(dag, nodes, options, stages, microbatches - solved, delays,
+                                unit_time_s, prefilter, static_power_w, models)
     layout = _layout(nodes, stages, microbatches, solved)
     if any(d > 0 for d in delays):
         _add_transfers(dag, nodes, delays, unit_time_s)
@@ -265,6 +273,12 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
         _add_first_forward_waits(dag, nodes, waits, unit_time_s)
     solver = IncrementalPhillipsDessouky(dag, cut="ortools" if fast else "lowtime")
     tables = [knob_tables[(ins.stage, ins.direction)] for ins, _ in nodes]
+
+    def assigned() -> tuple[Hashable, ...]:
+        """Every solved instruction's knob, then each steady block's (forward, backward)."""
+        own = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
+        return own + tuple(k for pairs, op in blocks for k in pairs[op.assigned_knob])
+
     steps = 0
     run = solver.run()
     while True:
@@ -272,20 +286,48 @@ def solve(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int
             result = next(run, None)
         if result is None:
             break
-        assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
         steps += 1
         yield SolverStep(iteration=result.iteration, quant_time=int(result.quant_time),
                          real_time_s=float(result.real_time), cost=float(result.cost),
-                         layout=layout, assigned=assigned)
+                         layout=layout, assigned=assigned())
     if steps == 0:
         # No operation could be sped up (e.g. a host-bound job, whose time no clock
         # changes): lowtime yields no step. Its starting point, every operation at its
         # slowest, least-cost option, is then the one step.
-        assigned = tuple(table[lt.assigned_knob] for table, (_, lt) in zip(tables, nodes))
         quant = _longest_path(dag)
+        cost = sum(lt.get_cost() for _, lt in nodes) + sum(op.get_cost() for _, op in blocks)
         yield SolverStep(iteration=0, quant_time=quant, real_time_s=quant * unit_time_s,
-                         cost=float(sum(lt.get_cost() for _, lt in nodes)),
-                         layout=layout, assigned=assigned)
+                         cost=float(cost), layout=layout, assigned=assigned())
+
+
+def _operation_spec(time_energy: Sequence[tuple[float, float]], unit_time_s: float,
+                    prefilter: Prefilter, static_power_w: float,
+                    models: dict[tuple[tuple[int, float], ...], CostModel]
+                    ) -> OperationSpec[int]:
+    """One operation's lowtime spec from its options' (time s, measured energy J), knob = the
+    option's index: pre-filtered (module docstring, step 1), costed in effective energy (step
+    2) and fitted (step 3); ``models`` caches fits by the options they fit."""
+    from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
+
+    lt_opts = []
+    for idx, (time_s, energy_j) in enumerate(time_energy):
+        cost = energy_j
+        if prefilter == "effective":
+            quant = int(time_s // unit_time_s)
+            cost = dynamic_from_measured(energy_j, static_power_w, quant, unit_time_s)
+        lt_opts.append(ExecutionOption[int](real_time=time_s, unit_time=unit_time_s,
+                                            cost=cost, knob=idx))
+    cand = CandidateExecutionOptions[int](options=lt_opts)
+    if len(cand.options) <= FEW_OPTIONS:
+        cand = CandidateExecutionOptions[int](options=lt_opts, noise_factor=NOISE_FACTOR)
+    if prefilter == "raw":
+        for opt in cand.options:
+            opt.cost = dynamic_from_measured(opt.cost, static_power_w, opt.quant_time,
+                                             opt.unit_time)
+    fitted = tuple((o.quant_time, o.cost) for o in cand.options)
+    if fitted not in models:
+        models[fitted] = fit_exponential_model(cand)
+    return OperationSpec[int](options=cand, cost_model=models[fitted])
 
 
 @contextmanager
@@ -314,14 +356,73 @@ def _longest_path(dag: nx.DiGraph) -> int:
 
 def _layout(nodes: Sequence[tuple[Instruction, object]], stages: int, microbatches: int,
             solved: int) -> StepLayout:
-    """Every instruction of the ``microbatches`` iteration and its node in the solved DAG."""
+    """Every instruction of the ``microbatches`` iteration and where its knob is in a step's
+    ``assigned``: its solved instruction's position in ``nodes`` (:func:`folded_source`), or,
+    for one its stage's steady block stands for, ``len(nodes) + 2·stage`` (the block's
+    forward) or one more (its backward)."""
     position = {ins: k for k, (ins, _) in enumerate(nodes)}
-    source = fold_map(microbatches, solved)
     instructions = tuple(ins for seq in one_f_one_b(stages, microbatches).values() for ins in seq)
-    return StepLayout(instructions, tuple(
-        position[Instruction(ins.stage, source(ins.microbatch), ins.direction)]
-        for ins in instructions))
+    source = []
+    for ins in instructions:
+        solved_as = folded_source(ins, stages, microbatches, solved)
+        source.append(position[solved_as] if solved_as is not None else
+                      len(nodes) + 2 * ins.stage + (ins.direction == "backward"))
+    return StepLayout(instructions, tuple(source))
 
+
+def _add_steady_blocks(dag: nx.DiGraph, nodes: Sequence[tuple[Instruction, object]],
+                       options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                       extra: int, delays: Sequence[float], unit_time_s: float,
+                       prefilter: Prefilter, static_power_w: float,
+                       models: dict[tuple[tuple[int, float], ...], CostModel]
+                       ) -> list[tuple[list[tuple[Hashable, Hashable]], object]]:
+    """Put each stage's steady block (:func:`folded_microbatches`) on the folded DAG, for the
+    ``extra`` pairs per stage it leaves out: on stage ``s`` between the backward that ends pair
+    :func:`steady_cut` and the forward that starts the next, an operation whose options are the
+    Pareto-optimal (forward, backward) option pairs, each ``extra`` times the pair's time (s)
+    and measured energy (J), then a fixed operation for the sends those pairs and the cut's
+    backward make (:func:`kareus.graph.sender_hold`). Returns, per stage, the block's
+    (forward knob, backward knob) by option index and its operation; nothing when ``extra`` is 0.
+    """
+    if extra <= 0:
+        return []
+    from lowtime.operation import Operation
+
+    solved = 1 + max(ins.microbatch for ins, _ in nodes)
+    cut = steady_cut(stages, solved)
+    node_of = {id(d.get("op")): n for n, d in dag.nodes(data=True)}
+    node = {ins: node_of[id(lt)] for ins, lt in nodes}
+    next_id = max(dag.nodes) + 1
+    blocks: list[tuple[list[tuple[Hashable, Hashable]], object]] = []
+    for stage in range(stages):
+        pairs = [(f, b) for f in options[(stage, "forward")] for b in options[(stage, "backward")]]
+        times = [extra * (f.time_s + b.time_s) for f, b in pairs]
+        energies = [extra * (f.energy_j + b.energy_j) for f, b in pairs]
+        ranked = energies if prefilter == "raw" else [
+            dynamic_from_measured(e, static_power_w, t) for t, e in zip(times, energies)]
+        keep = pareto_indices(times, ranked)
+        op = Operation[int](spec=_operation_spec([(times[k], energies[k]) for k in keep],
+                                                 unit_time_s, prefilter, static_power_w,
+                                                 models))
+        before = node[Instruction(stage, cut, "backward")]
+        after = node[Instruction(stage, stages - stage - 1 + cut + 1, "forward")]
+        forward, backward = (Instruction(stage, 0, d) for d in ("forward", "backward"))
+        sends = (sender_hold(backward, stages, delays)
+                 + extra * (sender_hold(forward, stages, delays)
+                            + sender_hold(backward, stages, delays)))
+        dag.remove_edge(before, after)
+        dag.add_node(next_id, op=op)
+        dag.add_edge(before, next_id)
+        chain_end = next_id
+        next_id += 1
+        if sends > 0:
+            dag.add_node(next_id, op=_fixed_operation(sends, unit_time_s))
+            dag.add_edge(chain_end, next_id)
+            chain_end = next_id
+            next_id += 1
+        dag.add_edge(chain_end, after)
+        blocks.append(([(pairs[k][0].knob, pairs[k][1].knob) for k in keep], op))
+    return blocks
 
 
 def solver_energy(step: SolverStep, stages: int, static_power_w: float) -> float:
