@@ -165,7 +165,11 @@ def folded_microbatches(stages: int, microbatches: int) -> int:
     through a block is then as long as the whole iteration's path through those pairs, so the
     block's stage can be no slower per period than the one that sets the iteration's period: a
     stage left slower there only because the short DAG's warm-up and drain had slack to spare
-    would repeat that excess ``K`` times. The solver's work per step falls with the DAG, and
+    would repeat that excess ``K`` times. Exact when the block runs the options of the pairs
+    around it; otherwise the first forward after a stage's block, which waits for the last
+    forward inside the previous stage's block (a backward follows it there), keeps only its
+    edge from the pair before that block: off by up to about one instruction per boundary,
+    whatever ``K``. The solver's work per step falls with the DAG, and
     its number of steps with the time unit; the plans are evaluated on the full iteration.
     """
     return min(microbatches, max(2 * stages + 2, FOLD_MIN_MICROBATCHES))
