@@ -28,6 +28,7 @@ from kareus.methods.tradeoff import (
     PERSEUS_UNIT_S,
     Option,
     Prefilter,
+    fastest_plan,
     plans_from_steps,
     solve,
 )
@@ -158,7 +159,12 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     refine = None if not settings.reclaim else SlackReclaimer(
         options if reclaim_from is None else reclaim_from, graph.stages, graph.microbatches,
         problem.gpu.static_power_w, p2p, first_forward_wait_s=waits)
-    return plans_from_steps(steps, make_plan, label, limit, refine)
+    plans = plans_from_steps(steps, make_plan, label, limit, refine)
+    # the frontier's fast end is the option space's own, whatever the solver's unit rounded
+    fastest = fastest_plan(options, graph.stages, graph.microbatches, make_plan, label, refine)
+    if not plans or fastest.instructions != plans[-1].instructions:
+        plans.append(fastest)
+    return plans
 
 
 def clock_tradeoff_plans(problem: "Problem", *, nanobatched: bool, label: str,

@@ -601,18 +601,52 @@ def plans_from_steps(steps: Sequence[SolverStep],
     instruction's plan); with ``limit``, for at most that many steps (:func:`spread_steps`);
     ``refine`` (e.g. a :class:`~kareus.methods.slack.SlackReclaimer`) may re-choose each step's
     knobs first."""
+    cache: dict[Hashable, InstructionPlan] = {}
+    return [_iteration_plan(step.knobs if refine is None else refine(step.knobs), make_plan, cache,
+                            f"{label} step {step.iteration}",
+                            {"solver_iteration": step.iteration,
+                             "solver_time_s": step.real_time_s})
+            for step in spread_steps(steps, limit)]
+
+
+def fastest_knobs(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                  microbatches: int) -> dict[Instruction, Hashable]:
+    """The option space's fastest plan: every instruction of the iteration at its type's fastest
+    option (the least energy among equally fast ones).
+
+    No plan over ``options`` ends sooner, since an iteration's time never grows when one of its
+    instructions' shrinks. The solver's fastest step may end later: its time unit rounds options
+    less than a unit apart alike and keeps the cheaper one, and a fast solve's folded DAG times the
+    iteration to about one instruction per stage boundary (:func:`folded_microbatches`).
+    """
+    best = {key: min(opts, key=lambda o: (o.time_s, o.energy_j)).knob
+            for key, opts in options.items()}
+    return {ins: best[(ins.stage, ins.direction)]
+            for seq in one_f_one_b(stages, microbatches).values() for ins in seq}
+
+
+def fastest_plan(options: Mapping[tuple[int, Direction], Sequence[Option]], stages: int,
+                 microbatches: int, make_plan: Callable[[Hashable], InstructionPlan], label: str,
+                 refine: Callable[[dict[Instruction, Hashable]], dict[Instruction, Hashable]]
+                 | None = None) -> IterationPlan:
+    """:func:`fastest_knobs` as a plan (``make_plan`` and ``refine`` as in
+    :func:`plans_from_steps`): the fast end a solve's frontier is checked against."""
+    knobs = fastest_knobs(options, stages, microbatches)
+    return _iteration_plan(knobs if refine is None else refine(knobs), make_plan, {},
+                           f"{label} fastest options", {"solver_iteration": None})
+
+
+def _iteration_plan(knobs: Mapping[Instruction, Hashable],
+                    make_plan: Callable[[Hashable], InstructionPlan],
+                    cache: dict[Hashable, InstructionPlan], label: str,
+                    meta: dict[str, object]) -> IterationPlan:
+    """The :class:`~kareus.plan.IterationPlan` giving every instruction ``make_plan`` of its knob
+    (``cache`` keeps one plan per knob across calls)."""
     from kareus.plan import IterationPlan
 
-    cache: dict[Hashable, InstructionPlan] = {}
-    plans = []
-    for step in spread_steps(steps, limit):
-        instr: dict[Instruction, InstructionPlan] = {}
-        knobs = step.knobs if refine is None else refine(step.knobs)
-        for ins, knob in knobs.items():
-            if knob not in cache:
-                cache[knob] = make_plan(knob)
-            instr[ins] = cache[knob]
-        plans.append(IterationPlan(instr, label=f"{label} step {step.iteration}",
-                                   meta={"solver_iteration": step.iteration,
-                                         "solver_time_s": step.real_time_s}))
-    return plans
+    instr: dict[Instruction, InstructionPlan] = {}
+    for ins, knob in knobs.items():
+        if knob not in cache:
+            cache[knob] = make_plan(knob)
+        instr[ins] = cache[knob]
+    return IterationPlan(instr, label=label, meta=meta)
