@@ -120,7 +120,10 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
     ``settings`` say (:class:`TradeoffSettings`: the solver, its time unit, the pre-filter). With
     ``settings.reclaim``, every kept plan's instructions are given the least-energy option their
     slack allows (:class:`~kareus.methods.slack.SlackReclaimer`) among ``reclaim_from`` (options
-    per instruction type, those of ``options`` among them; ``None``: ``options``).
+    per instruction type, those of ``options`` among them; ``None``: ``options``). The plans
+    end with every instruction at its fastest option, then reclaimed as above whatever
+    ``settings.reclaim`` says (:func:`~kareus.methods.tradeoff.fastest_plan`), unless the last
+    step's plan is that one.
     """
     graph = problem.graph
     fast = settings.solver == "fast"
@@ -156,12 +159,16 @@ def tradeoff_plans(problem: "Problem", options: dict[tuple[int, Direction], list
         task.done()
     instructions = 2 * graph.stages * graph.microbatches
     limit = plan_budget(instructions) if fast else None
-    refine = None if not settings.reclaim else SlackReclaimer(
-        options if reclaim_from is None else reclaim_from, graph.stages, graph.microbatches,
-        problem.gpu.static_power_w, p2p, first_forward_wait_s=waits)
-    plans = plans_from_steps(steps, make_plan, label, limit, refine)
-    # the frontier's fast end is the option space's own, whatever the solver's unit rounded
-    fastest = fastest_plan(options, graph.stages, graph.microbatches, make_plan, label, refine)
+    reclaimer = SlackReclaimer(options if reclaim_from is None else reclaim_from, graph.stages,
+                               graph.microbatches, problem.gpu.static_power_w, p2p,
+                               first_forward_wait_s=waits)
+    plans = plans_from_steps(steps, make_plan, label, limit,
+                             reclaimer if settings.reclaim else None)
+    # The frontier's fast end is the option space's own, whatever the solver's unit rounded. It
+    # is always reclaimed: at every fastest option, the instructions off the critical path would
+    # spend the top clock's energy for no time (the solver's own steps leave them slower).
+    fastest = fastest_plan(options, graph.stages, graph.microbatches, make_plan, label,
+                           reclaimer)
     if not plans or fastest.instructions != plans[-1].instructions:
         plans.append(fastest)
     return plans
