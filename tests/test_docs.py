@@ -48,7 +48,7 @@ def test_front_door_lengths() -> None:
 def test_readme_keeps_the_two_commands_and_ci_runs_the_second() -> None:
     readme = (ROOT / "README.md").read_text()
     main = "pip install torch==2.13.0 -e . && python reproduce.py --workload gpt3-xl"
-    tests = "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q -n auto"
+    tests = "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q -n auto --dist loadgroup"
     assert main in readme and tests in readme
     assert tests in (ROOT / ".ci" / "run").read_text()
 

@@ -242,7 +242,7 @@ def _fastest_cases():
 def test_fastest_perseus_plan_is_the_default_plans_time(workload, overrides, label):
     """Perseus's last solver step runs the critical path at the top clock, so its iteration is as
     fast as Megatron-LM's plan (within 0.1 %): the solver sees the P2P transfers the iteration
-    has."""
+    has. (The last step's plan, not the fastest-option plan the plans end with.)"""
     from baselines.perseus import Perseus
     from kareus.hardware.presets import DEFAULT_GPU
     from kareus.plan import IterationPlan
@@ -251,7 +251,8 @@ def test_fastest_perseus_plan_is_the_default_plans_time(workload, overrides, lab
     problem = make_problem(workload, gpu=DEFAULT_GPU, **overrides)
     be, g = problem.backend, problem.graph
     default = be.evaluate_plan(g, IterationPlan.uniform(g, problem.gpu.clock_max_mhz))
-    fastest = be.evaluate_plan(g, Perseus().optimize(problem)[-1])
+    steps = [p for p in Perseus().optimize(problem) if p.meta["solver_iteration"] is not None]
+    fastest = be.evaluate_plan(g, steps[-1])
     assert fastest.energy.time_s == pytest.approx(default.energy.time_s, rel=1e-3)
 
 

@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTS = "megatron,perseus,nanobatch,kareus"
 CONFIGS = ("gpt3-xl_tp4_small", "qwen3-1.7b_tp4_small")
 
+# one worker runs this module (with pytest-xdist's --dist loadgroup, as .ci/run has it): its reference sweep is made once,
+# and its parallel sweeps and signals do not share the cores with another worker's
+pytestmark = pytest.mark.xdist_group("reliability")
+
 
 def _cmd(out: Path, *extra: str) -> list[str]:
     return [sys.executable, str(ROOT / "reproduce.py"), "--suite", "smoke", "--optimizers", OPTS,

@@ -98,7 +98,9 @@ class TradeoffSettings(OptimizerSettings):
     reclaim: bool = False
     """Give every kept plan's instructions the least-energy measured option their slack allows
     (:class:`~kareus.methods.slack.SlackReclaimer`) after the solve. Perseus's procedure does
-    not (``false``); Kareus does by default: ``--set reclaim=`` on both measures what it adds."""
+    not (``false``); Kareus does by default: ``--set reclaim=`` on both measures what it adds.
+    The fastest-option plan that ends every solve's plans is reclaimed either way
+    (:func:`tradeoff_plans`)."""
 
     def check(self) -> None:
         require(self.unit_ms is None or self.unit_ms > 0, "unit_ms", "a positive number of ms",

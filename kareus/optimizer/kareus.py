@@ -62,7 +62,8 @@ class KareusSettings(TradeoffSettings):
     reclaim: bool = True
     """Kareus re-chooses every kept plan's options within their slack among all it measured, the
     baselines' included (:class:`~kareus.methods.slack.SlackReclaimer`); ``false`` keeps the
-    solver's plans as lowtime returns them, as Perseus does."""
+    solver's plans as lowtime returns them, as Perseus does (all but the fastest-option plan
+    after them: :func:`kareus.methods.profiling.tradeoff_plans`)."""
 
     def check(self) -> None:
         super().check()
