@@ -92,7 +92,8 @@ def _fastest_table() -> None:
     from kareus.suite.problem import make_problem
     from kareus.suite.suites import get_suite
 
-    click.echo(f"\n== Perseus's last solver step against the default plan (simulator, {DEFAULT_GPU})")
+    click.echo(f"\n== Perseus's last solver step against the default plan (simulator, "
+               f"{DEFAULT_GPU})")
     cases = [(c.label, c.workload, c.overrides) for c in get_suite("paper")]
     cases.append(("gpt3-xl", "gpt3-xl", {}))
     for label, workload, overrides in cases:
@@ -103,7 +104,7 @@ def _fastest_table() -> None:
         steps = [p for p in Perseus().optimize(problem) if p.meta["solver_iteration"] is not None]
         fastest = be.evaluate_plan(g, steps[-1])
         d, f = default.energy.time_s, fastest.energy.time_s
-        click.echo(f"{label:36s} default {d:8.4f} s   Perseus fastest {f:8.4f} s "
+        click.echo(f"{label:36s} default {d:8.4f} s   Perseus last step {f:8.4f} s "
                    f"({change_pct(d, f):+.3f} %)")
 
 

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTS = "megatron,perseus,nanobatch,kareus"
 CONFIGS = ("gpt3-xl_tp4_small", "qwen3-1.7b_tp4_small")
 
-# one worker runs this module (with pytest-xdist's --dist loadgroup, as .ci/run has it): its reference sweep is made once,
-# and its parallel sweeps and signals do not share the cores with another worker's
+# one worker runs this module (with pytest-xdist's --dist loadgroup, as .ci/run has it): its
+# reference sweep is made once, and its parallel sweeps and signals share no core with another's
 pytestmark = pytest.mark.xdist_group("reliability")
 
 
