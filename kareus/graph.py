@@ -161,10 +161,23 @@ class Partition:
 
 @dataclass(frozen=True)
 class Segment:
-    """Compute ops between two collectives, for a full microbatch (sequential execution)."""
+    """Compute ops between two collectives, for a full microbatch (sequential execution).
+
+    Attributes:
+        compute: The compute ops, in order.
+        comm: The collective that ends the segment, or ``None``.
+        comm_beside_last: The collective is launched just before the last compute op and runs
+            beside it on a side stream; the next segment starts once both are done. Megatron-LM
+            and Transformer Engine launch a column-parallel linear's input-gradient all-reduce
+            (with sequence parallelism its reduce-scatter) asynchronously before the
+            weight-gradient GEMM, and sequence parallelism's all-gather of that linear's input
+            before the input-gradient GEMM (:attr:`workloads.parallel.ParallelConfig.
+            overlap_tp_grad`). Otherwise the collective runs after the compute, alone.
+    """
 
     compute: tuple[ComputeOp, ...]
     comm: CommOp | None
+    comm_beside_last: bool = False
 
 
 @dataclass(frozen=True)

@@ -109,16 +109,18 @@ class Optimizer(Protocol):
 def coerce_setting(name: str, kind: object, value: object) -> object:
     """``value`` as a setting ``name`` of type ``kind`` holds it, or :class:`InputError` (one
     line). Command-line values arrive as strings: ``int``, ``float`` and ``bool`` fields parse
-    them; a ``Literal[...]`` field takes one of its choices; ``X | None`` takes ``None`` or an
-    ``X``. Numbers must be finite, and a bool is not a number. Other types pass unchanged (the
-    dataclass's :meth:`~OptimizerSettings.check` judges them)."""
+    them; a ``Literal[...]`` field takes one of its choices; ``X | None`` takes ``None`` (on
+    the command line ``none``, in any case) or an ``X``. Numbers must be finite, and a bool is
+    not a number. Other types pass unchanged (the dataclass's
+    :meth:`~OptimizerSettings.check` judges them)."""
     origin = typing.get_origin(kind)
     if origin is Literal:
         return _to_choice(name, typing.get_args(kind), value)
     if origin in (Union, types.UnionType):
         args = typing.get_args(kind)
-        if value is None and type(None) in args:
-            return None
+        if type(None) in args and (value is None or (
+                isinstance(value, str) and value.strip().lower() == "none")):
+            return None  # an optional setting given as "none" (the documented default)
         rest = [a for a in args if a is not type(None)]
         return coerce_setting(name, rest[0], value) if len(rest) == 1 else value
     convert = _CONVERTERS.get(kind) if isinstance(kind, type) else None

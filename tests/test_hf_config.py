@@ -394,7 +394,9 @@ def test_bloom_config_missing_a_size_is_refused(tmp_path, drop):
     del raw[drop]
     f = tmp_path / "config.json"
     f.write_text(json.dumps(raw))
-    with pytest.raises(WorkloadError, match=f"must give {drop}"):
+    alias = {"n_embed": " or hidden_size", "n_head": " or num_attention_heads",
+             "n_layer": " or num_hidden_layers"}.get(drop, "")
+    with pytest.raises(WorkloadError, match=f"must give {drop}{alias}$"):
         load_model(f)
 
 
@@ -480,3 +482,21 @@ def test_an_integer_too_long_to_parse_is_refused_in_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "simulate", "-w", str(folder))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "is not valid JSON" in err and "4300 digits" in err
+
+
+def test_a_config_without_its_context_runs_at_the_documented_default(tmp_path):
+    """``min(max_position_embeddings, 4096)``: a RoPE model whose file gives no context runs at
+    4096, not at the class default transformers fills in (Llama's 2048); a model with learned
+    positions keeps the table transformers builds (GPT-2: 1024), and warns past it."""
+    pytest.importorskip("transformers")
+    from workloads.hf_config import load_model
+
+    llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "vocab_size": 1000, "intermediate_size": 512}
+    gpt2 = {"model_type": "gpt2", "n_embd": 256, "n_head": 4, "n_layer": 2, "vocab_size": 1000}
+    for raw, seq, positions in ((llama, 4096, None), ({**llama, "max_position_embeddings": 1024},
+                                                      1024, None), (gpt2, 1024, 1024)):
+        f = tmp_path / "config.json"
+        f.write_text(json.dumps(raw))
+        m = load_model(f)
+        assert (m.native_seq, m.max_positions) == (seq, positions)

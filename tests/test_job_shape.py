@@ -1035,3 +1035,75 @@ def test_scatter_gather_sends_one_tp_share_and_the_receiver_gathers_it(capsys):
     assert main(["simulate", "-w", "gpt3-xl", "--tp", "8", "--pp", "2", "--mbs", "1",
                  "--microbatches", "4", "--scatter-gather-p2p", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parallel"]["scatter_gather_p2p"] is True
+
+
+def test_tp_gradient_collectives_beside_the_gemms(capsys):
+    """``--overlap-tp-grad``: each column-parallel linear's input-gradient all-reduce runs
+    beside its weight-gradient GEMM (with sequence parallelism the reduce-scatter beside it and
+    the input's all-gather beside the input-gradient GEMM). Each such pair takes at least the
+    longer of the two alone and at most both one after the other; the iteration gets shorter;
+    an instruction's breakdown still adds up to its cost; the GPU backend refuses it."""
+    from kareus.backends.gpu.serialize import check_supported
+    from kareus.errors import InputError
+
+    sim = SimulatorBackend(get_preset("a100-sxm4-40gb"))
+    f_top = sim._scalar_index(sim.gpu.clock_max_mhz)
+    for sp in (False, True):
+        shape = dict(tp=8, pp=2, sequence_parallel=sp)
+        off = build_iteration_graph(make_workload("llama3.2-3b", **shape))
+        on = build_iteration_graph(make_workload("llama3.2-3b", **shape, overlap_tp_grad=True))
+        bwd = on.instruction_graphs[(0, "backward")]
+        beside = [seg for seg in (*bwd.sequential, *on.instruction_graphs[(1, "backward")].extra)
+                  if seg.comm_beside_last]
+        names = {(seg.compute[-1].name, seg.comm.name) for seg in beside}
+        if sp:
+            assert {("linear_fc1_dgrad", "tp_allgather_fc1_input"),
+                    ("linear_fc1_wgrad", "tp_reducescatter_fc1_dgrad"),
+                    ("linear_qkv_wgrad", "tp_reducescatter_qkv_dgrad"),
+                    ("linear_output_wgrad", "tp_reducescatter_output_dgrad")} <= names
+        else:
+            assert names == {("linear_fc1_wgrad", "tp_allreduce_fc1_dgrad"),
+                             ("linear_qkv_wgrad", "tp_allreduce_qkv_dgrad"),
+                             ("linear_output_wgrad", "tp_allreduce_output_dgrad")}
+        assert not any(seg.comm_beside_last for ig in off.instruction_graphs.values()
+                       for seg in (*ig.sequential, *ig.extra))
+        hidden = 0.0
+        for seg in beside:
+            op_t = float(sim._alone(seg.compute[-1]).time[f_top])
+            comm_t = sim.collective_time(seg.comm, sim.gpu.clock_max_mhz, None)
+            pair = float(sim._beside(seg.compute[-1], seg.comm)[0][f_top])
+            assert max(op_t, comm_t) <= pair <= op_t + comm_t
+            hidden += op_t + comm_t - pair
+        assert hidden > 0
+        t_off = _time(make_workload("llama3.2-3b", **shape), "a100-sxm4-40gb").energy.time_s
+        t_on = _time(make_workload("llama3.2-3b", **shape, overlap_tp_grad=True),
+                     "a100-sxm4-40gb").energy.time_s
+        assert t_on < t_off
+        ip = InstructionPlan.make(sim.gpu.clock_max_mhz)
+        for key in ((0, "backward"), (1, "backward")):  # the layers; the output layer's too
+            parts = sim.instruction_breakdown(on, key, ip)
+            cost = sim.evaluate_instruction(on, key, ip)
+            assert sum(t for t, _ in parts.values()) == pytest.approx(cost.time_s)
+            assert sum(e for _, e in parts.values()) == pytest.approx(cost.dynamic_energy_j)
+            assert cost.time_s < sim.evaluate_instruction(off, key, ip).time_s
+    with pytest.raises(InputError, match="overlap-tp-grad"):
+        check_supported(make_workload("llama3.2-3b", overlap_tp_grad=True))
+    assert main(["simulate", "-w", "llama3.2-3b", "--overlap-tp-grad", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["overlap_tp_grad"] is True
+
+
+def test_a_tp_group_across_nodes_is_warned_of(capsys):
+    """TP spanning nodes runs every layer's collectives over the network: the commands say so
+    (``placement_warnings``); TP inside a node, or DP and PP across nodes, say nothing."""
+    assert make_workload("llama3.2-3b", tp=8, gpus_per_node=8).placement_warnings() == []
+    assert make_workload("llama3.2-3b", tp=4, pp=2, dp=2,
+                         gpus_per_node=4).placement_warnings() == []
+    assert make_workload("llama3.2-3b", tp=1, dp=8, gpus_per_node=4).placement_warnings() == []
+    (msg,) = make_workload("llama3.2-3b", tp=8, gpus_per_node=4).placement_warnings()
+    assert msg.startswith("a TP group of 8 spans 2 nodes of --gpus-per-node 4")
+    (msg6,) = make_workload("llama3.2-3b", tp=4, pp=2, dp=3, gpus_per_node=6).placement_warnings()
+    assert msg6.startswith("a TP group of 4 spans 2 nodes")
+    assert main(["simulate", "-w", "llama3.2-3b", "--gpus-per-node", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["placement_warnings"] == [msg]
+    assert main(["simulate", "-w", "llama3.2-3b", "--gpus-per-node", "4"]) == 0
+    assert f"warning: {msg}" in capsys.readouterr().out

@@ -242,6 +242,9 @@ def test_settings_at_their_defaults_are_not_recorded():
     assert plugins.settings_view("kareus", {"unit_ms": "1"}) == {"unit_ms": 1.0}
     assert plugins.settings_view("kareus", {"search": "nsga2", "budget": "40"}) == \
         {"search": "nsga2", "budget": 40}
+    # an optional setting's documented default, "none", is the default itself
+    assert plugins.settings_view("kareus", {"search": "nsga2", "budget": "none",
+                                            "unit_ms": "None"}) == {"search": "nsga2"}
     assert plugins.settings_view("perseus", {"max_steps": str(MAX_STEPS), "unit_ms": "2"}) == \
         {"unit_ms": 2.0}
 

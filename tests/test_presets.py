@@ -104,22 +104,36 @@ def test_user_gpu_file_appears(user_dir, capsys):
      "comm_max_sms 200 is more than the GPU's 84 SMs"),
 ])
 def test_malformed_file_is_refused_in_one_line(user_dir, capsys, edit, message):
+    """A user's file that cannot be read is refused in one line where its GPU is asked for;
+    the other GPUs go on working, and the listing says which file it skipped."""
     path = _copy("a40", "bad-gpu", user_dir, edit)
     P.reload_presets()
     with pytest.raises(PresetError, match=message):
-        P.get_preset("a40")
-    assert main(["gpus"]) == 2
+        P.get_preset("bad-gpu")
+    assert P.get_preset("a40").name == "a40"
+    with pytest.raises(PresetError, match="unreadable there: bad-gpu.json"):
+        P.get_preset("no-such-gpu")
+    assert main(["simulate", "-w", "gpt3-xl", "--gpu", "bad-gpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(path) in err and message in err
+    assert main(["gpus"]) == 0
+    out, err = capsys.readouterr()
+    assert "bad-gpu" not in out and "a40" in out
+    assert len(err.strip().splitlines()) == 1 and "skipped bad-gpu.json" in err and message in err
 
 
 def test_not_json_and_duplicate_names(user_dir, capsys):
     (user_dir / "broken.json").write_text("{\"name\": ")
     P.reload_presets()
-    assert main(["gpus"]) == 2
+    assert main(["simulate", "-w", "gpt3-xl", "--gpu", "broken"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "broken.json: not valid JSON" in err
-    (user_dir / "broken.json").unlink()
+    (user_dir / "broken.json").rename(user_dir / "a40.json")  # a built-in GPU's name
+    P.reload_presets()
+    with pytest.raises(PresetError, match="a40.json: not valid JSON"):
+        P.get_preset("a40")
+    (user_dir / "a40.json").unlink()
+    P.reload_presets()
     _copy("a40", "a40", user_dir)
     P.reload_presets()
     with pytest.raises(PresetError, match="already defined by"):

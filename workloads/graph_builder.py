@@ -66,13 +66,15 @@ TE_CP_ATTENTION_HOST_CALLS = {False: 52, True: 83}
 
 
 class _Cut:
-    """Marker ending a segment: its name and the collective that follows it (or none)."""
+    """Marker ending a segment: its name, the collective that follows it (or none), and whether
+    that collective runs beside the segment's last op (:attr:`Segment.comm_beside_last`)."""
 
-    __slots__ = ("name", "comm")
+    __slots__ = ("name", "comm", "beside_last")
 
-    def __init__(self, name: str, comm: CommOp | None) -> None:
+    def __init__(self, name: str, comm: CommOp | None, beside_last: bool = False) -> None:
         self.name = name
         self.comm = comm
+        self.beside_last = beside_last
 
 
 def gemm_op(name: str, m: int, k: int, n: int, elem_bytes: int = BF16,
@@ -367,6 +369,7 @@ class _LayerOps:
         self.s_local = p.seq // p.cp
         self.t = b * self.s_local  # tokens on this GPU
         self.sp = p.sequence_sharded
+        self.overlap_grad = p.overlap_tp_grad  # TP gradient collectives beside the GEMMs
         # tokens of the norms, dropouts and residual adds: 1/TP of them with sequence parallelism
         self.t_norm = p.sequence_shard(self.t)
         self.hq = model.heads // p.tp  # local query heads
@@ -392,10 +395,11 @@ class _LayerOps:
         bytes of the whole, gathered tensor)."""
         return _comm(name, collective, self.eb * self.t * self.m.hidden, self.tp, self.tp_place)
 
-    def _sp_gather(self, cut: str, name: str) -> list[_Cut]:
+    def _sp_gather(self, cut: str, name: str, beside_last: bool = False) -> list[_Cut]:
         """The cut at a sequence-parallel all-gather over TP (none without sequence
-        parallelism, so the layer's segments stay as they are)."""
-        return [_Cut(cut, self._tp_sp(name, "all_gather"))] if self.sp else []
+        parallelism, so the layer's segments stay as they are); ``beside_last``: it runs beside
+        the op before the cut."""
+        return [_Cut(cut, self._tp_sp(name, "all_gather"), beside_last)] if self.sp else []
 
     def _cp_kv(self, name: str, collective: Collective) -> CommOp | None:
         if self.cp == 1:
@@ -519,7 +523,7 @@ class _LayerOps:
         ops += self._gemm_bwd("linear_fc2", t, self.ffn, h)
         ops += self._activation(backward=True)
         ops += self._column_parallel_bwd("linear_fc1", t, h, fc1_n, "fc1")
-        ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad")))
+        ops.append(_Cut("mlp", self._tp_ar("tp_allreduce_fc1_dgrad"), self.overlap_grad))
         ops.append(norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h))
         ops += self._residual(backward=True)
         ops += self._sp_gather("attn_grad", "tp_allgather_proj_grad")
@@ -536,15 +540,18 @@ class _LayerOps:
         if m.qk_norm:
             ops.append(norm_op("qk_norm_bwd", 3 * eb * qk_elems, flops=8.0 * qk_elems))
         ops += self._column_parallel_bwd("linear_qkv", t, h, qkv_n, "qkv")
-        ops.append(_Cut("qkv" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_qkv_dgrad")))
+        ops.append(_Cut("qkv" if self.cp > 1 else "attn", self._tp_ar("tp_allreduce_qkv_dgrad"),
+                        self.overlap_grad))
         return ops
 
     def _column_parallel_bwd(self, name: str, m: int, k: int, n: int, short: str
                              ) -> list[ComputeOp | _Cut]:
         """A column-parallel GEMM's backward: its input gradient, then (sequence parallelism)
-        the all-gather of its input, then its weight gradient."""
+        the all-gather of its input, beside the input gradient where the TP gradient
+        collectives overlap (:attr:`overlap_grad`), then its weight gradient."""
         dgrad, wgrad = self._gemm_bwd(name, m, k, n)
-        return [dgrad, *self._sp_gather(f"{short}_input", f"tp_allgather_{short}_input"), wgrad]
+        return [dgrad, *self._sp_gather(f"{short}_input", f"tp_allgather_{short}_input",
+                                        self.overlap_grad), wgrad]
 
 
 _SLOT_KIND = {
@@ -576,34 +583,39 @@ def label_slots(ops: list[ComputeOp]) -> tuple[ComputeOp, ...]:
     return tuple(out)
 
 
-def _segments(items: list[ComputeOp | _Cut]) -> list[tuple[str, tuple[ComputeOp, ...], CommOp | None]]:
-    """Cut an op list at its collectives; cuts without a collective (group of 1) merge away."""
-    out: list[tuple[str, tuple[ComputeOp, ...], CommOp | None]] = []
+def _segments(items: list[ComputeOp | _Cut]
+              ) -> list[tuple[str, tuple[ComputeOp, ...], CommOp | None, bool]]:
+    """Cut an op list at its collectives: ``(name, compute, comm, comm beside the last op)``;
+    cuts without a collective (group of 1) merge away."""
+    out: list[tuple[str, tuple[ComputeOp, ...], CommOp | None, bool]] = []
     ops: list[ComputeOp] = []
     names: list[str] = []
     for item in items:
         if isinstance(item, _Cut):
             names.append(item.name)
             if item.comm is not None:
-                out.append(("+".join(names), label_slots(ops), item.comm))
+                out.append(("+".join(names), label_slots(ops), item.comm,
+                            item.beside_last and bool(ops)))
                 ops, names = [], []
         else:
             ops.append(item)
     if ops:
-        out.append(("+".join(names) if names else "tail", label_slots(ops), None))
+        out.append(("+".join(names) if names else "tail", label_slots(ops), None, False))
     return out
 
 
 def _partition_chain(
-    segs0: list[tuple[str, str, tuple[ComputeOp, ...], CommOp | None]],
-    segs1: list[tuple[str, str, tuple[ComputeOp, ...], CommOp | None]],
+    segs0: list[tuple[str, str, tuple[ComputeOp, ...], CommOp | None, bool]],
+    segs1: list[tuple[str, str, tuple[ComputeOp, ...], CommOp | None, bool]],
     has_cp: bool,
 ) -> tuple[Partition, ...]:
     """Interleave the two nanobatches' segments; each compute overlaps the previous collective.
 
-    ``segs`` items are ``(direction prefix, segment name, compute, comm)``. Partition names follow
-    the Kareus paper: ``<dir>_<segment>`` for TP-only layers, ``<dir>_<segment>_<ar|ag|rs>`` for
-    CP+TP layers (the overlapped collective), ``<dir>_mlp`` in both.
+    ``segs`` items are ``(direction prefix, segment name, compute, comm, beside)`` (the
+    partitions overlap each collective with the other nanobatch's compute instead, so
+    ``beside`` is not used). Partition names follow the Kareus paper: ``<dir>_<segment>`` for
+    TP-only layers, ``<dir>_<segment>_<ar|ag|rs>`` for CP+TP layers (the overlapped
+    collective), ``<dir>_mlp`` in both.
     """
     order = []
     for a, b in zip(segs0, segs1):
@@ -611,7 +623,7 @@ def _partition_chain(
         order.append((1, b))
     abbrev = {"all_reduce": "ar", "all_gather": "ag", "reduce_scatter": "rs", "send_recv": "p2p"}
     parts = []
-    for k, (nb, (prefix, seg, compute, _)) in enumerate(order):
+    for k, (nb, (prefix, seg, compute, _, _)) in enumerate(order):
         comm = order[k - 1][1][3]  # k == 0 wraps to the previous layer's last collective
         name = f"{prefix}_{seg}"
         if has_cp and seg != "mlp" and comm is not None:
@@ -629,11 +641,11 @@ def _instruction_ops(layer: _LayerOps, direction: Direction
 
 
 def _flatten(blocks: list[tuple[str, list[ComputeOp | _Cut]]]
-             ) -> list[tuple[str, str, tuple[ComputeOp, ...], CommOp | None]]:
+             ) -> list[tuple[str, str, tuple[ComputeOp, ...], CommOp | None, bool]]:
     out = []
     for prefix, items in blocks:
-        for seg, compute, comm in _segments(items):
-            out.append((prefix, seg, compute, comm))
+        for seg, compute, comm, beside in _segments(items):
+            out.append((prefix, seg, compute, comm, beside))
     return out
 
 
@@ -716,18 +728,21 @@ def _extra_segments(w: Workload, stage: int, direction: Direction) -> tuple[Segm
             dgrad, wgrad = _gemm_bwd("linear_output", t, h, v, elem_bytes=eb,
                                      precision=p.precision)
             segs += [Segment(label_slots([*loss, dgrad]),
-                             tp_sp("tp_allgather_output_input", "all_gather")),
+                             tp_sp("tp_allgather_output_input", "all_gather"), p.overlap_tp_grad),
                      Segment(label_slots([wgrad]),
-                             tp_sp("tp_reducescatter_output_dgrad", "reduce_scatter"))]
+                             tp_sp("tp_reducescatter_output_dgrad", "reduce_scatter"),
+                             p.overlap_tp_grad)]
             ops = [norm_op("norm_bwd", 4 * eb * tn * h, flops=8.0 * tn * h)]
             ar = None
         else:
-            ops = [
-                *loss,
-                *_gemm_bwd("linear_output", t, h, v, elem_bytes=eb, precision=p.precision),
-                norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h),
-            ]
+            ops = [*loss, *_gemm_bwd("linear_output", t, h, v, elem_bytes=eb,
+                                     precision=p.precision)]
+            norm = norm_op("norm_bwd", 4 * eb * t * h, flops=8.0 * t * h)
             ar = tp_all_reduce("tp_allreduce_output_dgrad", eb * t * h)
+            if ar is not None and p.overlap_tp_grad:  # the all-reduce beside the weight
+                segs.append(Segment(label_slots(ops), ar, True))  # gradient, then the norm
+                ops, ar = [], None
+            ops.append(norm)
         segs.append(Segment(label_slots(ops), ar))
     return tuple(segs)
 
@@ -865,7 +880,7 @@ def build_iteration_graph(w: Workload) -> IterationGraph:
         for direction in _DIRECTIONS:
             blocks = _instruction_ops(full, direction)
             sequential = tuple(
-                Segment(compute, comm) for _, _, compute, comm in _flatten(blocks)
+                Segment(compute, comm, beside) for _, _, compute, comm, beside in _flatten(blocks)
             )
             partitions: tuple[Partition, ...] = ()
             if half is not None:

@@ -192,7 +192,8 @@ def load_model(path: str | os.PathLike[str]) -> ModelSpec:
         raise WorkloadError(f"{file}: transformers {transformers.__version__} does not know "
                             f"model_type {model_type!r}; upgrade it: {EXTRA_HINT}")
     if model_type == "bloom":
-        missing = [names[0] for names in _BLOOM_SIZES if all(raw.get(n) is None for n in names)]
+        missing = [" or ".join(names) for names in _BLOOM_SIZES
+                   if all(raw.get(n) is None for n in names)]
         if missing:
             raise WorkloadError(f"{file}: a bloom config must give {', '.join(missing)}")
         for names in _BLOOM_SIZES:
@@ -322,8 +323,15 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig,
             raise WorkloadError(f"{file}: hidden size {hidden} is not divisible by {heads} "
                                 "attention heads (and no head_dim is given)")
         head_dim = hidden // heads
-    context = getattr(cfg, "max_position_embeddings", None) or NATIVE_SEQ_CAP
-    native_seq = min(context, NATIVE_SEQ_CAP)
+    # RoPE and ALiBi models run at the file's own context (under its family's name for it),
+    # not the class default transformers fills in when the file gives none; a model with learned
+    # positions has the table transformers builds, given or not (below)
+    key = getattr(cfg, "attribute_map", {}).get("max_position_embeddings",
+                                                "max_position_embeddings")
+    given = raw.get(key) is not None or raw.get("max_position_embeddings") is not None
+    table = getattr(cfg, "max_position_embeddings", None)
+    context = table if given else None
+    native_seq = min(context or NATIVE_SEQ_CAP, NATIVE_SEQ_CAP)
     tied_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
     mlp: Literal["gelu", "swiglu"]
     norm: Literal["layernorm", "rmsnorm"]
@@ -352,6 +360,9 @@ def _spec(file: Path, raw: Mapping[str, object], cfg: _HFConfig,
         # GPT-2's gelu_new / gelu_fast are chains of elementwise ops in eager code; "gelu" and
         # "gelu_pytorch_tanh" call torch's one GELU kernel
         gelu = "gelu_new" if act in ("gelu_new", "gelu_fast") else "torch"
+    if not (rope or alibi):
+        context = table
+        native_seq = min(context or NATIVE_SEQ_CAP, NATIVE_SEQ_CAP)
     spec = ModelSpec(name=model_name(file, raw), hidden=hidden, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
                      native_seq=native_seq, tied_embeddings=tied_embeddings, ffn=ffn, mlp=mlp,

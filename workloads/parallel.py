@@ -142,11 +142,20 @@ class ParallelConfig:
             column-parallel one (the same bytes on the wire), the backward gathers each
             column-parallel GEMM's input again for its weight gradient, and the activations
             stored and sent between stages are 1/TP. With TP 1 it changes nothing (Megatron-LM
-            turns it off). Not modelled: Megatron-LM's overlap of the input's all-gather with the
-            input-gradient GEMM and of the reduce-scatter with the weight-gradient GEMM (the
-            collectives run between the kernels, as the all-reduces do without it). The norms'
+            turns it off). The input's all-gather in the backward and the input gradient's
+            reduce-scatter overlap GEMMs as :attr:`overlap_tp_grad` says. The norms'
             gradients are all-reduced over TP after the backward
             (:meth:`Workload.tp_replicated_grad_params`).
+        overlap_tp_grad: The backward's TP collectives overlap GEMMs, as Megatron-LM's code does
+            from late 2021 on (``--no-async-tensor-model-parallel-allreduce`` turns it off) and
+            Transformer Engine's: a column-parallel linear's input-gradient all-reduce (with
+            sequence parallelism its reduce-scatter) is launched on a side stream before the
+            weight-gradient GEMM and runs beside it, and with sequence parallelism the
+            all-gather of its input runs beside the input-gradient GEMM
+            (:attr:`kareus.graph.Segment.comm_beside_last`). Off (the default): they run between
+            the kernels, which the shared measurements fit better (docs/calibration.md, "The
+            backward's TP collectives beside the GEMMs"). Simulator-only; nanobatched plans
+            overlap each collective with the other nanobatch's compute instead.
         scatter_gather_p2p: Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by
             default in Megatron-LM before Megatron Core (2021 to 2023; Narayanan et al., SC '21,
             section 4.1): with TP > 1 each TP rank sends only its 1/TP of the activation to the
@@ -177,6 +186,7 @@ class ParallelConfig:
     cross_entropy: CrossEntropy = "fused"
     make_vocab_size_divisible_by: int = 128
     sequence_parallel: bool = False
+    overlap_tp_grad: bool = False
     scatter_gather_p2p: bool = False
 
     def job_fields(self) -> dict[str, object]:
@@ -511,12 +521,26 @@ class Workload:
         """The job's warnings by the ``--json`` field that lists them (docs/metrics.md):
         ``memory_warnings`` (:meth:`memory_warnings`, raising with ``strict``),
         ``pipeline_warnings`` (:meth:`pipeline_fill_warnings`), ``position_warnings``
-        (:meth:`position_warnings`) and ``sequence_parallel_warnings``
-        (:meth:`sequence_parallel_warnings`)."""
+        (:meth:`position_warnings`), ``sequence_parallel_warnings``
+        (:meth:`sequence_parallel_warnings`) and ``placement_warnings``
+        (:meth:`placement_warnings`)."""
         return {"memory_warnings": self.memory_warnings(gpu_memory_bytes, strict),
                 "pipeline_warnings": self.pipeline_fill_warnings(),
                 "position_warnings": self.position_warnings(),
-                "sequence_parallel_warnings": self.sequence_parallel_warnings()}
+                "sequence_parallel_warnings": self.sequence_parallel_warnings(),
+                "placement_warnings": self.placement_warnings()}
+
+    def placement_warnings(self) -> list[str]:
+        """A message when a tensor-parallel group spans nodes (empty otherwise): a TP group
+        larger than a node, or one that straddles a node boundary (TP 4 on nodes of 6). Its
+        collectives, every layer's, then run over the network, and the stage waits for the
+        slowest group."""
+        p = self.parallel
+        nodes, _ = p.group_placement(p.tp, 1)
+        if p.tp == 1 or nodes == 1:
+            return []
+        return [f"a TP group of {p.tp} spans {nodes} nodes of --gpus-per-node {p.gpus_per_node}: "
+                "every layer's TP collectives run over the network"]
 
     def sequence_parallel_warnings(self) -> list[str]:
         """A message when ``--sequence-parallel`` is given without TP, where it does nothing
@@ -558,7 +582,7 @@ JOB_FIELDS: tuple[str, ...] = (
     "tp", "cp", "pp", "dp", "mbs", "microbatches", "seq", "recompute", "precision",
     "gpus_per_node", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
     "attention", "elementwise", "cross_entropy", "make_vocab_size_divisible_by",
-    "sequence_parallel", "scatter_gather_p2p")
+    "sequence_parallel", "overlap_tp_grad", "scatter_gather_p2p")
 
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
@@ -733,6 +757,7 @@ def make_workload(
     cross_entropy: CrossEntropy | None = None,
     make_vocab_size_divisible_by: int | None = None,
     sequence_parallel: bool | None = None,
+    overlap_tp_grad: bool | None = None,
     scatter_gather_p2p: bool | None = None,
 ) -> Workload:
     """Build a validated workload: the paper's testbed shape with the given overrides. ``name``
@@ -756,7 +781,7 @@ def make_workload(
                          overlap_param_gather=overlap_param_gather, attention=attention,
                          elementwise=elementwise, cross_entropy=cross_entropy,
                          make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-                         sequence_parallel=sequence_parallel,
+                         sequence_parallel=sequence_parallel, overlap_tp_grad=overlap_tp_grad,
                          scatter_gather_p2p=scatter_gather_p2p).items()
         if v is not None
     }

@@ -4,7 +4,8 @@ Two views of each stage:
 
 - **One micro-batch**, the mean of the stage's forward and of its backward instructions: the GPU
   time of their compute kernels by kind (``gemm``, ``attention``, ``memory``), of their
-  collectives (``collective``: tensor- and context-parallel, alone on the library's kernel), of
+  collectives (``collective``: tensor- and context-parallel, alone on the library's kernel, or
+  with ``--overlap-tp-grad`` what a collective beside a GEMM adds to it), of
   a nanobatched plan's ``overlapped`` partitions, and ``host_wait``, the time the GPU waits for
   the host to issue the next kernel (short kernels at small micro-batches); with each part its
   dynamic energy per GPU (:meth:`~kareus.backends.sim.SimulatorBackend.instruction_breakdown`,

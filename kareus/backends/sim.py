@@ -131,6 +131,9 @@ class _Tables:
         comm: The collective alone with the limit applied: (time and power, rate B/s).
         overlapped: A compute op beside a collective: (its time and the combined power, the
             collective's rate B/s), by (op, collective, SM counts, threads per block).
+        beside: A compute op with the library's collective launched just before it (a segment's
+            :attr:`~kareus.graph.Segment.comm_beside_last`): (time s, dynamic energy J) of the
+            pair at every grid clock, by (op, collective).
         partition: Per-clock costs of a partition by (its ``id``, schedule).
         instruction: An instruction's cost by (its graph's ``id``, plan).
         instruction_at: (time s, dynamic energy J) of an instruction by (its graph's ``id``, plan,
@@ -150,6 +153,8 @@ class _Tables:
         field(default_factory=dict)
     overlapped: dict[tuple[ComputeOp, CommOp, tuple[int, ...], int],
                      tuple[_Phase, NDArray[np.float64]]] = field(default_factory=dict)
+    beside: dict[tuple[ComputeOp, CommOp], tuple[NDArray[np.float64], NDArray[np.float64]]] = \
+        field(default_factory=dict)
     partition: dict[tuple[int, PartitionSchedule], _PartitionCosts] = \
         field(default_factory=dict)
     instruction: dict[tuple[int, InstructionPlan], _InstructionEntry] = \
@@ -627,9 +632,10 @@ class SimulatorBackend:
     def segment_parts(self, segs: tuple[Segment, ...], f_idx: int, times: int = 1
                       ) -> dict[str, tuple[float, float]]:
         """GPU time (s) and dynamic energy (J) of ``segs`` run ``times`` over in sequential
-        execution (compute ops on all SMs, then the collective alone on the library's kernel),
-        by what runs: the compute kernels by kind (``gemm``, ``attention``, ``memory``) and the
-        collectives (``collective``), in that order. The GPU's own time only; where the host's
+        execution (compute ops on all SMs, then the collective alone on the library's kernel, or
+        beside the last op: :attr:`~kareus.graph.Segment.comm_beside_last`), by what runs: the
+        compute kernels by kind (``gemm``, ``attention``, ``memory``) and the collectives
+        (``collective``; beside an op, what the pair takes beyond the op alone), in that order. The GPU's own time only; where the host's
         issue holds it back is :meth:`issue_map`'s."""
         parts = {kind: [0.0, 0.0] for kind in (*KERNEL_KINDS, "collective")}
         for seg in segs:
@@ -639,11 +645,46 @@ class SimulatorBackend:
                 part[0] += float(a.time[f_idx])
                 part[1] += float(a.time[f_idx] * a.power[f_idx])
             if seg.comm is not None and seg.comm.group > 1:
-                ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,),
-                                         self.gpu.comm_block_default)
-                parts["collective"][0] += float(ph.time[0, f_idx])
-                parts["collective"][1] += float(ph.time[0, f_idx] * ph.power[0, f_idx])
+                if seg.comm_beside_last and seg.compute:
+                    # beside the last op: the collective's part is what the pair takes beyond
+                    # that op alone (its own overhang and the op's slowdown)
+                    bt, be = self._beside(seg.compute[-1], seg.comm)
+                    t, e = float(bt[f_idx]), float(be[f_idx])
+                    a = self._alone(seg.compute[-1])
+                    t -= float(a.time[f_idx])
+                    e -= float(a.time[f_idx] * a.power[f_idx])
+                else:
+                    ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,),
+                                             self.gpu.comm_block_default)
+                    t = float(ph.time[0, f_idx])
+                    e = t * float(ph.power[0, f_idx])
+                parts["collective"][0] += t
+                parts["collective"][1] += e
         return {kind: (t * times, e * times) for kind, (t, e) in parts.items()}
+
+    def _beside(self, op: ComputeOp, comm: CommOp) -> tuple[NDArray, NDArray]:
+        """``op`` with the library's collective ``comm`` launched just before it on a side
+        stream (:attr:`~kareus.graph.Segment.comm_beside_last`): time (s) until both are done
+        and their dynamic energy (J), at every grid clock. The one-op timeline of a partition
+        (:func:`partition_timeline`, window (0, 0)) with no host issue: the op runs beside the
+        collective while both last, then whichever is left runs alone."""
+        table, key = self._tables.beside, (op, comm)
+        if key not in table:
+            g = self.gpu
+            ks, threads = (LIBRARY_DEFAULT,), g.comm_block_default
+            a = self._alone(op)
+            ragged = op.kind != "memory" and op.uneven_tail is None
+            wave_s = a.time / self.waves(op, float(g.sms)) if ragged else 0.0
+            ov, rate_ov = self._overlapped(op, comm, ks, threads)
+            ph, rate = self._comm_alone(comm, ks, threads)
+            zero = np.zeros(a.time.shape, dtype=np.int64)
+            table[key] = partition_timeline(
+                [TimelineOp(a.time, a.power, 0.0, wave_s, ov.time[0], ov.power[0], rate_ov[0],
+                            resident_grid=op.resident_grid)],
+                TimelineCollective(comm.bus_bytes, rate[0], ph.power[0]), zero, zero,
+                launch_s=0.0, latency_s=self._comm_latencies(comm, ks)[0],
+                partial_wave_loss=g.partial_wave_loss)
+        return table[key]
 
     def _segment_cost(self, seg: Segment, f_idx: int) -> tuple[float, float]:
         """One segment's GPU time (s) and dynamic energy (J), sequential (:meth:`segment_parts`)."""
@@ -784,8 +825,13 @@ class SimulatorBackend:
                 steps = [(g.host_eager_op_s, float(self._alone(op).time[f_idx]))
                          for op in seg.compute]
                 if seg.comm is not None and seg.comm.group > 1:
-                    ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,), g.comm_block_default)
-                    steps.append((g.host_issue_call_s, float(ph.time[0, f_idx])))
+                    if seg.comm_beside_last and seg.compute:  # the pair as one step
+                        steps[-1] = (g.host_issue_call_s + g.host_eager_op_s,
+                                     float(self._beside(seg.compute[-1], seg.comm)[0][f_idx]))
+                    else:
+                        ph, _ = self._comm_alone(seg.comm, (LIBRARY_DEFAULT,),
+                                                 g.comm_block_default)
+                        steps.append((g.host_issue_call_s, float(ph.time[0, f_idx])))
                 for h, t in steps:
                     host, a, b = host + h, a + t - h, max(b + t - h, t)
             return host, a, b

@@ -82,8 +82,10 @@ def gpus(as_json: bool) -> None:
     """List the GPU presets; each number carries its source (datasheet/published/fitted/...)."""
     from dataclasses import fields
 
-    from kareus.hardware.presets import PRESETS
+    from kareus.hardware.presets import PRESETS, unreadable_preset_files
 
+    for path, error in unreadable_preset_files().items():
+        click.echo(f"warning: skipped {path.name}: {error}", err=True)
     out = {}
     for name, p in PRESETS.items():
         out[name] = {

@@ -565,9 +565,11 @@ def _files_in(builtin_dir: Path, user: str | None) -> list[Path]:
     return files
 
 
-#: What the loaded GPU files give: presets by name, partition op factors by (GPU, spec hash), and
-#: the file each preset was read from.
-Loaded = tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors], dict[str, Path]]
+#: What the loaded GPU files give: presets by name, partition op factors by (GPU, spec hash), the
+#: file each preset was read from, and the files of ``$KAREUS_GPU_DIR`` that could not be read,
+#: each with its one-line error.
+Loaded = tuple[dict[str, GPUPreset], dict[tuple[str, str], PartitionOpFactors], dict[str, Path],
+               dict[Path, str]]
 
 
 @functools.cache
@@ -585,20 +587,29 @@ def _shared() -> Shared:
 @functools.cache
 def _loaded_from(builtin_dir: Path, user_dir: str | None, shared_path: Path) -> Loaded:
     """The GPU files of ``builtin_dir`` and ``user_dir`` (``$KAREUS_GPU_DIR``), on the shared
-    file at ``shared_path``; read once per folder pair (:func:`reload_presets` forgets them)."""
+    file at ``shared_path``; read once per folder pair (:func:`reload_presets` forgets them). A
+    user's file that cannot be read is set aside with its error (asking for its GPU raises it),
+    so that it does not stop the other GPUs; a built-in one raises."""
     shared = _shared_at(shared_path)
     presets: dict[str, GPUPreset] = {}
     factors: dict[tuple[str, str], PartitionOpFactors] = {}
     files: dict[str, Path] = {}
+    broken: dict[Path, str] = {}
     for path in _files_in(builtin_dir, user_dir):
-        preset, own = load_preset_file(path, shared)
+        try:
+            preset, own = load_preset_file(path, shared)
+        except PresetError as e:
+            if path.parent == builtin_dir:
+                raise
+            broken[path] = str(e)
+            continue
         if preset.name in presets:
             raise PresetError(f"{path}: GPU {preset.name!r} is already defined by "
                               f"{files[preset.name]}")
         presets[preset.name] = preset
         files[preset.name] = path
         factors.update({(preset.name, h): f for h, f in own.items()})
-    return presets, factors, files
+    return presets, factors, files, broken
 
 
 def _loaded() -> Loaded:
@@ -634,14 +645,26 @@ def partition_op_factors(gpu: str, spec_sha256: str) -> PartitionOpFactors | Non
     return _loaded()[1].get((gpu, spec_sha256))
 
 
+def unreadable_preset_files() -> dict[Path, str]:
+    """The files of ``$KAREUS_GPU_DIR`` that could not be read, each with its one-line error
+    (their GPUs are not listed; asking for one raises its error)."""
+    return dict(_loaded()[3])
+
+
 def get_preset(name: str) -> GPUPreset:
-    """Look a preset up by name; raises :class:`PresetError` naming the valid choices."""
-    presets = _loaded()[0]
+    """Look a preset up by name; raises :class:`PresetError` naming the valid choices, or the
+    error of the unreadable user file named after it."""
+    presets, _, _, broken = _loaded()
+    for path, error in broken.items():  # even where a built-in GPU has its name
+        if path.stem == name:
+            raise PresetError(error)
     try:
         return presets[name]
     except KeyError:
+        unreadable = (f"; unreadable there: {', '.join(p.name for p in broken)}" if broken
+                      else "")
         raise PresetError(f"unknown GPU {name!r}; choose one of: {', '.join(presets)} (a GPU "
-                          f"file of your own goes in ${USER_DIR_ENV})") from None
+                          f"file of your own goes in ${USER_DIR_ENV}{unreadable})") from None
 
 
 # --- Writing: a refit is a one-file diff ---------------------------------------------------------

@@ -98,6 +98,10 @@ JOB_SHAPE_OPTIONS = [
     click.option("--sequence-parallel", is_flag=True, callback=_flag_or_none,
                  help="Megatron-LM's sequence parallelism: norms and dropouts on 1/TP of the "
                       "tokens, each TP all-reduce a reduce-scatter plus an all-gather."),
+    click.option("--overlap-tp-grad", is_flag=True, callback=_flag_or_none,
+                 help="The backward's TP gradient collectives beside the GEMMs, as Megatron-LM's "
+                      "asynchronous all-reduce and Transformer Engine run them [off: between "
+                      "the kernels, which the shared measurements fit better]."),
     click.option("--scatter-gather-p2p", is_flag=True, callback=_flag_or_none,
                  help="Megatron-LM's scatter/gather of transfers between stages (its default "
                       "before Megatron Core): each TP rank sends 1/TP, the receiver all-gathers."),

@@ -43,6 +43,11 @@ def check_supported(w: Workload) -> None:
             "--scatter-gather-p2p is simulator-only: the GPU backend's runner sends whole "
             "tensors between stages, as Megatron Core does; leave the flag out, or use "
             "--backend sim")
+    if p.overlap_tp_grad and p.tp > 1:
+        raise InputError(
+            "--overlap-tp-grad is simulator-only: the GPU backend's model "
+            "(workloads/torch_model.py) runs its TP collectives between the kernels; leave the "
+            "flag out, or use --backend sim")
     if p.attention != "flash" or p.elementwise != "fused" or p.cross_entropy != "fused":
         raise InputError(
             f"--attention {p.attention} --elementwise {p.elementwise} --cross-entropy "
