@@ -182,7 +182,10 @@ def _reproduce(workload: str | None, suite: str | None, gpu: str, backend: str,
         _fail_if_all_failed(_load_summaries(target, [c.label for c in get_suite(suite)]), target)
         return
     if workload is None:
-        raise InputError("give --workload NAME (see `kareus workloads`) or --suite paper")
+        from kareus.suite.suites import SUITES
+
+        raise InputError("give --workload NAME (see `kareus workloads`) or --suite "
+                         f"{'|'.join(SUITES)}")
     from kareus.suite.suites import SuiteConfig
 
     ref = workload_ref(workload)  # a config path, absolute: cells rebuild it in any process
@@ -228,7 +231,9 @@ def _refuse_another_run_s_folder(folder: Path, suite: str | None, gpu: str,
         try:
             obj = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            obj = None
+            raise InputError(f"{path} cannot be read as JSON; {mine} would write over it: give "
+                             f"another --out, or, if it is this run's own, damaged, delete it "
+                             f"and rerun (the finished cells are kept)") from None
         if not isinstance(obj, dict) or key not in obj:
             raise InputError(f"{path} holds no {what}; {mine} would write over it: give "
                              f"another --out")

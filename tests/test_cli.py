@@ -85,6 +85,12 @@ def test_calibrate_rejects_a_profile_from_another_gpu(capsys):
     path = profile_or_skip("gpt3-175b+a40_bf16.csv")  # clocks up to 1740 MHz
     code, _, err = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a100-sxm4-40gb")
     assert code == 2 and "outside" in err
+    # one that stops short of the GPU's top clock fits, and says it may be another GPU's
+    path = profile_or_skip("gpt3-175b+a100_sxm_bf16.csv")  # clocks up to 1410 MHz
+    code, _, err = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a40")
+    assert code == 0 and "clocks reach 1410 MHz, a40's top clock is 1740 MHz" in err
+    code, _, err = run(capsys, "calibrate", "--profile", str(path), "--gpu", "a100-sxm4-80gb")
+    assert code == 0 and "warning" not in err
 
 
 def test_frontier_exports_a_deployable_plan(capsys, tmp_path):

@@ -158,6 +158,14 @@ def test_a_run_never_writes_into_another_kind_of_run_s_folder(tmp_path, capsys):
     assert (one_dir / "summary.json").read_bytes() == before
     assert reproduce.main([*one, "--out", str(one_dir)]) == 0  # the same run again: reused
     assert "reusing 1 cell(s)" in capsys.readouterr().err
+    # a damaged summary is refused with the way out; deleted, the rerun keeps the cells
+    (one_dir / "summary.json").write_text('{"optimizers": ')
+    assert reproduce.main([*one, "--out", str(one_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read as JSON" in err and "delete it and rerun" in err
+    (one_dir / "summary.json").unlink()
+    assert reproduce.main([*one, "--out", str(one_dir)]) == 0
+    assert "reusing 1 cell(s)" in capsys.readouterr().err
     # another workload: its run would leave only its own optimizers in the summary
     other = ["--workload", "gpt3-2.7b", *SMALL, "--optimizers", "megatron", "--out", str(one_dir)]
     assert reproduce.main(other) == 2

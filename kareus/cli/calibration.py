@@ -153,6 +153,11 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
     from kareus.hardware.profile import load_profile
 
     df = load_profile(profile_path)
+    top = float(df["frequency"].max())
+    if top != preset.clock_max_mhz:  # a profile tops out at its card's own top clock
+        click.echo(f"warning: {profile_path}'s clocks reach {top:.0f} MHz, {preset.name}'s top "
+                   f"clock is {preset.clock_max_mhz:.0f} MHz: is it this GPU's profile?",
+                   err=True)
     res = fit(df, get_preset(gpu), static_power_w=static_power, power_limit_w=power_limit)
     fitted = res.fitted_preset(get_preset(gpu))
     obj = {

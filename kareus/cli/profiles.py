@@ -62,12 +62,15 @@ def _profile_command(optimizer: str, profile_path: str, stages: int, microbatche
         step = "iteration" if optimizer == "perseus" else "steps"
         shown = (list(range(len(points))) if kwargs.get("all_iterations")
                  else sampled_rows(len(points), FRONTIER_ROWS))
-        table = render([step, "time s", "energy J", "replayed time s", "replayed energy J"],
+        header = "solver step" if step == "iteration" else step  # lowtime's name, in --json
+        table = render([header, "time s", "energy J", "replayed time s", "replayed energy J"],
                        ([p.get(step, ""), f"{p['time_s']:.4f}", f"{p['energy_j']:.2f}",
                          f"{p['replayed_time_s']:.4f}", f"{p['replayed_energy_j']:.2f}"]
                         for p in (points[i] for i in shown)),
                        title=f"{optimizer} on {profile_path}: {len(points)} "
                              f"{what if optimizer == 'perseus' else 'point'}")
+        table += (f"\nenergy: one iteration on all {stages} GPUs (one per stage), each blocked "
+                  f"one at --p-static {p_static:g} W")
         if len(shown) < len(points):
             table += (f"\n{len(shown)} of the {len(points)} shown, evenly spread; --json prints "
                       "every one")

@@ -119,13 +119,20 @@ def _metric(summary: Mapping, block: str, name: str, field: str) -> str:
     return _pct(value) if value is not None else na_reason(summary, block, name)
 
 
+#: The max-throughput table's columns, in order (a method without a plan leaves its cells
+#: empty).
+MAX_THROUGHPUT_COLUMNS = ("optimizer", "status", "time s", "E kJ", "dyn kJ", "static kJ",
+                          "ΔT %", "ΔE %")
+
+
 def max_throughput_table(summary: Mapping) -> pd.DataFrame:
     """Fastest plan of every optimizer vs Megatron-LM (ΔT %, ΔE %: positive = reduction)."""
     rows = []
     block = "max_throughput_vs_megatron"
     for name, obj in summary["optimizers"].items():
         mt = obj["max_throughput"]
-        row = {"optimizer": name, "status": obj["status"]}
+        status = "refused" if obj["status"] != "ok" and obj.get("refused") else obj["status"]
+        row = {"optimizer": name, "status": status}
         if mt is not None:
             row.update({"time s": round(mt["time_s"], 4), "E kJ": round(mt["energy_j"] / 1e3, 3),
                         "dyn kJ": round(mt["dynamic_energy_j"] / 1e3, 3),
@@ -133,7 +140,7 @@ def max_throughput_table(summary: Mapping) -> pd.DataFrame:
         row["ΔT %"] = _metric(summary, block, name, "time_reduction_pct")
         row["ΔE %"] = _metric(summary, block, name, "energy_reduction_pct")
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(MAX_THROUGHPUT_COLUMNS)).astype(object).fillna("")
 
 
 def frontier_table(summary: Mapping) -> pd.DataFrame:
@@ -148,8 +155,8 @@ def frontier_table(summary: Mapping) -> pd.DataFrame:
 
 #: What the frontier table's missing values mean (printed with it).
 NA_NOTE = ("not attainable: no point of the method is as fast as Perseus's fastest (iso-time) "
-           "or as frugal as its most frugal (iso-energy); 'Perseus not run': the reference is "
-           "not in this folder")
+           "or as frugal as its most frugal (iso-energy); 'Perseus not run' or 'Megatron-LM not "
+           "run': the reference is not in this folder")
 
 
 def comparison_markdown(summary: Mapping) -> str:
@@ -380,8 +387,8 @@ def plot_breakdown(summary: Mapping, path: Path, title: str) -> None:
                         va="center", ha="left" if v >= 0 else "right", fontsize=6.2)
             ax.grid(axis="y", visible=False)
         ax_t.set_yticks(y, [method_style(r["optimizer"]).label for r in rows])
-        ax_t.set_xlabel("Δ time (%)\n< 0: faster")
-        ax_e.set_xlabel("Δ energy (%)\n< 0: less")
+        ax_t.set_xlabel("time change (%)\n< 0: faster")  # the tables' ΔT: its reduction
+        ax_e.set_xlabel("energy change (%)\n< 0: less")
         if ref:
             r = summary["optimizers"][ref]["max_throughput"]
             fig.suptitle(f"{title}\nmax-throughput plans vs {method_style(ref).label}'s "
@@ -680,8 +687,8 @@ def plot_suite_breakdown(summaries: Mapping[str, Mapping], path: Path, title: st
         for ax in (ax_t, ax_e):
             ax.axhline(0, color="0.3", lw=0.7)
             ax.grid(axis="x", visible=False)
-        ax_t.set_ylabel("Δ time vs Megatron-LM (%)\n< 0: faster")
-        ax_e.set_ylabel("Δ energy vs Megatron-LM (%)\n< 0: less")
+        ax_t.set_ylabel("time change vs Megatron-LM (%)\n< 0: faster")
+        ax_e.set_ylabel("energy change vs Megatron-LM (%)\n< 0: less")
         ax_e.set_xticks(range(len(labels)), labels, rotation=25, ha="right")
         handles = [Patch(color=method_style(o).color, label=method_style(o).label)
                    for o in present]
