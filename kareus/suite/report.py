@@ -687,8 +687,8 @@ def plot_suite_breakdown(summaries: Mapping[str, Mapping], path: Path, title: st
         for ax in (ax_t, ax_e):
             ax.axhline(0, color="0.3", lw=0.7)
             ax.grid(axis="x", visible=False)
-        ax_t.set_ylabel("time change vs Megatron-LM (%)\n< 0: faster")
-        ax_e.set_ylabel("energy change vs Megatron-LM (%)\n< 0: less")
+        ax_t.set_ylabel("time change (%)\n< 0: faster")  # against Megatron-LM's: the title
+        ax_e.set_ylabel("energy change (%)\n< 0: less")
         ax_e.set_xticks(range(len(labels)), labels, rotation=25, ha="right")
         handles = [Patch(color=method_style(o).color, label=method_style(o).label)
                    for o in present]
