@@ -287,3 +287,12 @@ def test_the_cli_choices_are_the_methods_own():
 
     assert choices(perseus, "prefilter") == get_args(Prefilter)
     assert choices(frontier, "solver") == get_args(Solver)
+
+
+def test_simulate_and_frontier_say_the_job_s_shape(capsys):
+    """The headers name the shape that ran (a Hugging Face config's default sequence, say)."""
+    code, out, _ = run(capsys, "simulate", "-w", "qwen3-1.7b", "--cp", "2", "--tp", "4")
+    assert code == 0 and "(TP4 CP2 PP2, MBS 8 x 8, seq 4096; layers [16, 12])" in out
+    code, out, _ = run(capsys, "frontier", "-w", "gpt3-xl", "--tp", "4", "--mbs", "2",
+                       "--microbatches", "4", "-o", "megatron")
+    assert code == 0 and "(8 x a100-sxm4-40gb, TP4 PP2, MBS 2 x 4, seq 2048, sim)" in out

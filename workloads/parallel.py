@@ -584,6 +584,15 @@ JOB_FIELDS: tuple[str, ...] = (
     "attention", "elementwise", "cross_entropy", "make_vocab_size_divisible_by",
     "sequence_parallel", "overlap_tp_grad", "scatter_gather_p2p")
 
+def shape_label(fields: Mapping[str, object]) -> str:
+    """A job's shape in a few words, from its :meth:`ParallelConfig.job_fields` (or the
+    ``parallel`` object of a result file): ``TP8 PP2, MBS 8 x 8, seq 4096`` (the parallel
+    degrees above 1, TP always; micro-batch size x microbatches; the sequence length)."""
+    grid = " ".join(f"{k.upper()}{fields[k]}" for k in ("tp", "cp", "pp", "dp")
+                    if fields[k] != 1 or k == "tp")
+    return f"{grid}, MBS {fields['mbs']} x {fields['microbatches']}, seq {fields['seq']}"
+
+
 def _layer_flops_per_token(m: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one layer per token: the matmuls plus causal attention (half of s^2)."""
     mats = m.hidden * (m.q_width + 2 * m.kv_width) + m.q_width * m.hidden

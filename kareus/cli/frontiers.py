@@ -62,6 +62,7 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
     from kareus.suite.harness import pick_within, run_optimizer
     from kareus.suite.problem import make_problem
     from kareus.suite.records import frontier_object
+    from workloads.parallel import shape_label
 
     options, set_solver = _frontier_options(optimizer_name, solver, settings)
     opt = load_optimizer(optimizer_name, options)  # its settings, checked before any work
@@ -132,7 +133,8 @@ def frontier(workload: str, optimizer_name: str, gpu: str, backend: str, seed: i
                           stage_layers=list(w.stage_layers()), **warnings, **extra)
 
     head = (f"{optimizer_name} on {w.name} ({g.num_gpus} x {problem.gpu.name}, "
-            f"{problem.backend.name}): {len(run.points)} plan{'s' * (len(run.points) != 1)} "
+            f"{shape_label(w.parallel.job_fields())}, {problem.backend.name}): "
+            f"{len(run.points)} plan{'s' * (len(run.points) != 1)} "
             f"evaluated, {len(run.frontier)} on the frontier")
     label = run.plans[pick.plan_id].label
     why = "the choice within the budget" if by_budget else "the fastest" + (

@@ -31,6 +31,7 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
     from kareus.suite.problem import check_precision
     from kareus.suite.records import Point, frontier_object, iteration_details
     from workloads.graph_builder import build_iteration_graph
+    from workloads.parallel import shape_label
 
     preset = get_preset(gpu)
     w = build_workload(workload, **overrides)
@@ -58,8 +59,9 @@ def simulate(workload: str, gpu: str, breakdown: bool, strict: bool, as_json: bo
     def text() -> str:
         e = result.energy
         lines = [
-            f"{w.name} on {result.num_gpus} x {preset.name} (layers {list(w.stage_layers())}), "
-            f"Megatron-LM plan at {preset.clock_max_mhz:.0f} MHz",
+            f"{w.name} on {result.num_gpus} x {preset.name} ({shape_label(w.parallel.job_fields())}"
+            f"; layers {list(w.stage_layers())}), Megatron-LM plan at "
+            f"{preset.clock_max_mhz:.0f} MHz",
             f"  iteration time   {e.time_s:.3f} s",
             f"  energy           {e.total_j / 1e3:.2f} kJ (dynamic {e.dynamic_j / 1e3:.2f}, "
             f"static {e.static_j / 1e3:.2f}; static share {details['static_share']:.1%})",

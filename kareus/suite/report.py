@@ -476,13 +476,11 @@ def figure_title(summary: Mapping, gpu_overrides: Mapping[str, float] | None = N
     (``llama3.2-3b: TP8 PP2, MBS 8 x 8, seq 4096``), then the GPUs, the backend and any preset
     parameter the run changed (``static_power_w 40``), so that figures of one model at several
     shapes or settings tell themselves apart."""
-    p = summary["parallel"]
-    grid = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "cp", "pp", "dp")
-                    if p[k] > 1 or k == "tp")
+    from workloads.parallel import shape_label
+
     changed = "".join(f", {k} {v:g}" for k, v in sorted((gpu_overrides or {}).items()))
-    return (f"{summary['workload']}: {grid}, MBS {p['mbs']} x {p['microbatches']}, "
-            f"seq {p['seq']}\n{summary['num_gpus']} x {summary['gpu']} ({summary['backend']})"
-            f"{changed}")
+    return (f"{summary['workload']}: {shape_label(summary['parallel'])}\n"
+            f"{summary['num_gpus']} x {summary['gpu']} ({summary['backend']}){changed}")
 
 
 def write_results(out_dir: Path, summary: Mapping, runs: Mapping[str, OptimizerRun],
