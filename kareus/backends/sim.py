@@ -635,8 +635,8 @@ class SimulatorBackend:
         execution (compute ops on all SMs, then the collective alone on the library's kernel, or
         beside the last op: :attr:`~kareus.graph.Segment.comm_beside_last`), by what runs: the
         compute kernels by kind (``gemm``, ``attention``, ``memory``) and the collectives
-        (``collective``; beside an op, what the pair takes beyond the op alone), in that order. The GPU's own time only; where the host's
-        issue holds it back is :meth:`issue_map`'s."""
+        (``collective``; beside an op, what the pair takes beyond the op alone), in that order.
+        The GPU's own time only; where the host's issue holds it back is :meth:`issue_map`'s."""
         parts = {kind: [0.0, 0.0] for kind in (*KERNEL_KINDS, "collective")}
         for seg in segs:
             for op in seg.compute:
