@@ -98,6 +98,42 @@ class _Phase:
 
 
 @dataclass(frozen=True)
+class _KernelsBeside:
+    """An instruction's kernels beside a collective, added up (:meth:`SimulatorBackend.
+    _kernels_beside`).
+
+    Attributes:
+        time_alone_s: Their time alone (s).
+        time_beside_s: Their time beside the collective (s).
+        energy_alone_j: Their dynamic energy alone (J).
+        energy_beside_j: Their and the collective's dynamic energy meanwhile (J).
+        bus_bytes: Bus bytes the collective moves meanwhile (B).
+    """
+
+    time_alone_s: float
+    time_beside_s: float
+    energy_alone_j: float
+    energy_beside_j: float
+    bus_bytes: float
+
+    @property
+    def stretch(self) -> float:
+        """Time beside over time alone (1 without kernels)."""
+        return self.time_beside_s / self.time_alone_s if self.time_alone_s > 0 else 1.0
+
+    @property
+    def rate_beside(self) -> float:
+        """The collective's mean throughput beside them (bus B/s)."""
+        return self.bus_bytes / self.time_beside_s if self.time_beside_s > 0 else 0.0
+
+    @property
+    def extra_power_w(self) -> float:
+        """Dynamic energy beside over alone, per second of the kernels alone (W)."""
+        return ((self.energy_beside_j - self.energy_alone_j) / self.time_alone_s
+                if self.time_alone_s > 0 else 0.0)
+
+
+@dataclass(frozen=True)
 class _PartitionCosts:
     """A partition under one schedule at every grid clock: time (s) and dynamic energy (J) per
     requested grid clock. Holds the partition itself, so the ``id`` that keys the entry cannot be
@@ -954,7 +990,10 @@ class SimulatorBackend:
                     # bucketed reduction during the last backward: only its overhang shows,
                     # and it runs on while the last send holds the stage
                     start, end = last_backward[s]
-                    st, se = self.overlapped_grad_sync(graph, s, seg.comm, start, end, f_top)
+                    clock = plan.instructions[Instruction(s, graph.microbatches - 1,
+                                                          "backward")].clock_mhz
+                    st, se = self.overlapped_grad_sync(graph, s, seg.comm, start, end, f_top,
+                                                       self._scalar_index(clock))
                     st = max(0.0, st - held[s])
                 elif seg.comm is not None and seg.comm.collective == "all_gather":
                     # the distributed optimizer's all-gather after its step, bucket by bucket
@@ -1040,20 +1079,57 @@ class SimulatorBackend:
         total = sum(work)
         return [w / total for w in work] if total > 0 else [1 / len(work)] * len(work)
 
+    def _kernels_beside(self, graph: IterationGraph, key: tuple[int, Direction], comm: CommOp,
+                        f_idx: int) -> _KernelsBeside:
+        """The kernels of instruction ``key`` (its layers' and its extra segments' compute ops,
+        without nanobatching) beside the library's collective ``comm`` at grid clock
+        ``f_idx``, added up (:class:`_KernelsBeside`): each op on the SMs NCCL's channels
+        leave, sharing HBM with it (:meth:`_overlapped`), as the partition law has it."""
+        ig = graph.instruction_graphs[key]
+        ks, threads = (LIBRARY_DEFAULT,), self.gpu.comm_block_default
+        t_a = t_b = e_a = e_b = moved = 0.0
+        for segments, repeat in ((ig.sequential, ig.layers), (ig.extra, 1)):
+            for seg in segments:
+                for op in seg.compute:
+                    a = self._alone(op)
+                    ov, rate = self._overlapped(op, comm, ks, threads)
+                    tb = float(ov.time[0, f_idx])
+                    t_a += repeat * float(a.time[f_idx])
+                    e_a += repeat * float(a.time[f_idx] * a.power[f_idx])
+                    t_b += repeat * tb
+                    e_b += repeat * tb * float(ov.power[0, f_idx])
+                    moved += repeat * tb * float(rate[0, f_idx])
+        return _KernelsBeside(t_a, t_b, e_a, e_b, moved)
+
     def overlapped_grad_sync(self, graph: IterationGraph, stage: int, comm: CommOp,
-                             start_s: float, end_s: float, f_idx: int) -> tuple[float, float]:
+                             start_s: float, end_s: float, f_idx: int,
+                             backward_idx: int | None = None) -> tuple[float, float]:
         """Exposed time (s) and dynamic energy (J) of ``stage``'s gradient reduction ``comm``
         in its buckets (:attr:`IterationGraph.grad_buckets`) during the last backward
-        (``start_s`` to ``end_s``): a bucket is ready once the backward has done its work
+        (``start_s`` to ``end_s``, at grid clock ``backward_idx``; default ``f_idx``, the
+        reduction's): a bucket is ready once the backward has done its work
         (:meth:`_bucket_work`), and the buckets reduce one after another on NCCL's stream,
-        each with its fixed latency. What runs past the backward's end is exposed."""
+        each with its fixed latency (their times alone at ``f_idx``).
+
+        While a bucket reduces, the two slow each other as in a partition: the backward's
+        kernels run on the SMs NCCL's channels leave, sharing HBM with it, and the reduction
+        moves at its rate beside them (:meth:`_kernels_beside`, averaged over the backward:
+        its kernels' share of the backward stretches by their time beside over their time
+        alone; the rest, its own collectives and the host's gaps, runs as before, the reduction
+        at its own rate meanwhile). The exposed time is how much later the stage is done with
+        both than the backward alone: its slowdown and what runs past its end. The energy is
+        the reduction's, alone or beside, and what the backward's kernels draw beside it over
+        what they draw alone (already in the instruction's energy)."""
         buckets = self._stage_buckets(graph, stage)
-        times, energy = self._bucket_costs(comm, buckets, f_idx)
-        ready = done = start_s
-        for t, share in zip(times, self._bucket_work(graph, stage, "backward", buckets, f_idx)):
-            ready += (end_s - start_s) * share
-            done = max(done, ready) + t
-        return max(0.0, done - end_s), energy
+        times, _ = self._bucket_costs(comm, buckets, f_idx)
+        work = self._bucket_work(graph, stage, "backward", buckets, f_idx)
+        span = end_s - start_s
+        b_idx = f_idx if backward_idx is None else backward_idx
+        ready = np.cumsum([w * span for w in work])  # a bucket once its own work is done
+        done_s, energy = self._beside_streams(
+            graph, (stage, "backward"), comm, f_idx, b_idx, span, times,
+            comm_after_work=ready.tolist(), work_after_comm=[0] * len(work), work_shares=work)
+        return max(0.0, done_s - span), energy
 
     def overlapped_param_gather(self, graph: IterationGraph, stage: int, comm: CommOp,
                                 forward_s: float, f_idx: int) -> tuple[float, float]:
@@ -1063,15 +1139,71 @@ class SimulatorBackend:
         the backward's order; the forward pre-hook of a bucket's first module waits for its
         all-gather and launches the next, so the buckets gather one after another on NCCL's
         stream while the forward computes each bucket's work (:meth:`_bucket_work`) once its own
-        has arrived. What the forward waits in all is exposed: at least the first bucket."""
+        has arrived, the two slowing each other meanwhile as under
+        :meth:`overlapped_grad_sync`. What the forward waits and slows in all is exposed: at
+        least the first bucket."""
         buckets = self._stage_buckets(graph, stage)
-        times, energy = self._bucket_costs(comm, buckets, f_idx)
-        work = self._bucket_work(graph, stage, "forward", buckets, f_idx)
-        gathered = computed = 0.0
-        for t, share in zip(reversed(times), reversed(work)):
-            gathered += t
-            computed = max(computed, gathered) + forward_s * share
-        return computed - forward_s, energy
+        times, _ = self._bucket_costs(comm, buckets, f_idx)
+        work = list(reversed(self._bucket_work(graph, stage, "forward", buckets, f_idx)))
+        done_s, energy = self._beside_streams(
+            graph, (stage, "forward"), comm, f_idx, f_idx, forward_s, list(reversed(times)),
+            comm_after_work=[0.0] * len(work), work_after_comm=list(range(1, len(work) + 1)),
+            work_shares=work)
+        return done_s - forward_s, energy
+
+    def _beside_streams(self, graph: IterationGraph, key: tuple[int, Direction], comm: CommOp,
+                        f_idx: int, work_idx: int, span_s: float, comm_s: list[float], *,
+                        comm_after_work: list[float], work_after_comm: list[int],
+                        work_shares: list[float]) -> tuple[float, float]:
+        """Instruction ``key`` (``span_s`` alone, at grid clock ``work_idx``) in chunks of
+        ``work_shares`` of it, beside the buckets of the library's collective ``comm`` on NCCL's
+        stream, one after another (``comm_s``: each bucket's time alone at ``f_idx``, its fixed
+        latency included). Bucket ``i`` starts once the instruction has done
+        ``comm_after_work[i]`` seconds of its work alone; chunk ``j`` once ``work_after_comm[j]``
+        buckets are done. Returns when both are done (s after the instruction's start) and the
+        dynamic energy beyond the instruction's own (J): the buckets' alone, and beside it what
+        its kernels and the collective draw over what the kernels draw alone.
+
+        While both run they slow each other as in a partition (:meth:`_kernels_beside`,
+        averaged over the instruction): its kernels' share of it stretches by their time beside
+        over their time alone, and the rest (its own collectives, the host's gaps) runs as
+        before, the collective at its own rate meanwhile."""
+        ph, rate = self._comm_alone(comm, (LIBRARY_DEFAULT,), self.gpu.comm_block_default)
+        p_alone = float(ph.power[0, f_idx])
+        k = self._kernels_beside(graph, key, comm, work_idx)
+        share = min(1.0, k.time_alone_s / span_s) if span_s > 0 and k.time_alone_s > 0 else 0.0
+        # per second of the instruction alone run beside: the seconds it takes, the seconds of
+        # the collective alone it moves, and the energy beyond the instruction's own (J)
+        stretch = 1.0 + share * (k.stretch - 1.0)
+        moves = share * k.stretch * k.rate_beside / float(rate[0, f_idx]) + (1.0 - share)
+        extra_w = share * k.extra_power_w + (1.0 - share) * p_alone
+        chunks = [w * span_s for w in work_shares]
+        t = energy = done = 0.0  # time, energy, seconds of the instruction alone done
+        i = j = 0  # the bucket and the chunk under way
+        left_c = comm_s[0] if comm_s else 0.0
+        left_w = chunks[0] if chunks else 0.0
+        while i < len(comm_s) or j < len(chunks):
+            comm_on = i < len(comm_s) and (j == len(chunks)
+                                             or done >= comm_after_work[i] - 1e-12 * span_s)
+            work_on = j < len(chunks) and i >= work_after_comm[j]
+            if comm_on and work_on:  # beside each other until one of them ends
+                x = left_w if moves <= 0 else min(left_w, left_c / moves)
+                t, energy, done = t + x * stretch, energy + x * extra_w, done + x
+                left_w, left_c = left_w - x, max(0.0, left_c - x * moves)
+            elif work_on:  # the instruction alone, up to its chunk's end or the next bucket
+                x = left_w if i >= len(comm_s) else min(left_w, comm_after_work[i] - done)
+                t, done, left_w = t + x, done + x, left_w - x
+            elif comm_on:  # the bucket alone
+                t, energy, left_c = t + left_c, energy + left_c * p_alone, 0.0
+            else:
+                raise AssertionError("the buckets and the chunks wait for each other")
+            if i < len(comm_s) and left_c <= 1e-15 and comm_on:
+                i += 1
+                left_c = comm_s[i] if i < len(comm_s) else 0.0
+            if j < len(chunks) and left_w <= 1e-15:
+                j += 1
+                left_w = chunks[j] if j < len(chunks) else 0.0
+        return t, energy
 
     def under_limit(self, limit_w: float) -> "SimulatorBackend":
         """This simulator under a board power limit of ``limit_w`` W (checked by
