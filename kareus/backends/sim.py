@@ -465,6 +465,18 @@ class SimulatorBackend:
             return tiles / sms + (np.ceil(full / self.gpu.sms) - full / self.gpu.sms)
         return np.ceil(tiles / sms)
 
+    def _wave_s(self, op: ComputeOp, time_alone_s: NDArray) -> NDArray | float:
+        """Time (s) of one of ``op``'s waves alone on every SM, from its time alone
+        (:attr:`~kareus.backends.partition_timeline.TimelineOp.wave_s`); 0 where it has no
+        waves to put out of step. Only a kernel of uniform tiles (a GEMM, non-causal attention)
+        loses part of one when a collective's SMs return mid-kernel: its tiles run in lockstep
+        and the last wave ends ragged. Causal attention's tiles differ in work (the mask,
+        ``uneven_tail``): its blocks already end at scattered times, and a returning SM just
+        takes the next one; memory-bound kernels have no tiles."""
+        if op.kind == "memory" or op.uneven_tail is not None:
+            return 0.0
+        return time_alone_s / self.waves(op, float(self.gpu.sms))
+
     # ------------------------------------------------------------------ single-kernel queries
     def kernel_time(self, op: ComputeOp, clock_mhz: float, sms: int) -> float:
         """Time (s) of ``op`` on ``sms`` SMs at a clock it actually runs at (no power cap)."""
@@ -632,13 +644,7 @@ class SimulatorBackend:
             host = exposed * (_HOST_ISSUE[op.kind](g)
                               * (1.0 if host_scale is None else float(host_scale[i]))
                               + op.host_calls * g.host_issue_call_s)
-            # Only a kernel of uniform tiles (a GEMM, non-causal attention) has waves to put out
-            # of step when the collective's SMs return mid-kernel: they run in lockstep and the
-            # last ends ragged. Causal attention's tiles differ in work (the mask,
-            # ``uneven_tail``): its blocks already end at scattered times, and a returning SM
-            # just takes the next one.
-            ragged = op.kind != "memory" and op.uneven_tail is None
-            wave_s = per_clock(a.time) / self.waves(op, float(g.sms)) if ragged else 0.0
+            wave_s = self._wave_s(op, per_clock(a.time))
             if partition.comm is None:
                 ops.append(TimelineOp(per_clock(a.time), per_clock(a.power), host, wave_s))
             else:
@@ -709,8 +715,7 @@ class SimulatorBackend:
             g = self.gpu
             ks, threads = (LIBRARY_DEFAULT,), g.comm_block_default
             a = self._alone(op)
-            ragged = op.kind != "memory" and op.uneven_tail is None
-            wave_s = a.time / self.waves(op, float(g.sms)) if ragged else 0.0
+            wave_s = self._wave_s(op, a.time)
             ov, rate_ov = self._overlapped(op, comm, ks, threads)
             ph, rate = self._comm_alone(comm, ks, threads)
             zero = np.zeros(a.time.shape, dtype=np.int64)
