@@ -56,12 +56,20 @@ def frame_table(frame: "pd.DataFrame", title: str | None = None,
 
 def to_text(t: "Table") -> str:
     """``t`` rendered as plain text (no colour codes), as wide as the terminal or
-    :data:`TEXT_WIDTH` characters."""
+    :data:`TEXT_WIDTH` characters. Its title goes on lines of its own above it, as wide as the
+    text allows: centred over a narrow table, it would break a file's path mid-name."""
+    from copy import copy
+
     from rich.console import Console
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else TEXT_WIDTH
     buf = StringIO()
-    Console(file=buf, width=width, color_system=None, force_terminal=False).print(t)
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    if t.title:
+        console.print(str(t.title), markup=False, highlight=False)
+        t = copy(t)
+        t.title = None
+    console.print(t)
     return buf.getvalue().rstrip("\n")
 
 
