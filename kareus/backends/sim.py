@@ -1172,7 +1172,8 @@ class SimulatorBackend:
         While both run they slow each other as in a partition (:meth:`_kernels_beside`,
         averaged over the instruction): its kernels' share of it stretches by their time beside
         over their time alone, and the rest (its own collectives, the host's gaps) runs as
-        before, the collective at its own rate meanwhile."""
+        before, the collective at its own rate meanwhile; both at the instruction's clock, the
+        collective's rate beside the kernels taken relative to its rate alone there."""
         ph, rate = self._comm_alone(comm, (LIBRARY_DEFAULT,), self.gpu.comm_block_default)
         p_alone = float(ph.power[0, f_idx])
         k = self._kernels_beside(graph, key, comm, work_idx)
@@ -1180,7 +1181,7 @@ class SimulatorBackend:
         # per second of the instruction alone run beside: the seconds it takes, the seconds of
         # the collective alone it moves, and the energy beyond the instruction's own (J)
         stretch = 1.0 + share * (k.stretch - 1.0)
-        moves = share * k.stretch * k.rate_beside / float(rate[0, f_idx]) + (1.0 - share)
+        moves = share * k.stretch * k.rate_beside / float(rate[0, work_idx]) + (1.0 - share)
         extra_w = share * k.extra_power_w + (1.0 - share) * p_alone
         chunks = [w * span_s for w in work_shares]
         t = energy = done = 0.0  # time, energy, seconds of the instruction alone done
