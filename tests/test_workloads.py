@@ -37,6 +37,25 @@ def test_uneven_split_matches_the_artifact():
     assert make_workload("llama3.2-3b", layer_split=(14, 14)).stage_layers() == (14, 14)
 
 
+def test_among_splits_as_cheap_the_suite_takes_the_most_even():
+    """GPT-3 XL on 4 stages: 7,7,7,3, 7,7,6,4 and 7,6,6,5 all cost 7 layers at most (the head
+    weighs about 1.4 of them); the suite takes the one whose stages cost the most alike, which
+    the simulator also finds fastest (its light stage only idled through fill and drain)."""
+    from kareus.backends.sim import SimulatorBackend
+    from kareus.hardware.presets import get_preset
+    from kareus.plan import IterationPlan
+    from workloads.graph_builder import build_iteration_graph
+
+    assert make_workload("gpt3-xl", tp=4, pp=4).stage_layers() == (7, 6, 6, 5)
+    sim = SimulatorBackend(get_preset("a100-sxm4-40gb"))
+
+    def time_s(split: tuple[int, ...]) -> float:
+        g = build_iteration_graph(make_workload("gpt3-xl", tp=4, pp=4, layer_split=split))
+        return sim.evaluate_plan(g, IterationPlan.uniform(g, 1410.0)).energy.time_s
+
+    assert time_s((7, 6, 6, 5)) < min(time_s((7, 7, 7, 3)), time_s((7, 7, 6, 4)))
+
+
 @pytest.mark.parametrize("overrides,fragment", [
     (dict(tp=5), "not divisible by TP=5"),
     (dict(tp=16), "not divisible by TP=16"),

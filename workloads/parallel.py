@@ -409,11 +409,13 @@ class Workload:
 
         Without ``layer_split``, the suite's uneven split: the last stage also runs the output
         layer and the loss, so layers move to earlier stages until the most expensive stage is
-        as cheap as possible. (Megatron-LM's own default is an even split, ``layers / pp``
-        each; ``--stage-layers`` asks for it.) The cost of a stage is its FLOPs per token over
-        one iteration (forward, backward = 2x forward, plus one more forward with recomputation
-        for transformer layers; the output layer is not recomputed). For Llama 3.2 3B on 2
-        stages this gives 15 + 13, the Kareus artifact's split.
+        as cheap as possible, and among splits as cheap, the one whose stages cost the most
+        alike (a stage lighter than the rest only idles in the pipeline's fill and drain: GPT-3
+        XL on 4 stages gets 7, 6, 6, 5, not 7, 7, 7, 3). (Megatron-LM's own default is an even
+        split, ``layers / pp`` each; ``--stage-layers`` asks for it.) The cost of a stage is its
+        FLOPs per token over one iteration (forward, backward = 2x forward, plus one more forward
+        with recomputation for transformer layers; the output layer is not recomputed). For
+        Llama 3.2 3B on 2 stages this gives 15 + 13, the Kareus artifact's split.
         """
         if self.parallel.layer_split is not None:
             return self.parallel.layer_split
@@ -421,7 +423,7 @@ class Workload:
         per_layer = _layer_flops_per_token(m, p.seq) * (4 if p.recompute == "full" else 3)
         output = 2 * m.hidden * self.padded_vocab * 3
         stages = p.pp
-        best: tuple[float, tuple[int, ...]] | None = None
+        best: tuple[float, float, tuple[int, ...]] | None = None
         base = m.layers // stages
         # Search splits that differ from the even one by at most a few layers per stage.
         for extra_last in range(-min(base - 1, 6), 1):
@@ -435,13 +437,15 @@ class Workload:
                 if q < 1:
                     continue
                 split = tuple(q + (1 if i < r else 0) for i in range(k)) + (last,)
-            cost = max(
-                split[i] * per_layer + (output if i == stages - 1 else 0) for i in range(stages)
-            )
-            if best is None or cost < best[0] - 1e-9:
-                best = (cost, split)
+            costs = [split[i] * per_layer + (output if i == stages - 1 else 0)
+                     for i in range(stages)]
+            cost, spread = max(costs), max(costs) - min(costs)
+            tie = 1e-9 * cost
+            if best is None or cost < best[0] - tie or (cost <= best[0] + tie
+                                                        and spread < best[1] - tie):
+                best = (cost, spread, split)
         assert best is not None
-        return best[1]
+        return best[2]
 
     def memory_estimate_bytes(self) -> dict[int, float]:
         """Rough peak memory per GPU for each stage (bytes): weights, gradients, Adam states

@@ -289,14 +289,17 @@ class SimulatorBackend:
             t_core = np.maximum(t_mem, t_issue)
             busy = np.broadcast_to(mem_activity, t_core.shape)
         else:
+            tiles = self._tiles(op, sms)
             if op.kind == "gemm":
                 nominal = g.gemm_efficiency
-                eff = nominal * (op.depth / (op.depth + g.gemm_depth_half) if op.depth else 1.0)
+                # a split-K thread block runs its slice of the reduction, with a whole tile's
+                # prologue and epilogue
+                depth = op.depth * op.tiles / tiles if op.depth else 0.0
+                eff = nominal * (depth / (depth + g.gemm_depth_half) if op.depth else 1.0)
                 act = g.activity_gemm
             else:
                 nominal = g.attention_bwd_efficiency if op.backward else g.attention_efficiency
                 eff, act = nominal, g.activity_attention
-            tiles = self._tiles(op, sms)
             waves = self.waves(op, sms, beside)
             t_comp = waves * (op.flops / tiles) / (g.flops_per_clk(op.precision) * hz * eff)
             t_core = np.maximum(t_comp, t_mem)
