@@ -401,25 +401,45 @@ def environment_entry_points(spec: str | None = None) -> list[EntryPoint]:
     return eps
 
 
-def registered_optimizers() -> dict[str, OptimizerEntry]:
-    """Entry points registered under :data:`ENTRY_POINT_GROUP` by installed packages, and those
-    ``$KAREUS_OPTIMIZERS`` names (:func:`environment_entry_points`), by name (sorted); not
-    loaded. Raises :class:`InputError` where two register one name for different classes (which
-    one ran would depend on the install order), or a name is not a :data:`PLAIN_NAME`."""
+def _scan_entry_points() -> tuple[dict[str, OptimizerEntry], dict[str, tuple[str, ...]]]:
+    """Every registered optimizer by name (sorted; a name registered twice: its first), and
+    the targets of each name registered for different classes. Raises :class:`InputError` for a
+    name that is not a :data:`PLAIN_NAME`, or where nothing is registered."""
     found: dict[str, OptimizerEntry] = {}
+    clashes: dict[str, tuple[str, ...]] = {}
     for ep in [*entry_points(group=ENTRY_POINT_GROUP), *environment_entry_points()]:
         if not PLAIN_NAME.fullmatch(ep.name):
             raise InputError(f"optimizer name {ep.name!r} (registered by {ep.value}) is not a "
                              "plain name (letters, digits, '.', '_' and '-', not starting with "
                              "'.'): result files are named after it; rename it")
         if ep.name in found and found[ep.name].value != ep.value:
-            raise InputError(f"optimizer name {ep.name!r} is registered twice, by "
-                             f"{found[ep.name].value} and {ep.value}; rename or uninstall one")
+            targets = clashes.get(ep.name, (found[ep.name].value,))
+            clashes[ep.name] = tuple(dict.fromkeys((*targets, ep.value)))
         found.setdefault(ep.name, ep)
     if not found:
         raise InputError("no optimizers are registered; install the suite with "
                          "`pip install -e .` so its entry points exist")
-    return dict(sorted(found.items(), key=lambda kv: kv[0]))
+    return dict(sorted(found.items(), key=lambda kv: kv[0])), clashes
+
+
+def registered_optimizers() -> dict[str, OptimizerEntry]:
+    """Entry points registered under :data:`ENTRY_POINT_GROUP` by installed packages, and those
+    ``$KAREUS_OPTIMIZERS`` names (:func:`environment_entry_points`), by name (sorted); not
+    loaded. A name two register for different classes is listed once, and using it is refused
+    (:func:`name_clash`: which one ran would depend on the install order), so that the others
+    still run and ``kareus optimizers`` shows the clash. Raises :class:`InputError` for a name
+    that is not a :data:`PLAIN_NAME`."""
+    return _scan_entry_points()[0]
+
+
+def name_clash(name: str) -> str:
+    """Why the optimizer name ``name`` cannot be used because two register it for different
+    classes, in one line; "" where it is registered once (or not at all)."""
+    targets = _scan_entry_points()[1].get(name)
+    if not targets:
+        return ""
+    return (f"optimizer name {name!r} is registered twice, by {' and '.join(targets)}; "
+            "rename or uninstall one")
 
 
 #: The order built-ins run and appear in tables; third-party ones follow alphabetically.
@@ -442,6 +462,9 @@ def _optimizer_class(name: str) -> Callable[..., object]:
                    if "," in name else "")
         raise InputError(f"unknown optimizer {name!r}; registered: "
                          f"{', '.join(optimizer_names())}{several}")
+    clash = name_clash(name)
+    if clash:
+        raise InputError(clash)
     try:
         obj = eps[name].load()
     except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the plugin's import raises
@@ -466,6 +489,9 @@ def load_error(name: str) -> str:
     :func:`load_optimizer` builds it, with default settings). A setting without a default is
     the user's to give, not a fault; the constructor of such a plugin is not run here, only its
     class checked."""
+    clash = name_clash(name)
+    if clash:
+        return clash
     try:
         load_optimizer(name)
     except PluginError as e:

@@ -70,7 +70,7 @@ def shared_fake(monkeypatch):
     return dev
 
 
-def test_plan_end_to_end_on_cpu(tiny, shared_fake):
+def test_plan_end_to_end_on_cpu(tiny, ticking_fake):
     b = cpu_backend()
     assert isinstance(b, Backend)
     g = b.bind(tiny)
@@ -81,13 +81,13 @@ def test_plan_end_to_end_on_cpu(tiny, shared_fake):
     assert res.time_s == pytest.approx(t) and rank.window.steps >= 2
     # the fake draws 300 W: total = measured, dynamic = measured - P_s * t (kareus.energy)
     assert res.energy.total_j == pytest.approx(rank.window.energy_j / rank.window.steps)
-    assert res.energy.total_j == pytest.approx(300.0 * t, rel=1e-2)
-    assert res.energy.dynamic_j == pytest.approx((300.0 - 110.0) * t, rel=1e-2)
+    assert res.energy.total_j == pytest.approx(300.0 * t, rel=1e-9)
+    assert res.energy.dynamic_j == pytest.approx((300.0 - 110.0) * t, rel=1e-9)
     assert res.energy.static_j == pytest.approx(110.0 * t)
     assert set(res.instruction_times) == {Instruction(0, m, d) for m in range(2)
                                           for d in ("forward", "backward")}
     assert not rank.info.clocks_locked and "current clocks" in rank.info.clock_control
-    assert shared_fake.calls == []  # clock control off: nothing touched
+    assert ticking_fake.calls == []  # clock control off: nothing touched
     assert len(rank.losses) == 2 and all(3.0 < x < 6.0 for x in rank.losses)
 
 
@@ -110,7 +110,32 @@ def test_plan_locks_clock_per_instruction_and_restores(tiny, shared_fake):
     assert rank.info.clocks_locked and rank.power_limit_applied
 
 
-def test_instruction_and_partition_on_cpu(tiny, shared_fake):
+@pytest.fixture()
+def ticking_fake(monkeypatch):
+    """The 300 W fake device, its energy counter and the runner's meter on one clock that
+    advances a millisecond at every read: the meter reads the time, then the counter, at each
+    end of a window, so both see the same span, however busy the machine (on the wall clock,
+    a few milliseconds between the two reads made windows of ten disagree by half)."""
+    import itertools
+    import threading
+
+    from kareus.backends.gpu.measure import CounterMeter
+
+    ticks, lock = itertools.count(1), threading.Lock()
+
+    def clock() -> float:
+        with lock:
+            return next(ticks) * 1e-3
+
+    dev = FakeDevice(power_w=300.0, time_fn=clock)
+    monkeypatch.setattr(runner_modes, "open_device", lambda i, fake=False: dev)
+    monkeypatch.setattr("kareus.backends.gpu.device.zeus_available", lambda: False)
+    monkeypatch.setattr(runner_modes, "CounterMeter",
+                        lambda devices, sync=None: CounterMeter(devices, sync, time_fn=clock))
+    return dev
+
+
+def test_instruction_and_partition_on_cpu(tiny, ticking_fake):
     b = cpu_backend()
     g = b.bind(tiny)
     for key in sorted(g.instruction_graphs):
@@ -120,8 +145,7 @@ def test_instruction_and_partition_on_cpu(tiny, shared_fake):
                  for i, p in enumerate(parts)}
         cost = b.evaluate_instruction(g, key, InstructionPlan.make(1980.0, True, sched))
         assert cost.time_s > 0
-        # the fake meter and the wall clock are read at slightly different instants
-        assert cost.dynamic_energy_j == pytest.approx((300.0 - 110.0) * cost.time_s, rel=2e-2)
+        assert cost.dynamic_energy_j == pytest.approx((300.0 - 110.0) * cost.time_s, rel=1e-9)
     part = g.instruction_graphs[(0, "backward")].partitions[2]
     grid = b.evaluate_partition(part, np.array([1980.0, 1500.0]), np.array([6, 12]),
                                 np.array([[0, 0], [1, 2], [-1, -1]]))

@@ -555,9 +555,14 @@ def test_one_name_registered_for_two_classes_is_refused(monkeypatch):
              EntryPoint("megatron", "baselines.megatron:Megatron", group),
              EntryPoint("megatron", "baselines.megatron:Megatron", group)]  # one package, twice
     monkeypatch.setattr(plugins, "entry_points", lambda group: twice)
-    with pytest.raises(InputError, match="'perseus' is registered twice, by "
-                       "baselines.perseus:Perseus and my_plugin:FakePerseus"):
-        plugins.registered_optimizers()
+    clash = ("'perseus' is registered twice, by baselines.perseus:Perseus and "
+             "my_plugin:FakePerseus")
+    with pytest.raises(InputError, match=clash):
+        load_optimizer("perseus")
+    # the clash stops only the name it concerns: the others run, and the listing says why
+    assert list(plugins.registered_optimizers()) == ["megatron", "perseus"]
+    assert load_optimizer("megatron").name == "megatron"
+    assert clash in plugins.load_error("perseus") and plugins.load_error("megatron") == ""
     monkeypatch.setattr(plugins, "entry_points", lambda group: twice[2:])
     assert list(plugins.registered_optimizers()) == ["megatron"]
 
@@ -592,7 +597,8 @@ def test_a_malformed_environment_entry_is_one_input_error(monkeypatch, capsys, s
 def test_an_environment_entry_cannot_take_a_built_in_s_name(monkeypatch):
     monkeypatch.setenv(plugins.ENV_OPTIMIZERS, "perseus=my_plugin:FakePerseus")
     with pytest.raises(InputError, match="'perseus' is registered twice"):
-        plugins.registered_optimizers()
+        load_optimizer("perseus")
+    assert main(["optimizers"]) == 0 and main(["frontier", "-w", "gpt3-xl", "-o", "perseus"]) == 2
 
 
 def test_when_every_optimizer_fails_the_message_names_the_workload(broken_plugins, tmp_path,

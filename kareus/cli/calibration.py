@@ -153,15 +153,10 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
     from kareus.hardware.profile import load_profile
 
     df = load_profile(profile_path)
-    top = float(df["frequency"].max())
-    if top != preset.clock_max_mhz:  # a profile tops out at its card's own top clock
-        click.echo(f"warning: {profile_path}'s clocks reach {top:.0f} MHz, {preset.name}'s top "
-                   f"clock is {preset.clock_max_mhz:.0f} MHz: is it this GPU's profile?",
-                   err=True)
     res = fit(df, get_preset(gpu), static_power_w=static_power, power_limit_w=power_limit)
     fitted = res.fitted_preset(get_preset(gpu))
     obj = {
-        "gpu": preset.name, "profile": profile_path, "points": res.points,
+        "gpu": preset.name, "profile": profile_path, "rows": res.points,
         "static_power_w": res.static_power_w, "power_limit_w": res.power_limit_w,
         "fit": {**asdict(res.law), "sm_dyn_power_w": res.sm_dyn_power_w,
                 "hbm_dyn_power_w": res.hbm_dyn_power_w,
@@ -205,6 +200,11 @@ def _calibrate_profile(profile_path: str, gpu: str, preset: GPUPreset,
               f"{preset.knee_mhz:.0f} MHz)"] if res.kept_from_preset else [])
             + _preset_diff_lines(obj))
 
+    top = float(df["frequency"].max())
+    if top != preset.clock_max_mhz:  # a profile tops out at its card's own top clock
+        click.echo(f"warning: {profile_path}'s clocks reach {top:.0f} MHz, {preset.name}'s top "
+                   f"clock is {preset.clock_max_mhz:.0f} MHz: is it this GPU's profile?",
+                   err=True)
     emit(obj, as_json, text)
 
 

@@ -66,8 +66,9 @@ MIN_DEFAULT_BUDGET = 20
 
 def resolve_budget(space: PartitionSpace, budget: int | None, minimum: int, strategy: str) -> int:
     """The number of distinct configurations a sampling strategy may measure: ``budget`` (``None``:
-    15 % of the space, at least 20), capped at the space size. Raises :class:`InputError` when it
-    is below ``minimum`` (and the space is larger than that)."""
+    15 % of the space, at least 20), capped at the space size (a strategy given the whole space
+    measures it at once). Raises :class:`InputError` when it is below ``minimum`` (and the space
+    is larger than that)."""
     if budget is None:
         budget = max(MIN_DEFAULT_BUDGET, math.ceil(DEFAULT_BUDGET_FRACTION * space.size))
     budget = int(budget)

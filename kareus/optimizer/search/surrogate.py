@@ -122,6 +122,9 @@ class SurrogateSearch:
 
         space = evaluator.space
         budget = resolve_budget(space, budget, MIN_INITIAL, "surrogate")
+        if budget >= space.size:  # the whole space: every configuration, in one call
+            evaluator.measure(space.all_indices())
+            return evaluator.result()
         static_w = evaluator.backend.gpu.static_power_w
         all_idx = space.all_indices()
         features = np.column_stack([space.clocks_mhz[all_idx[:, 0]],
