@@ -99,21 +99,6 @@ def test_a_kernel_getting_the_collectives_sms_back_mid_way_loses_part_of_a_wave(
     assert _run(long, (0, 1), wave_loss=0.5)[0] == pytest.approx(_run(long, (0, 1))[0])
 
 
-def test_the_lost_wave_is_at_most_what_is_left_of_the_kernel():
-    """A collective that ends as a kernel ends leaves it (almost) nothing to put out of step:
-    the loss is part of what is left, at most a wave, so the kernel's time is continuous as
-    the collective's end crosses it (it used to jump by the whole loss, and a higher clock
-    could make a partition slower)."""
-    def one_op(rate_beside: float) -> float:  # the collective (1 bus byte) beside one op
-        return _run([_op(1.0, 1.5, rate_beside, host_s=0.0, wave_s=0.2)], (0, 0),
-                    wave_loss=0.5)[0]
-
-    ends_inside, outlasts = one_op(1.0 / 1.5 + 1e-9), one_op(1.0 / 1.5 - 1e-9)
-    assert ends_inside == pytest.approx(outlasts, abs=1e-6)
-    # with a whole wave or more left, the loss is the whole share of a wave
-    assert one_op(2.0) - 0.5 - (1.0 - 0.5 / 1.5) == pytest.approx(0.5 * 0.2)
-
-
 def test_sequential_window_runs_the_collective_alone_first():
     ops = [_op(1.0, 1.5, 0.5), _op(1.0, 1.5, 0.5)]
     t, e = _run(ops, (-1, -1))

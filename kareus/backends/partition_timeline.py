@@ -21,10 +21,9 @@ sweep measured (``shared/kareus_artifact/attention_partition``):
   beside that op from then on: the op runs alone until the collective joins, then at its
   ``t_beside`` speed.
 - A kernel of uniform tiles (a GEMM, non-causal attention) that gets the collective's SMs back
-  mid-kernel loses ``partial_wave_loss`` of one of its waves (``wave_s``), or of what is left of
-  it where that is less: its tiles run in lockstep waves, which go out of step, and the last one
-  ends ragged. (Causal attention's tiles differ in work, so its blocks already end at scattered
-  times: it has no ``wave_s``.)
+  mid-kernel loses ``partial_wave_loss`` of one of its waves (``wave_s``): its tiles run in
+  lockstep waves, which go out of step, and the last one ends ragged. (Causal attention's tiles
+  differ in work, so its blocks already end at scattered times: it has no ``wave_s``.)
 - A kernel whose grid fills the GPU once (``resident_grid``: Transformer Engine's norms,
   PyTorch's dropout) holds every SM from its start: a collective launched while it runs starts
   when it ends. Beside a collective that was already running when it started, it takes its
@@ -106,8 +105,8 @@ def partition_timeline(ops: Sequence[TimelineOp], comm: TimelineCollective | Non
         launch_s: Host time to launch the collective (s).
         latency_s: Fixed cost of the collective (s), charged as ``latency · rate`` extra bytes;
             an array broadcasts against the configurations (one per SM count, say).
-        partial_wave_loss: Fraction of a wave (or of what is left of the kernel, where less)
-            a tiled kernel loses when the collective ends inside it.
+        partial_wave_loss: Fraction of a wave a tiled kernel loses when the collective ends
+            inside it.
     """
     shape = np.broadcast_shapes(start.shape, *(np.shape(o.t_alone) for o in ops))
     host = np.zeros(shape)
@@ -182,9 +181,10 @@ def partition_timeline(ops: Sequence[TimelineOp], comm: TimelineCollective | Non
         tau = np.where(done, remaining / r_b, (1.0 - first) * t_b)
         rest = np.clip(1.0 - first - tau / t_b, 0.0, 1.0) * t_a
         # A tiled kernel that gets the collective's SMs back mid-kernel loses part of a wave:
-        # its waves go out of step and the last one ends ragged; with less than a wave left,
-        # part of what is left (so nothing as the collective's end reaches the kernel's).
-        rest = rest + np.where(done, partial_wave_loss * np.minimum(op.wave_s, rest), 0.0)
+        # its waves go out of step and the last one ends ragged. (A step: a kernel with almost
+        # nothing left loses as much, so a partition can take longer at a higher clock; the two
+        # continuous forms tried fit the sweep's hold-out worse, docs/calibration.md.)
+        rest = rest + np.where(done & (rest > 0), partial_wave_loss * op.wave_s, 0.0)
         dur = first * t_a + tau + rest
         energy = energy + p_a * (first * t_a + rest) + p_b * tau
         gpu = begin + dur
