@@ -50,7 +50,8 @@ def test_simulate_overrides(capsys):
     (["simulate", "-w", "gpt3-xl", "--seq", "-5"], "positive integer"),
     (["simulate", "-w", "gpt3-xl", "--gpu", "v100"], "choose one of"),
     (["calibrate", "--profile", "/no/such.csv", "--gpu", "a40"], "does not exist"),
-    (["simulate"], "Missing option"),
+    (["simulate"], "Missing option '-w' / '--workload': a model name (gpt3-xl, "),
+    (["frontier", "-w", "gpt3-xl"], "Missing option '-o' / '--optimizer': one of megatron, "),
     (["frobnicate"], "no command 'frobnicate'; choose one of: calibrate, envpipe"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, args, fragment):

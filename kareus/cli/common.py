@@ -26,12 +26,34 @@ def warn(messages: list[str]) -> None:
         click.echo(f"warning: {m}", err=True)
 
 
+def _required_workload(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """``--workload``'s value; without one, a usage error that names the choices."""
+    if value is None:
+        from workloads import MODELS
+
+        raise click.UsageError(f"Missing option '-w' / '--workload': a model name "
+                               f"({', '.join(MODELS)}) or a Hugging Face config.json or the "
+                               "folder holding one", ctx)
+    return value
+
+
+def required_optimizer(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """``--optimizer``'s value; without one, a usage error that names the registered ones."""
+    if value is None:
+        from kareus.plugins import optimizer_names
+
+        raise click.UsageError("Missing option '-o' / '--optimizer': one of "
+                               f"{', '.join(optimizer_names())}", ctx)
+    return value
+
+
 def workload_options(f: F) -> F:
     """``--workload``, the parallelism overrides, the job's shape and ``--strict``, shared by
     every command taking a workload (``strict`` is passed as its own argument, the overrides as
     keywords)."""
     options = [
-        click.option("--workload", "-w", required=True, help=WORKLOAD_HELP),
+        click.option("--workload", "-w", callback=_required_workload,
+                     help=WORKLOAD_HELP + "  [required]"),
         *PARALLEL_OPTIONS,
         *JOB_SHAPE_OPTIONS,
         STRICT_OPTION,

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kareus.cli.common import FRONTIER_ROWS, emit, render, warn, workload_options
+from kareus.cli.common import (
+    FRONTIER_ROWS,
+    emit,
+    render,
+    required_optimizer,
+    warn,
+    workload_options,
+)
 from kareus.cli.simulation import breakdown_text
 from kareus.hardware.presets import DEFAULT_GPU
 from kareus.suite.options import SET_OPTION
@@ -22,7 +29,8 @@ if TYPE_CHECKING:
 
 @click.command()
 @workload_options
-@click.option("--optimizer", "-o", "optimizer_name", required=True, help="Optimizer name.")
+@click.option("--optimizer", "-o", "optimizer_name", callback=required_optimizer,
+              help="Optimizer name (`kareus optimizers` lists them).  [required]")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True,
               help="GPU preset (`kareus gpus`; your own files in $KAREUS_GPU_DIR).")
 @click.option("--backend", default="sim", show_default=True, metavar="[sim|gpu]",
